@@ -1,0 +1,3 @@
+from vespo.cli import main
+
+raise SystemExit(main())

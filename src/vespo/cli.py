@@ -1,0 +1,44 @@
+"""The `vespo` command: one sub-command per job, each owned by the module that does the work.
+
+Sub-commands are looked up lazily so `vespo bound` does not import transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> ("module", "function", "one-line help"); each function takes the remaining argv.
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("vespo.trainer", "cli", "RL-train a causal LM (embedded default task when run with no arguments)"),
+    "sweep": ("vespo.sweep", "cli", "grid of methods x staleness N x seeds, with tables and paper-style plots"),
+    "eval": ("vespo.evaluation", "cli", "avg@k / pass@k on math and code benchmarks"),
+    "kernels": ("vespo.plots", "kernels_cli", "draw the paper's Figure 2: phi(W) and surrogates per method"),
+    "bound": ("vespo.kernels", "bound_cli", "print the variance bound K and phi_max for (c1, c2)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: vespo <command> [options]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
+    lines += ["", "Run `vespo <command> --help` for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `vespo` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in _COMMANDS:
+        print(f"vespo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = _COMMANDS[name]
+    result = getattr(importlib.import_module(module), func)(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
