@@ -1,3 +1,21 @@
-"""vespo: off-policy RL for LLMs with VESPO's sequence-level soft importance-weight kernel."""
+"""vespo: off-policy RL for LLMs with VESPO's sequence-level soft importance-weight kernel.
+
+Public API: `compute_policy_loss`, `available_methods`, `register_method`, `method_hparams`, and the `kernels`
+module (phi, K, phi_max, surrogate, ESS).
+"""
+
+from vespo import kernels
+from vespo.aggregation import agg_loss
+from vespo.losses import available_methods, compute_policy_loss, method_hparams, policy_loss_terms, register_method
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "agg_loss",
+    "available_methods",
+    "compute_policy_loss",
+    "kernels",
+    "method_hparams",
+    "policy_loss_terms",
+    "register_method",
+]
