@@ -29,8 +29,11 @@ def vespo_log_phi(log_w: torch.Tensor, c1: float | torch.Tensor, c2: float | tor
     """log phi(W) = c1 * log W + c2 * (1 - W), evaluated from log W (paper Sec. 3.5, "computed in log-space").
 
     `c1`, `c2` may be tensors broadcastable to `log_w` (per-sequence asymmetric choice). Finite for every finite
-    `log_w`: W is exponentiated with its exponent capped at 80, where phi has long underflowed to 0.
+    `log_w`: half-precision input is computed in float32, and W is exponentiated with its exponent capped at 80,
+    where phi has long underflowed to 0.
     """
+    if log_w.dtype in (torch.float16, torch.bfloat16):
+        log_w = log_w.float()
     w = torch.exp(log_w.clamp(max=_MAX_LOG_W_IN_EXP))
     return c1 * log_w + c2 * (1.0 - w)
 
@@ -87,7 +90,7 @@ def effective_sample_size(log_weights: torch.Tensor, mask: torch.Tensor | None =
 
     1 means all weights equal; 1/n means one sample carries all the weight. `mask` selects the samples counted.
     """
-    lw = log_weights.float()
+    lw = log_weights if log_weights.dtype == torch.float64 else log_weights.float()
     if mask is None:
         mask = torch.ones_like(lw, dtype=torch.bool)
     mask = mask.bool()
