@@ -100,7 +100,9 @@ def test_ess_values():
     assert effective_sample_size(lw + 500.0).item() == pytest.approx(kish, rel=1e-6)  # shift-invariant, no overflow
     mask = torch.tensor([1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.bool)
     w3 = w[:3]
-    assert effective_sample_size(lw, mask).item() == pytest.approx((w3.sum() ** 2 / (3 * (w3**2).sum())).item(), rel=1e-6)
+    assert effective_sample_size(lw, mask).item() == pytest.approx(
+        (w3.sum() ** 2 / (3 * (w3**2).sum())).item(), rel=1e-6
+    )
 
 
 def test_bound_cli(capsys):

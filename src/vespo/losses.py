@@ -185,7 +185,7 @@ def _prepare(
             f"advantages must have shape {tuple(shape[:1])} or {tuple(shape)}, got {tuple(advantages.shape)}"
         )
 
-    mask_f = response_mask.float()
+    mask_f = response_mask.to(torch.float64 if log_prob.dtype == torch.float64 else torch.float32)
     if not bool(((mask_f == 0) | (mask_f == 1)).all()):
         raise ValueError("response_mask must be binary (0/1 or bool)")
     valid = mask_f.bool()
@@ -196,7 +196,7 @@ def _prepare(
             f"response_mask has rows with no valid token: {rows} (pass allow_empty_rows=True to skip them)"
         )
 
-    adv = advantages.float()
+    adv = advantages
     adv = adv.unsqueeze(-1).expand(shape) if adv.dim() == 1 else adv
     checks = {"log_prob": log_prob.detach(), "old_log_prob": old_log_prob, "advantages": adv}
     if rollout_log_prob is not None:
@@ -206,8 +206,10 @@ def _prepare(
             raise ValueError(f"{name} contains NaN or inf at valid (masked-in) positions")
 
     # Zero the padding so that garbage there (even NaN) cannot leak through 0 * NaN into sums.
+    dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32  # half precision computes in fp32
+
     def clean(t: Tensor) -> Tensor:
-        return torch.where(valid, t.float(), torch.zeros((), dtype=torch.float32, device=t.device))
+        return torch.where(valid, t.to(dtype), torch.zeros((), dtype=dtype, device=t.device))
 
     rollout = None if rollout_log_prob is None else clean(rollout_log_prob.detach())
     return clean(log_prob), clean(old_log_prob.detach()), clean(adv.detach()), mask_f, rollout
@@ -221,6 +223,11 @@ def _token_log_ratio(log_prob: Tensor, old_log_prob: Tensor) -> Tensor:
 def _seq_advantage(adv: Tensor, mask: Tensor) -> Tensor:
     """Sequence-level advantage (B,): the masked mean of the token advantages (equals A for GRPO outcome rewards)."""
     return (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def _select(cond: Tensor, if_true: float, if_false: float, like: Tensor) -> Tensor:
+    """Per-element hyperparameter choice (e.g. by advantage sign) in `like`'s dtype and device."""
+    return torch.full_like(like, if_false).masked_fill(cond, if_true)
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -350,8 +357,8 @@ def vespo(
 
     a_seq = _seq_advantage(advantages, mask)  # (B,)
     pos = a_seq >= 0
-    c1 = torch.where(pos, c1_pos, c1_neg)
-    c2 = torch.where(pos, c2_pos, c2_neg)
+    c1 = _select(pos, c1_pos, c1_neg, log_w)
+    c2 = _select(pos, c2_pos, c2_neg, log_w)
     log_phi = vespo_log_phi(log_w, c1, c2)  # (B,)
     phi = torch.exp(log_phi)  # detached: log_w was built from log_prob.detach()
     loss = -phi.unsqueeze(-1) * advantages * log_prob  # (B, T)
@@ -557,7 +564,7 @@ def sapo(
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"sapo needs tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")
     ratio = torch.exp(_token_log_ratio(log_prob, old_log_prob))  # (B, T)
-    tau = torch.where(advantages > 0, tau_pos, tau_neg)
+    tau = _select(advantages > 0, tau_pos, tau_neg, ratio)
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(gate * 4.0 / tau) * advantages
     weight = (4.0 * gate * (1.0 - gate) * ratio).detach()

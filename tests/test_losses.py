@@ -1,0 +1,510 @@
+"""Policy losses: hand-computed values, gradients, limits, invariances, bad input, extreme inputs."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import vespo
+from vespo import compute_policy_loss, policy_loss_terms
+from vespo.kernels import phi_max
+from vespo.losses import default_loss_agg_mode, register_method
+
+METHODS = vespo.available_methods()
+# BAPO picks its clip bounds from the whole batch, so per-row or per-micro-batch calls differ from one batch by design.
+BATCH_INDEPENDENT = [m for m in METHODS if m != "bapo"]
+
+
+def test_registry_names():
+    assert METHODS == ["bapo", "cispo", "grpo", "gspo", "reinforce", "sapo", "topr", "vespo"]
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("vespo")(lambda *a, **k: None)
+    with pytest.raises(ValueError, match=r"unknown policy-loss method 'ppo'.*'vespo'"):
+        vespo.method_hparams("ppo")
+    assert vespo.method_hparams("vespo") == {
+        "c1_pos": 2.0,
+        "c2_pos": 3.0,
+        "c1_neg": 3.0,
+        "c2_neg": 2.0,
+        "length_norm": "none",
+    }
+    assert default_loss_agg_mode("gspo") == "seq-mean-token-mean"
+    assert default_loss_agg_mode("vespo") == "token-mean"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A 2 x 2 worked example: log pi, per-token log(pi/mu) = delta, A = (+1, -2), all tokens valid.
+LP = [[-1.0, -2.0], [-0.5, -1.5]]
+DELTA = [[0.1, 0.2], [-0.3, 0.0]]
+ADV = [1.0, -2.0]
+
+
+def example(dtype=torch.float64):
+    lp = torch.tensor(LP, dtype=dtype, requires_grad=True)
+    old = lp.detach() - torch.tensor(DELTA, dtype=dtype)
+    return lp, old, torch.tensor(ADV, dtype=dtype), torch.ones(2, 2)
+
+
+def run(method, lp, old, adv, mask, **kw):
+    loss, metrics = compute_policy_loss(method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **kw)
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.item(), grad, metrics
+
+
+def hand_phi(log_w, c1, c2):
+    return math.exp(c1 * log_w + c2 * (1 - math.exp(log_w)))
+
+
+def test_vespo_hand_computed():
+    lp, old, adv, mask = example()
+    loss, grad, m = run("vespo", lp, old, adv, mask)
+    phi1 = hand_phi(0.1 + 0.2, 2, 3)  # A >= 0: (c1, c2) = (2, 3) -> 0.637898...
+    phi2 = hand_phi(-0.3 + 0.0, 3, 2)  # A < 0: (3, 2) -> 0.682743...
+    assert phi1 == pytest.approx(0.637898, abs=1e-6) and phi2 == pytest.approx(0.682743, abs=1e-6)
+    loss_mat = [[-phi1 * 1 * -1.0, -phi1 * 1 * -2.0], [-phi2 * -2 * -0.5, -phi2 * -2 * -1.5]]
+    assert loss == pytest.approx(sum(map(sum, loss_mat)) / 4, rel=1e-6)
+    # gradient = -phi * A / N_tokens (token-mean): the detached kernel only scales the REINFORCE gradient
+    want = torch.tensor([[-phi1 / 4, -phi1 / 4], [2 * phi2 / 4, 2 * phi2 / 4]], dtype=torch.float64)
+    torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-9)
+    assert m["weight/mean_pos"] == pytest.approx(phi1, rel=1e-6)
+    assert m["weight/mean_neg"] == pytest.approx(phi2, rel=1e-6)
+    assert m["is/log_w_max"] == pytest.approx(0.3, rel=1e-6) and m["is/log_w_min"] == pytest.approx(-0.3, rel=1e-6)
+    w = [phi1, phi2]
+    assert m["weight/ess"] == pytest.approx(sum(w) ** 2 / (2 * sum(x * x for x in w)), rel=1e-5)
+    # Prop. 3.1 on the batch: E[phi^2] <= E[K phi W]; K(2,3) = e^2/3, K(3,2) = 1
+    assert m["vespo/phi_sq_mean"] == pytest.approx((phi1**2 + phi2**2) / 2, rel=1e-6)
+    rhs = (math.e**2 / 3 * phi1 * math.exp(0.3) + 1.0 * phi2 * math.exp(-0.3)) / 2
+    assert m["vespo/bound_K_phi_w_mean"] == pytest.approx(rhs, rel=1e-6)
+    assert m["vespo/phi_sq_mean"] <= m["vespo/bound_K_phi_w_mean"]
+
+
+def test_grpo_hand_computed():
+    lp, old, adv, mask = example()
+    loss, grad, m = run("grpo", lp, old, adv, mask)
+    r = [[math.exp(0.1), math.exp(0.2)], [math.exp(-0.3), 1.0]]
+    # row 1 (A=+1): both ratios < 1.28 -> -A r.  row 2 (A=-2): r=0.741 < 0.8 is clipped to 0.8 (no gradient), r=1 kept.
+    want_loss = (-r[0][0] - r[0][1] + 2 * 0.8 + 2 * 1.0) / 4
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    want_grad = torch.tensor([[-r[0][0] / 4, -r[0][1] / 4], [0.0, 2 * 1.0 / 4]], dtype=torch.float64)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-6, atol=1e-9)
+    assert m["clip/frac"] == pytest.approx(0.25) and m["clip/frac_lower"] == 0.0
+
+
+def test_grpo_dual_clip():
+    # A < 0 and r = e^2 = 7.39 > c = 3: loss capped at -A c = 3 with zero gradient
+    lp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    loss, grad, m = run("grpo", lp, lp.detach() - 2.0, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1))
+    assert loss == pytest.approx(3.0) and grad.item() == 0.0 and m["clip/frac_lower"] == 1.0
+
+
+def test_gspo_hand_computed():
+    lp, old, adv, mask = example()
+    loss, grad, m = run("gspo", lp, old, adv, mask, clip_ratio_low=0.5, clip_ratio_high=0.5)
+    s1, s2 = math.exp(0.15), math.exp(-0.15)  # geometric means of the token ratios
+    assert loss == pytest.approx((-1 * s1 + 2 * s2) / 2, rel=1e-6)  # seq-mean-token-mean of -A s
+    # d/dlogpi_t of -A s_t = -A s; token mean (1/2) and sequence mean (1/2)
+    want = torch.tensor([[-s1 / 4, -s1 / 4], [2 * s2 / 4, 2 * s2 / 4]], dtype=torch.float64)
+    torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-9)
+    # with the paper's bounds (1-3e-4, 1+4e-4) both sequences are outside the trust region: no gradient
+    _, grad, m = run("gspo", lp, old, adv, mask)
+    assert torch.count_nonzero(grad) == 0 and m["clip/frac"] == 1.0
+
+
+def test_sapo_hand_computed():
+    lp, old, adv, mask = example()
+    loss, grad, _ = run("sapo", lp, old, adv, mask)
+    r = [[math.exp(0.1), math.exp(0.2)], [math.exp(-0.3), 1.0]]
+    tau = [1.0, 1.05]
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    want_loss, want_grad = 0.0, []
+    for i in range(2):
+        row = []
+        for j in range(2):
+            g = sig(tau[i] * (r[i][j] - 1))
+            want_loss += -(4 / tau[i]) * g * ADV[i] / 4
+            row.append(-4 * g * (1 - g) * r[i][j] * ADV[i] / 4)
+        want_grad.append(row)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    torch.testing.assert_close(grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("ratio_level,w2", [("product", math.exp(-0.3)), ("geometric", math.exp(-0.15))])
+def test_topr_hand_computed(ratio_level, w2):
+    lp, old, adv, mask = example()
+    loss, grad, _ = run("topr", lp, old, adv, mask, ratio_level=ratio_level)
+    # A = +1: weight 1 (even though W = e^0.3 > 1).  A = -2: weight clip(W, 0, 1).
+    assert loss == pytest.approx((-1 * (-1 - 2) + w2 * 2 * (-0.5 - 1.5)) / 4, rel=1e-6)
+    want = torch.tensor([[-1 / 4, -1 / 4], [2 * w2 / 4, 2 * w2 / 4]], dtype=torch.float64)
+    torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-9)
+
+
+def test_cispo_hand_computed():
+    lp, old, adv, mask = example()
+    loss, grad, m = run("cispo", lp, old, adv, mask, ratio_max=1.15)
+    w = [[math.exp(0.1), 1.15], [math.exp(-0.3), 1.0]]  # e^0.2 = 1.2214 capped at 1.15, keeps its gradient
+    want = torch.tensor([[-w[0][0] / 4, -w[0][1] / 4], [2 * w[1][0] / 4, 2 * w[1][1] / 4]], dtype=torch.float64)
+    torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-9)
+    assert loss == pytest.approx(sum(-w[i][j] * ADV[i] * LP[i][j] for i in range(2) for j in range(2)) / 4, rel=1e-6)
+    assert m["clip/frac"] == pytest.approx(0.25)
+
+
+def test_reinforce_hand_computed():
+    lp, old, adv, mask = example()
+    loss, grad, _ = run("reinforce", lp, old, adv, mask)
+    assert loss == pytest.approx((1 * 3 - 2 * 2) / 4)
+    torch.testing.assert_close(grad, torch.tensor([[-0.25, -0.25], [0.5, 0.5]], dtype=torch.float64))
+
+
+def test_bapo_widens_bounds_until_positive_share_reached():
+    # 1 positive token with r = 1.5 (outside b- = 1.2), 3 negative tokens with r = 0.7 (inside a- = 0.6).
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    delta = torch.tensor([[math.log(1.5), 0.0], [math.log(0.7), math.log(0.7)]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 0.0], [-1.0, -1.0]], dtype=torch.float64)  # token-level advantages
+    old = lp.detach() - delta
+    old[0, 1] = -1.0
+    loss, grad, m = run("bapo", lp, old, adv, torch.ones(2, 2))
+    # step k: c_low = 0.6 + 0.02k, c_high = 1.2 + 0.05k. The positive token enters at c_high >= 1.5 (k = 6), giving
+    # share 1.5 / (1.5 + 3 * 0.7) = 0.4167 >= 0.4; at k = 6 c_low = 0.72 > 0.7 already clipped the negatives: share 1.
+    assert m["bapo/clip_high"] == pytest.approx(1.5) and m["bapo/clip_low"] == pytest.approx(0.72)
+    assert m["bapo/positive_share"] == pytest.approx(1.0)
+    # the positive token now has gradient -A r / N; the clipped negatives none
+    torch.testing.assert_close(grad, torch.tensor([[-1.5 / 4, 0.0], [0.0, 0.0]], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Properties every method must have
+
+
+def random_batch(B=6, T=7, seed=0, scale=0.3, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    lp = (-torch.rand(B, T, generator=g, dtype=dtype) * 3).requires_grad_()
+    old = lp.detach() + torch.randn(B, T, generator=g, dtype=dtype) * scale
+    adv = torch.randn(B, generator=g, dtype=dtype)
+    mask = torch.ones(B, T)
+    for i in range(B):
+        mask[i, 1 + (i * 3) % T :] = 0  # ragged lengths, every row has >= 1 token
+    return lp, old, adv, mask
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_on_policy_limit_is_reinforce(method):
+    lp, _, adv, mask = random_batch()
+    mode = default_loss_agg_mode(method)
+    _, grad, _ = run(method, lp, lp.detach().clone(), adv, mask)
+    _, grad_ref, _ = run("reinforce", lp, lp.detach().clone(), adv, mask, loss_agg_mode=mode)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-10, atol=1e-12)
+
+
+# closed-form per-token gradient weight w such that d loss / d log pi_t = -w * A / N  (token-mean, no clipping)
+def closed_form_weight(method, lp, old, adv, mask):
+    log_r = (lp.detach() - old).clamp(-20, 20)
+    r = log_r.exp()
+    log_w = (log_r * mask).sum(-1, keepdim=True)
+    A = adv.unsqueeze(-1).expand_as(lp)
+    if method == "vespo":
+        c1 = torch.where(A >= 0, 2.0, 3.0)
+        c2 = torch.where(A >= 0, 3.0, 2.0)
+        lw = log_w.clamp(math.log(1e-8), 20).expand_as(lp)
+        return torch.exp(c1 * lw + c2 * (1 - lw.exp()))
+    if method == "topr":
+        return torch.where(A >= 0, 1.0, log_w.clamp(max=0).exp().expand_as(lp))
+    if method == "cispo":
+        return r.clamp(max=5.0)
+    if method == "sapo":
+        tau = torch.where(A > 0, torch.tensor(1.0, dtype=A.dtype), torch.tensor(1.05, dtype=A.dtype))
+        g = torch.sigmoid(tau * (r - 1))
+        return 4 * g * (1 - g) * r
+    if method == "reinforce":
+        return torch.ones_like(lp)
+    raise AssertionError(method)
+
+
+@pytest.mark.parametrize("method", ["vespo", "topr", "cispo", "sapo", "reinforce"])
+def test_gradient_matches_closed_form(method):
+    lp, old, adv, mask = random_batch(scale=0.5)
+    _, grad, _ = run(method, lp, old, adv, mask)
+    w = closed_form_weight(method, lp, old, adv, mask)
+    want = -w * adv.unsqueeze(-1) * mask / mask.sum()
+    torch.testing.assert_close(grad, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["grpo", "sapo", "reinforce", "bapo"])
+def test_gradient_matches_finite_differences(method):
+    # methods without a stop-gradient: the loss itself is the objective, so central differences must agree
+    lp, old, adv, mask = random_batch(scale=0.15, seed=3)
+    _, grad, _ = run(method, lp, old, adv, mask)
+    h = 1e-6
+    fd = torch.zeros_like(grad)
+    for i, j in mask.nonzero().tolist():
+        for s in (1, -1):
+            x = lp.detach().clone()
+            x[i, j] += s * h
+            loss, _ = compute_policy_loss(method, log_prob=x, old_log_prob=old, advantages=adv, response_mask=mask)
+            fd[i, j] += s * loss.item() / (2 * h)
+    torch.testing.assert_close(grad, fd, rtol=1e-5, atol=1e-8)
+
+
+def test_vespo_gradient_is_gradient_of_gamma_surrogate():
+    # Appendix B: grad of the VESPO loss = -(1/N) grad sum_i f(W_i) A_i, with f the incomplete-gamma surrogate.
+    from vespo.kernels import surrogate
+
+    lp, old, adv, mask = random_batch(scale=0.2, seed=5)
+    _, grad, _ = run("vespo", lp, old, adv, mask)
+
+    def objective(x):
+        log_w = ((x - old) * mask).sum(-1)
+        total = 0.0
+        for lw, a in zip(log_w.tolist(), adv.tolist()):
+            c1, c2 = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
+            total += surrogate(torch.tensor(math.exp(lw), dtype=torch.float64), c1, c2).item() * a
+        return total
+
+    h = 1e-6
+    for i, j in mask.nonzero().tolist():
+        x_plus, x_minus = lp.detach().clone(), lp.detach().clone()
+        x_plus[i, j] += h
+        x_minus[i, j] -= h
+        fd = (objective(x_plus) - objective(x_minus)) / (2 * h)
+        assert grad[i, j].item() == pytest.approx(-fd / mask.sum().item(), rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_masked_tokens_do_not_matter(method):
+    lp, old, adv, mask = random_batch(seed=7)
+    loss_a, grad_a, _ = run(method, lp, old, adv, mask)
+    pad = mask == 0
+    lp2 = torch.where(pad, torch.full_like(lp, float("nan")), lp.detach()).requires_grad_()
+    old2 = torch.where(pad, torch.full_like(old, -1e9), old)
+    loss_b, grad_b, _ = run(method, lp2, old2, adv, mask)
+    assert loss_a == pytest.approx(loss_b, rel=1e-12)
+    torch.testing.assert_close(grad_a, grad_b.nan_to_num(0.0))
+    assert torch.all(grad_b[pad] == 0)
+
+
+@pytest.mark.parametrize("method", BATCH_INDEPENDENT)
+def test_rowwise_loop_equals_batched(method):
+    lp, old, adv, mask = random_batch(seed=11)
+    batched, _ = policy_loss_terms(method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    for i in range(lp.shape[0]):
+        row, _ = policy_loss_terms(
+            method,
+            log_prob=lp[i : i + 1],
+            old_log_prob=old[i : i + 1],
+            advantages=adv[i : i + 1],
+            response_mask=mask[i : i + 1],
+        )
+        torch.testing.assert_close(row[0] * mask[i], batched[i] * mask[i], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("method", BATCH_INDEPENDENT)
+def test_gradient_accumulation_equals_one_batch(method, mode):
+    lp, old, adv, mask = random_batch(B=8, seed=13)
+    _, grad_full, _ = run(method, lp, old, adv, mask, loss_agg_mode=mode)
+    total = torch.zeros_like(lp)
+    n_tok, n_seq = mask.sum(), (mask.sum(-1) > 0).sum()
+    for sl in (slice(0, 3), slice(3, 8)):  # uneven micro-batches
+        x = lp.detach()[sl].clone().requires_grad_()
+        loss, _ = compute_policy_loss(
+            method,
+            log_prob=x,
+            old_log_prob=old[sl],
+            advantages=adv[sl],
+            response_mask=mask[sl],
+            loss_agg_mode=mode,
+            global_num_tokens=n_tok,
+            global_num_seqs=n_seq,
+        )
+        loss.backward()
+        total[sl] = x.grad
+    torch.testing.assert_close(total, grad_full, rtol=1e-10, atol=1e-13)
+
+
+def test_gspo_length_conflation_prop_e1():
+    # Prop. E.1: equal mean log-ratio r_bar, lengths 2 and 8 -> GSPO gives both the same weight; VESPO does not.
+    r_bar = 0.05
+    lp = torch.full((2, 8), -1.0, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(2, 8)
+    mask[0, :2], mask[1, :] = 1, 1
+    old = lp.detach() - r_bar
+    adv = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    _, g_gspo, _ = run(
+        "gspo", lp, old, adv, mask, clip_ratio_low=0.9, clip_ratio_high=9.0, loss_agg_mode="seq-mean-token-sum"
+    )
+    assert g_gspo[0, 0].item() == pytest.approx(g_gspo[1, 0].item(), rel=1e-12)  # s = e^{r_bar} for both
+    assert -2 * g_gspo[0, 0].item() == pytest.approx(math.exp(r_bar), rel=1e-12)
+    _, g_vespo, _ = run("vespo", lp, old, adv, mask, loss_agg_mode="seq-mean-token-sum")
+    assert -2 * g_vespo[0, 0].item() == pytest.approx(hand_phi(2 * r_bar, 2, 3), rel=1e-9)  # W = e^{0.1}
+    assert -2 * g_vespo[1, 0].item() == pytest.approx(hand_phi(8 * r_bar, 2, 3), rel=1e-9)  # W = e^{0.4}
+    assert abs(g_vespo[0, 0].item() - g_vespo[1, 0].item()) > 1e-3
+
+
+@pytest.mark.parametrize("length_norm,divisor", [("none", 1.0), ("sqrt", 2.0), ("linear", 4.0)])
+def test_vespo_length_norm_ablation(length_norm, divisor):
+    lp = torch.full((1, 4), -1.0, dtype=torch.float64, requires_grad=True)
+    old = lp.detach() - 0.1  # log W = 0.4 over T = 4 tokens
+    _, grad, _ = run(
+        "vespo", lp, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 4), length_norm=length_norm
+    )
+    assert -4 * grad[0, 0].item() == pytest.approx(hand_phi(0.4 / divisor, 2, 3), rel=1e-9)
+
+
+def test_rollout_log_prob_folds_into_vespo_and_truncates_token_methods():
+    lp, old, adv, mask = example()
+    rollout = old - torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64)  # log(mu/pi_rollout) = 0.5 per token
+    _, grad, _ = run("vespo", lp, old, adv, mask, rollout_log_prob=rollout)
+    phi1 = hand_phi(0.3 + 1.0, 2, 3)  # W = pi/pi_rollout
+    assert grad[0, 0].item() == pytest.approx(-phi1 / 4, rel=1e-6)
+    _, grad, _ = run("reinforce", lp, old, adv, mask, rollout_log_prob=rollout, rollout_is_threshold=1.5)
+    assert grad[0, 0].item() == pytest.approx(-1.5 / 4, rel=1e-9)  # min(e^0.5, 1.5) = 1.5
+    _, grad, _ = run("topr", lp, old, adv, mask, rollout_log_prob=rollout, rollout_is_threshold=100.0)
+    assert grad[0, 0].item() == pytest.approx(-math.exp(1.0) / 4, rel=1e-9)  # sequence-level TIS: e^{0.5 + 0.5}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def call(method="vespo", **over):
+    lp, old, adv, mask = example()
+    kw = dict(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    kw.update(over)
+    return compute_policy_loss(method, **kw)
+
+
+def test_bad_inputs_raise_clear_errors():
+    lp, old, adv, mask = example()
+    with pytest.raises(ValueError, match=r"old_log_prob has shape \(2, 3\)"):
+        call(old_log_prob=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        call(advantages=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"log_prob must be a \(B, T\) tensor"):
+        call(log_prob=torch.zeros(4))
+    bad = old.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="old_log_prob contains NaN or inf"):
+        call(old_log_prob=bad)
+    with pytest.raises(ValueError, match="advantages contains NaN or inf"):
+        call(advantages=torch.tensor([1.0, float("inf")], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"rows with no valid token: \[1\]"):
+        call(response_mask=torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="must be binary"):
+        call(response_mask=torch.tensor([[1.0, 0.5], [1.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"c1_pos > 0"):
+        call(c1_pos=0.0)
+    with pytest.raises(ValueError, match=r"c2_neg > 0"):
+        call(c2_neg=-1.0)
+    with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) \['clip_ratio'\]"):
+        call(clip_ratio=0.2)
+    with pytest.raises(ValueError, match="length_norm"):
+        call(length_norm="log")
+    with pytest.raises(ValueError, match="unknown loss_agg_mode"):
+        call(loss_agg_mode="sum")
+    with pytest.raises(ValueError, match=r"known methods: \['bapo'"):
+        call(method="ppo")
+    with pytest.raises(ValueError, match="clip_ratio_c > 1"):
+        call(method="grpo", clip_ratio_c=0.5)
+
+
+def test_empty_rows_allowed_explicitly_contribute_zero():
+    lp, old, adv, _ = example()
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    loss_mat, _ = policy_loss_terms(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, allow_empty_rows=True
+    )
+    assert torch.all(loss_mat[1] == 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Extreme inputs
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("log_w", [-1e4, 1e4])
+def test_extreme_log_w_is_finite(method, log_w):
+    T = 4
+    lp = torch.full((2, T), -1.0, requires_grad=True)
+    old = lp.detach() - log_w / T  # sum of token log-ratios = log_w
+    rollout = old + torch.tensor([[log_w / T] * T, [-log_w / T] * T])
+    for ro in (None, rollout):
+        loss, metrics = compute_policy_loss(
+            method,
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=torch.tensor([1.0, -1.0]),
+            response_mask=torch.ones(2, T),
+            rollout_log_prob=ro,
+        )
+        (grad,) = torch.autograd.grad(loss, lp)
+        assert math.isfinite(loss.item()) and torch.isfinite(grad).all()
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bf16_inputs(method):
+    lp32, old, adv, mask = random_batch(dtype=torch.float32, scale=2.0)
+    lp = lp32.detach().bfloat16().requires_grad_()
+    loss, metrics = compute_policy_loss(
+        method, log_prob=lp, old_log_prob=old.bfloat16(), advantages=adv.bfloat16(), response_mask=mask
+    )
+    (grad,) = torch.autograd.grad(loss, lp)
+    assert grad.dtype == torch.bfloat16 and torch.isfinite(grad).all() and math.isfinite(loss.item())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    log_ratios=st.lists(st.floats(-1e4, 1e4), min_size=6, max_size=6),
+    advs=st.lists(st.floats(-10, 10), min_size=2, max_size=2),
+    length=st.integers(1, 3),
+)
+def test_vespo_weights_bounded_and_finite(log_ratios, advs, length):
+    lp = torch.full((2, 3), -1.0, requires_grad=True)
+    old = lp.detach() - torch.tensor(log_ratios).view(2, 3)
+    mask = torch.zeros(2, 3)
+    mask[:, :length] = 1
+    loss, m = compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=torch.tensor(advs), response_mask=mask
+    )
+    (grad,) = torch.autograd.grad(loss, lp)
+    assert math.isfinite(loss.item()) and torch.isfinite(grad).all()
+    assert 0 <= m["weight/max_pos"] <= phi_max(2, 3) * (1 + 1e-5)
+    assert 0 <= m["weight/max_neg"] <= phi_max(3, 2) * (1 + 1e-5)
+    assert m["vespo/phi_sq_mean"] <= m["vespo/bound_K_phi_w_mean"] * (1 + 1e-5) + 1e-30  # Prop. 3.1, pointwise
+    assert 0 <= m["weight/ess"] <= 1 + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(scale=st.floats(0.0, 50.0), seed=st.integers(0, 10_000), method=st.sampled_from(METHODS))
+def test_all_methods_finite_on_random_off_policy_batches(scale, seed, method):
+    lp, old, adv, mask = random_batch(seed=seed, scale=scale, dtype=torch.float32)
+    loss, metrics = compute_policy_loss(method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    (grad,) = torch.autograd.grad(loss, lp)
+    assert math.isfinite(loss.item()) and torch.isfinite(grad).all()
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Cross-check against TRL's own VESPO weights (TRL mirrors the official code's guards)
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 30.0])
+def test_vespo_matches_trl_gamma_weights(scale):
+    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+    lp, old, adv, mask = random_batch(dtype=torch.float32, scale=scale, seed=17)
+    mask = torch.ones_like(mask)  # TRL sums the rollout IS log-ratio without a mask
+    rollout = old - torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * scale
+    for ro in (None, rollout):
+        ours, _ = policy_loss_terms(
+            "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_log_prob=ro
+        )
+        is_ratio = None if ro is None else torch.exp(old - ro)
+        phi = trl_grpo.GRPOTrainer.get_gamma_weights(
+            advantages=adv.unsqueeze(1),
+            log_ratio_per_token=lp.detach() - old,
+            mask=mask,
+            importance_sampling_ratio=is_ratio,
+        )
+        theirs = -phi * adv.unsqueeze(1) * lp
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
