@@ -256,7 +256,7 @@ def test_vespo_gradient_is_gradient_of_gamma_surrogate():
     def objective(x):
         log_w = ((x - old) * mask).sum(-1)
         total = 0.0
-        for lw, a in zip(log_w.tolist(), adv.tolist()):
+        for lw, a in zip(log_w.tolist(), adv.tolist(), strict=True):
             c1, c2 = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
             total += surrogate(torch.tensor(math.exp(lw), dtype=torch.float64), c1, c2).item() * a
         return total

@@ -488,7 +488,7 @@ def bapo(
     mass = (r * advantages.abs()).masked_fill(~valid, 0.0)
     pos, neg = valid & (advantages > 0), valid & (advantages < 0)
     shares = []
-    for lo, hi in zip(lows, highs):  # K <= 37 reductions over (B, T); no .item()
+    for lo, hi in zip(lows, highs, strict=True):  # K <= 37 reductions over (B, T); no .item()
         m_pos = (mass * (pos & (r <= hi))).sum()
         m_neg = (mass * (neg & (r >= lo))).sum()
         shares.append(m_pos / (m_pos + m_neg).clamp(min=1e-12))
