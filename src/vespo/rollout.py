@@ -1,0 +1,237 @@
+"""Rollouts: sample completions with their sampler log-probs, and score fixed sequences under a policy.
+
+The sampler records log pi_rollout(y_t) = log_softmax(logits / temperature)[y_t] at generation time (before top-p
+truncation, as veRL/vLLM report them). The trainer recomputes the same quantity under its own weights with
+`response_log_probs`, so any difference between the two is train-inference mismatch (paper Sec. 4.6).
+Backends: vLLM when it is importable and CUDA is available (selected automatically), Hugging Face otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import transformers
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Rollout:
+    """A sampled batch, prompts repeated n times consecutively (rows i*n .. i*n+n-1 belong to prompt i).
+
+    Layout is left-padded prompt then right-padded response, so the response starts at column P for every row.
+    """
+
+    input_ids: Tensor  # (B, P + T) prompt then response token ids
+    attention_mask: Tensor  # (B, P + T) 1 on real tokens
+    response_mask: Tensor  # (B, T) 1 on response tokens up to and including <eos>
+    rollout_log_prob: Tensor  # (B, T) sampler log-probs of the sampled tokens, 0 on padding
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.response_mask.shape[1]
+
+    @property
+    def response_ids(self) -> Tensor:  # (B, T)
+        return self.input_ids[:, self.prompt_len :]
+
+    def select(self, rows: Tensor | slice) -> Rollout:
+        """The sub-batch of the given rows (a mini- or micro-batch)."""
+        fields = (self.input_ids, self.attention_mask, self.response_mask, self.rollout_log_prob)
+        return Rollout(*(t[rows] for t in fields))
+
+
+def vllm_available() -> bool:
+    """True when the vLLM backend can be used (vLLM importable and a CUDA device present)."""
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
+def _position_ids(attention_mask: Tensor) -> Tensor:
+    """Positions counting real tokens only, so left padding does not shift the prompt (as HF generate does)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+
+
+def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus filtering: keep the smallest set of tokens whose probability mass reaches `top_p` (Holtzman et al.)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@torch.no_grad()
+def sample(
+    model: transformers.PreTrainedModel,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    logit_noise_std: float = 0.0,
+) -> Rollout:
+    """Sample `n` completions per prompt with the HF model (KV cache), recording sampler log-probs.
+
+    `logit_noise_std` > 0 simulates an inference engine that disagrees with the trainer: i.i.d. Gaussian noise of
+    that std is added to the sampler's logits (drawn from `generator`), so log pi_rollout != log pi_train by a
+    controlled amount. The model runs in whatever dtype it is in (a bf16 copy gives the dtype mismatch).
+    """
+    if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
+        raise ValueError(
+            f"need n>=1, max_new_tokens>=1, temperature>0, 0<top_p<=1; got n={n}, max_new_tokens={max_new_tokens}, "
+            f"temperature={temperature}, top_p={top_p}"
+        )
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    prompt_ids = enc.input_ids.repeat_interleave(n, 0).to(device)  # (B, P)
+    mask = enc.attention_mask.repeat_interleave(n, 0).to(device)  # (B, P)
+    batch = prompt_ids.shape[0]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    tokens, log_probs, alive_cols = [], [], []
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    cache, step_ids, positions = None, prompt_ids, _position_ids(mask)
+    for _ in range(max_new_tokens):
+        out = model(
+            input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1].float() / temperature  # (B, V)
+        if logit_noise_std > 0:
+            noise = torch.randn(logits.shape, generator=generator, device=device)
+            logits = logits + logit_noise_std * noise
+        logp = logits.log_softmax(-1)  # (B, V) sampler distribution before top-p
+        probs = _top_p_filter(logits, top_p).softmax(-1)
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+        tok = torch.where(alive, tok, torch.full_like(tok, pad))
+        tokens.append(tok)
+        tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)  # (B,)
+        log_probs.append(torch.where(alive, tok_logp, torch.zeros_like(tok_logp)))
+        alive_cols.append(alive.clone())
+        alive = alive & (tok != eos)
+        if not alive.any():
+            break
+        step_ids = tok[:, None]
+        mask = torch.cat([mask, torch.ones_like(tok[:, None])], dim=1)
+        positions = positions[:, -1:] + 1
+    response = torch.stack(tokens, 1)  # (B, T)
+    response_mask = torch.stack(alive_cols, 1).long()  # (B, T)
+    full_ids = torch.cat([prompt_ids, response], 1)  # (B, P + T)
+    full_mask = torch.cat([enc.attention_mask.repeat_interleave(n, 0).to(device), response_mask], 1)
+    return Rollout(full_ids, full_mask, response_mask, torch.stack(log_probs, 1).float())
+
+
+def response_log_probs(
+    model: transformers.PreTrainedModel, rollout: Rollout, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log pi(y_t | x, y_<t) of the rollout's response tokens under `model`, and optionally the entropy.
+
+    Logits are divided by `temperature` exactly as at sampling time (veRL does the same), so on-policy the result
+    equals the sampler's log-probs up to numerics. Returns ((B, T) log-probs, (B, T) entropy or None); 0 on padding.
+    """
+    p = rollout.prompt_len
+    logits = model(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        position_ids=_position_ids(rollout.attention_mask),
+    ).logits  # (B, P + T, V)
+    logits = logits[:, p - 1 : -1].float() / temperature  # (B, T, V): position t predicts response token t
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, rollout.response_ids[..., None]).squeeze(-1) * rollout.response_mask  # (B, T)
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1) * rollout.response_mask  # (B, T)
+    return logp, entropy
+
+
+def decode_responses(tokenizer: transformers.PreTrainedTokenizerBase, rollout: Rollout) -> list[str]:
+    """Response strings without special tokens (one per row)."""
+    ids = rollout.response_ids.masked_fill(rollout.response_mask == 0, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
+
+
+def generate_texts(
+    model: transformers.PreTrainedModel | str,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    batch_size: int = 64,
+) -> list[list[str]]:
+    """Per prompt, `n` sampled completion strings. `model` is a loaded HF model or a local path / Hub id.
+
+    Uses vLLM when `vllm_available()`, the HF sampler otherwise (prompts are processed in chunks of `batch_size`).
+    """
+    if vllm_available():
+        return _generate_texts_vllm(
+            model,
+            tokenizer,
+            prompts,
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+        )
+    if isinstance(model, str):
+        model = transformers.AutoModelForCausalLM.from_pretrained(model)
+    generator = torch.Generator(device=next(model.parameters()).device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out: list[list[str]] = []
+    chunk = max(1, batch_size // n)
+    for i in range(0, len(prompts), chunk):
+        rollout = sample(
+            model,
+            tokenizer,
+            prompts[i : i + chunk],
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            generator=generator,
+        )
+        texts = decode_responses(tokenizer, rollout)
+        out += [texts[j : j + n] for j in range(0, len(texts), n)]
+    model.train(was_training)
+    return out
+
+
+def _generate_texts_vllm(
+    model: transformers.PreTrainedModel | str,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+) -> list[list[str]]:
+    """vLLM backend of `generate_texts` (an in-memory model is saved to a temp dir first). Not exercised on CPU CI."""
+    from vllm import LLM, SamplingParams
+
+    with contextlib.ExitStack() as stack:
+        path = model
+        if not isinstance(model, str):
+            path = stack.enter_context(tempfile.TemporaryDirectory())
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        llm = LLM(model=path, seed=seed or 0)
+        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+        results = llm.generate(prompts, params)
+    return [[c.text for c in r.outputs] for r in results]

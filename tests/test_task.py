@@ -1,0 +1,52 @@
+"""The embedded task: local tokenizer/model round trips through the real `from_pretrained` path, task arithmetic."""
+
+import pytest
+import torch
+import transformers
+
+from vespo.task import arithmetic_problems, build_tiny_model, build_tokenizer, solution_text
+
+
+def test_tokenizer_encodes_characters_and_boxed_as_one_token():
+    tok = build_tokenizer()
+    ids = tok("12 \\boxed{3}").input_ids
+    assert tok.convert_ids_to_tokens(ids) == ["<bos>", "1", "2", " ", "\\boxed", "{", "3", "}"]
+    assert tok.decode(ids, skip_special_tokens=True) == "12 \\boxed{3}"
+    assert tok.padding_side == "left" and tok.pad_token_id != tok.eos_token_id
+
+
+def test_tokenizer_and_model_round_trip_through_auto_classes(tmp_path):
+    tok = build_tokenizer()
+    model = build_tiny_model(tok)
+    assert 50_000 < sum(p.numel() for p in model.parameters()) < 1_000_000
+    tok.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    tok2 = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    model2 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    text = "3+8+5=11,16 \\boxed{16}\nWhat?"
+    assert tok2(text).input_ids == tok(text).input_ids
+    assert tok2.decode(tok2(text).input_ids, skip_special_tokens=True) == text
+    assert (tok2.pad_token_id, tok2.eos_token_id, tok2.padding_side) == (tok.pad_token_id, tok.eos_token_id, "left")
+    ids = torch.tensor([tok(text).input_ids])
+    torch.testing.assert_close(model2(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_tiny_model_is_seeded_and_overridable():
+    tok = build_tokenizer()
+    a, b, c = build_tiny_model(tok, seed=1), build_tiny_model(tok, seed=1), build_tiny_model(tok, seed=2)
+    wa, wb, wc = (m.model.embed_tokens.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    assert build_tiny_model(tok, num_hidden_layers=1).config.num_hidden_layers == 1
+    with pytest.raises(ValueError, match="unknown LlamaConfig fields"):
+        build_tiny_model(tok, hiden_size=3)
+
+
+def test_arithmetic_problems_and_solution_text():
+    probs = arithmetic_problems(50, seed=3, num_operands=3, max_operand=9)
+    assert probs == arithmetic_problems(50, seed=3, num_operands=3, max_operand=9)
+    for p in probs:
+        xs = [int(x) for x in p.prompt.rstrip("=").split("+")]
+        assert len(xs) == 3 and all(0 <= x <= 9 for x in xs) and p.answer == str(sum(xs))
+    assert solution_text(type(probs[0])(prompt="3+8+5=", answer="16")) == "11,16 \\boxed{16}"
+    with pytest.raises(ValueError, match="num_operands"):
+        arithmetic_problems(3, seed=0, num_operands=1)
