@@ -202,7 +202,7 @@ def _prepare(
     if rollout_log_prob is not None:
         checks["rollout_log_prob"] = rollout_log_prob
     for name, t in checks.items():
-        if not bool(torch.isfinite(t[valid]).all()):
+        if not bool((torch.isfinite(t) | ~valid).all()):
             raise ValueError(f"{name} contains NaN or inf at valid (masked-in) positions")
 
     # Zero the padding so that garbage there (even NaN) cannot leak through 0 * NaN into sums.
