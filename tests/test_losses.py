@@ -508,3 +508,16 @@ def test_vespo_matches_trl_gamma_weights(scale):
         )
         theirs = -phi * adv.unsqueeze(1) * lp
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+
+
+def test_docs_list_exactly_the_registered_methods():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "losses.md").read_text()
+    table = text.split("## Methods", 1)[1].split("\n\n", 2)[1]
+    assert sorted(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)) == METHODS
+    for name in METHODS:
+        for hp in vespo.method_hparams(name):
+            if hp != "rollout_is_threshold":
+                assert hp in text, f"docs/losses.md does not mention {name}'s hyperparameter {hp}"
