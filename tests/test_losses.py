@@ -521,3 +521,22 @@ def test_docs_list_exactly_the_registered_methods():
         for hp in vespo.method_hparams(name):
             if hp != "rollout_is_threshold":
                 assert hp in text, f"docs/losses.md does not mention {name}'s hyperparameter {hp}"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bapo_bound_search_matches_brute_force(seed):
+    lp, old, adv, mask = random_batch(B=16, T=9, seed=seed, scale=0.6)
+    adv_tok = adv.unsqueeze(-1) * torch.randn(16, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    _, _, m = run("bapo", lp, old, adv_tok, mask)
+    r = (lp.detach() - old).clamp(-20, 20).exp()
+    valid = mask.bool()
+    chosen = None
+    for k in range(37):
+        lo, hi = min(0.6 + 0.02 * k, 0.9), min(1.2 + 0.05 * k, 3.0)
+        pos = ((r * adv_tok.abs())[valid & (adv_tok > 0) & (r <= hi)]).sum()
+        neg = ((r * adv_tok.abs())[valid & (adv_tok < 0) & (r >= lo)]).sum()
+        chosen = (lo, hi, (pos / (pos + neg)).item())
+        if chosen[2] >= 0.4:
+            break
+    assert m["bapo/clip_low"] == pytest.approx(chosen[0]) and m["bapo/clip_high"] == pytest.approx(chosen[1])
+    assert m["bapo/positive_share"] == pytest.approx(chosen[2], rel=1e-9)

@@ -472,7 +472,8 @@ def bapo(
     Starting from (c_low, c_high) = (a-, b-), both bounds move up by (step_low, step_high), within their ranges,
     until the positive-advantage tokens carry at least `positive_share_target` (rho_0) of the total |r * A| mass of
     the tokens whose gradient is not clipped (raising c_low clips more A < 0 tokens, raising c_high admits more
-    A > 0 tokens). All candidate steps are evaluated without host syncs; the chosen bounds are in the metrics.
+    A > 0 tokens). All candidate steps are evaluated in one bucketed pass without host syncs; the chosen bounds
+    are in the metrics.
     """
     (a_lo, a_hi), (b_lo, b_hi) = clip_low_range, clip_high_range
     if not (0 < a_lo <= a_hi < 1 < b_lo <= b_hi) or clip_low_step <= 0 or clip_high_step <= 0:
@@ -485,14 +486,17 @@ def bapo(
     ks = torch.arange(n_steps + 1, device=r.device, dtype=r.dtype)
     lows = torch.clamp(a_lo + ks * clip_low_step, max=a_hi)  # (K,)
     highs = torch.clamp(b_lo + ks * clip_high_step, max=b_hi)  # (K,)
-    mass = (r * advantages.abs()).masked_fill(~valid, 0.0)
-    pos, neg = valid & (advantages > 0), valid & (advantages < 0)
-    shares = []
-    for lo, hi in zip(lows, highs, strict=True):  # K <= 37 reductions over (B, T); no .item()
-        m_pos = (mass * (pos & (r <= hi))).sum()
-        m_neg = (mass * (neg & (r >= lo))).sum()
-        shares.append(m_pos / (m_pos + m_neg).clamp(min=1e-12))
-    share = torch.stack(shares)  # (K,)
+    mass = (r * advantages.abs()).masked_fill(~valid, 0.0).flatten()  # (B*T,) |r A| per token
+    pos, neg = (valid & (advantages > 0)).flatten(), (valid & (advantages < 0)).flatten()
+    rf, n_k = r.flatten(), n_steps + 1
+    # A > 0 token counts at every step k with highs[k] >= r: bucket = first such k (n_k if none), prefix sums over k.
+    first_in = torch.bucketize(rf, highs)  # (B*T,)
+    m_pos = torch.zeros(n_k + 1, dtype=r.dtype, device=r.device).index_add_(0, first_in, mass * pos).cumsum(0)[:n_k]
+    # A < 0 token counts at every step k with lows[k] <= r: that holds for k < (number of lows <= r), suffix sums.
+    n_in = torch.bucketize(rf, lows, right=True)  # (B*T,)
+    hist = torch.zeros(n_k + 1, dtype=r.dtype, device=r.device).index_add_(0, n_in, mass * neg)
+    m_neg = hist.flip(0).cumsum(0).flip(0)[1:]  # m_neg[k] = sum of hist[c] over c > k
+    share = m_pos / (m_pos + m_neg).clamp(min=1e-12)  # (K,), one pass over the tokens, no host sync
     reached = share >= positive_share_target
     idx = torch.where(reached.any(), reached.float().argmax(), torch.tensor(n_steps, device=r.device))
     low, high = lows[idx], highs[idx]
