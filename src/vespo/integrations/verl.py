@@ -1,0 +1,195 @@
+"""Every vespo policy loss inside veRL (https://github.com/volcengine/verl), without forking it.
+
+Importing this module registers each method into veRL's policy-loss registry, `vespo` under "vespo" and the others
+under "vespo_<method>" (e.g. "vespo_gspo"), so they never shadow veRL's built-ins. veRL >= 0.9 imports it in every
+process that imports `verl` through the `verl.plugins` entry point that vespo's package declares; on veRL 0.7/0.8 set
+`VERL_USE_EXTERNAL_MODULES=vespo.integrations.verl` in the Ray runtime env instead.
+
+Hyperparameters come from Hydra through `VespoPolicyLossConfig` (docs/integrations.md has the override lines).
+The loss is aggregated by veRL's own `agg_loss` with `config.global_batch_info`, so micro-batches and data-parallel
+ranks are normalised by the whole mini-batch, as veRL's built-in losses are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
+from verl.workers.config import PolicyLossConfig
+
+from vespo.integrations._engine import FOLDS_IS_INTO_W, IS_LEVELS, engine_policy_loss_terms
+from vespo.losses import available_methods, method_hparams, policy_loss_terms
+
+Tensor = torch.Tensor
+
+_BYPASS_MESSAGE = (
+    "vespo losses do not support veRL's rollout_correction.bypass_mode: bypass mode replaces the configured "
+    "policy loss by veRL's 'bypass_mode' loss (and uses the rollout log-probs as old log-probs), so the vespo loss "
+    "would silently not run. Set algorithm.rollout_correction.bypass_mode=False (decoupled mode); vespo then "
+    "receives rollout_is_weights and, for 'vespo', folds them into W."
+)
+
+
+def verl_loss_name(method: str) -> str:
+    """veRL registry name of a vespo method: "vespo" for VESPO itself, "vespo_<method>" for the baselines."""
+    return "vespo" if method == "vespo" else f"vespo_{method}"
+
+
+def vespo_method(loss_mode: str) -> str | None:
+    """The vespo method behind a veRL `loss_mode`, or None if the name is not one of vespo's."""
+    names = {verl_loss_name(m): m for m in available_methods()}
+    return names.get(loss_mode)
+
+
+@dataclass
+class VespoPolicyLossConfig(PolicyLossConfig):
+    """`actor.policy_loss` config that carries a vespo method's hyperparameters through veRL's strict configs.
+
+    Select it with `actor_rollout_ref.actor.policy_loss._target_=vespo.integrations.verl.VespoPolicyLossConfig`.
+    Fields (new keys need Hydra's `+` prefix):
+        hparams (`dict`): keyword hyperparameters of the method (`vespo.method_hparams(method)`), e.g.
+            `+actor_rollout_ref.actor.policy_loss.hparams.c1_pos=2.0`. Unset ones keep vespo's paper defaults;
+            veRL's `actor.clip_ratio*` / `actor.tau_*` are not read.
+        rollout_is (`str`, *optional*): level of veRL's `rollout_is_weights`, "token" or "sequence"; needed by
+            `vespo` when `algorithm.rollout_correction.rollout_is` is set. Wire it with
+            `+actor_rollout_ref.actor.policy_loss.rollout_is=${algorithm.rollout_correction.rollout_is}`.
+        bypass_mode (`bool`): mirror of `algorithm.rollout_correction.bypass_mode` so that bypass mode is refused
+            when the config is built; wire it with
+            `+actor_rollout_ref.actor.policy_loss.bypass_mode=${algorithm.rollout_correction.bypass_mode}`.
+    Validation runs when the config is built (driver and workers), so bad values fail before training starts.
+    """
+
+    loss_mode: str = "vespo"
+    hparams: dict = field(default_factory=dict)
+    rollout_is: Optional[str] = None  # noqa: UP045 (OmegaConf/Hydra parse typing.Optional on Python 3.10)
+    bypass_mode: bool = False
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
+    """Check a policy-loss config for a vespo method: bypass mode, IS level and hyperparameters."""
+    correction = policy_loss.get("rollout_correction") or {}
+    if (
+        policy_loss.get("loss_mode") == "bypass_mode"
+        or policy_loss.get("bypass_mode", False)
+        or correction.get("bypass_mode", False)
+    ):
+        raise ValueError(_BYPASS_MESSAGE)
+    level = policy_loss.get("rollout_is")
+    if level is not None and level not in IS_LEVELS:
+        raise ValueError(f"policy_loss.rollout_is must be one of {IS_LEVELS} or null, got {level!r}")
+    method = vespo_method(policy_loss.get("loss_mode", ""))
+    hparams = dict(policy_loss.get("hparams") or {})
+    if method is None:
+        if hparams:
+            raise ValueError(
+                f"policy_loss.hparams is set but loss_mode {policy_loss.get('loss_mode')!r} is not a vespo loss; "
+                f"vespo's are {sorted(verl_loss_name(m) for m in available_methods())}"
+            )
+        return
+    # One tiny call validates names and values with the core's own checks (unknown keys, c > 0, ranges, ...).
+    x = torch.zeros(1, 1)
+    policy_loss_terms(method, log_prob=x, old_log_prob=x, advantages=x[:, 0], response_mask=x + 1, **hparams)
+
+
+def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, dict[str, Any]]:
+    """(hyperparameters, rollout IS level, global batch info) from veRL's actor config; defaults if it has none."""
+    if config is None:
+        return {}, None, {}
+    policy_loss = config.get("policy_loss") or {}
+    _validate(policy_loss)
+    return (
+        dict(policy_loss.get("hparams") or {}),
+        policy_loss.get("rollout_is"),
+        dict(config.get("global_batch_info") or {}),
+    )
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def make_policy_loss_fn(method: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
+    """A function with veRL's `PolicyLossFn` signature computing vespo's `method`.
+
+    It reads the hyperparameters from `config.policy_loss.hparams`, converts `rollout_is_weights` (folded into W for
+    "vespo", multiplied into the per-token loss otherwise: `vespo.integrations._engine`), aggregates with veRL's
+    `agg_loss(..., **config.global_batch_info)` and returns veRL's metric names ("actor/pg_clipfrac",
+    "actor/ppo_kl", "actor/pg_clipfrac_lower") plus vespo's own metrics under "actor/<name>".
+    """
+    method_hparams(method)  # unknown method -> ValueError now, not at the first training step
+
+    def policy_loss_fn(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        hparams, level, batch_info = _policy_loss_settings(config)
+        loss_mat, metrics = engine_policy_loss_terms(
+            method,
+            log_prob=log_prob,
+            old_log_prob=old_log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
+            is_weights=rollout_is_weights,
+            is_level=level,
+            hparams=hparams,
+        )
+        pg_loss = agg_loss(
+            loss_mat=loss_mat, loss_mask=response_mask.to(loss_mat.dtype), loss_agg_mode=loss_agg_mode, **batch_info
+        )
+        zero = torch.zeros((), device=loss_mat.device)
+        log_ratio = torch.clamp(log_prob.detach() - old_log_prob, -20.0, 20.0)  # as veRL's built-ins
+        out = {
+            "actor/pg_clipfrac": metrics.pop("clip/frac", zero),
+            "actor/pg_clipfrac_lower": metrics.pop("clip/frac_lower", zero),
+            "actor/ppo_kl": _masked_mean(-log_ratio, response_mask),  # k1 estimate of KL(mu || pi), veRL's definition
+        }
+        out.update({f"actor/{k}": v for k, v in metrics.items()})
+        return pg_loss, {k: float(v) for k, v in out.items()}
+
+    policy_loss_fn.__name__ = f"compute_policy_loss_{verl_loss_name(method)}"
+    policy_loss_fn.__qualname__ = policy_loss_fn.__name__
+    policy_loss_fn.__doc__ = f"veRL PolicyLossFn for vespo's {method!r} (see `vespo.integrations.verl`)."
+    policy_loss_fn.vespo_method = method  # marks the function as vespo's for re-registration checks
+    return policy_loss_fn
+
+
+def register_all() -> list[str]:
+    """Register every vespo method in veRL's policy-loss registry; returns the registered names.
+
+    Re-registering vespo's own functions is a no-op refresh; a name held by someone else's loss raises, since veRL's
+    registry would otherwise overwrite it silently.
+    """
+    names = []
+    for method in available_methods():
+        name = verl_loss_name(method)
+        existing = POLICY_LOSS_REGISTRY.get(name)
+        if existing is not None and getattr(existing, "vespo_method", None) != method:
+            raise ValueError(f"veRL policy loss {name!r} is already registered by {existing.__module__}")
+        register_policy_loss(name)(make_policy_loss_fn(method))
+        names.append(name)
+    return names
+
+
+REGISTERED = register_all()
+
+__all__ = [
+    "FOLDS_IS_INTO_W",
+    "REGISTERED",
+    "VespoPolicyLossConfig",
+    "make_policy_loss_fn",
+    "register_all",
+    "verl_loss_name",
+    "vespo_method",
+]

@@ -1,0 +1,302 @@
+"""veRL integration: plugin registration, equality with vespo and with veRL's built-ins, rollout IS, Hydra, bypass."""
+
+import math
+import os
+
+import pytest
+import torch
+
+verl = pytest.importorskip("verl")  # importing verl loads vespo through the `verl.plugins` entry point
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights  # noqa: E402
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+
+import vespo  # noqa: E402
+from vespo.integrations import verl as vverl  # noqa: E402
+
+B, T = 6, 9
+# veRL's seq-mean-token-mean divides each sequence by (length + 1e-8), vespo by the length: relative gaps ~1e-8.
+
+
+def _batch(seed: int, scale: float = 0.3, dtype=torch.float64):
+    """Random veRL-style inputs: log-probs (B, T), token-broadcast advantages, right-padded bool mask."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=dtype) * 2 - 0.05
+    lp = (old + scale * torch.randn(B, T, generator=g, dtype=dtype)).requires_grad_(True)
+    adv = torch.randn(B, 1, generator=g, dtype=dtype).expand(B, T).clone()
+    lengths = torch.tensor([9, 7, 4, 1, 8, 5])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return old, lp, adv, mask
+
+
+def _actor(policy_loss=None, **kw) -> ActorConfig:
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=8,
+        ppo_micro_batch_size_per_gpu=2,
+        policy_loss=policy_loss if policy_loss is not None else vverl.VespoPolicyLossConfig(),
+        **kw,
+    )
+
+
+def _grad(loss, lp):
+    (g,) = torch.autograd.grad(loss, lp)
+    return g
+
+
+def test_plugin_registers_every_method_under_its_own_name():
+    assert core_algos.get_policy_loss_fn("vespo") is core_algos.POLICY_LOSS_REGISTRY["vespo"]
+    for m in vespo.available_methods():
+        fn = core_algos.get_policy_loss_fn(vverl.verl_loss_name(m))
+        assert fn.vespo_method == m
+        assert vverl.vespo_method(vverl.verl_loss_name(m)) == m
+    assert set(vverl.REGISTERED) == {"vespo"} | {f"vespo_{m}" for m in vespo.available_methods() if m != "vespo"}
+    # veRL's built-ins are untouched
+    for name in ("vanilla", "gspo", "sapo", "cispo", "bypass_mode"):
+        assert core_algos.POLICY_LOSS_REGISTRY[name].__module__ == "verl.trainer.ppo.core_algos"
+    # the loss was registered by veRL's own plugin discovery, not by this test's import
+    from importlib.metadata import entry_points
+
+    assert "vespo.integrations.verl" in {ep.value for ep in entry_points(group="verl.plugins")}
+    # re-registering our own functions is a refresh; someone else's loss under our name is refused
+    assert vverl.register_all() == vverl.REGISTERED
+    saved = core_algos.POLICY_LOSS_REGISTRY["vespo_grpo"]
+    core_algos.POLICY_LOSS_REGISTRY["vespo_grpo"] = core_algos.POLICY_LOSS_REGISTRY["vanilla"]
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            vverl.register_all()
+    finally:
+        core_algos.POLICY_LOSS_REGISTRY["vespo_grpo"] = saved
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_vespo_equals_compute_policy_loss(mode):
+    old, lp, adv, mask = _batch(0)
+    fn = core_algos.get_policy_loss_fn("vespo")
+    loss, metrics = fn(old, lp, adv, mask, loss_agg_mode=mode, config=_actor())
+    ref, ref_metrics = vespo.compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, loss_agg_mode=mode
+    )
+    tol = dict(rtol=1e-7, atol=1e-12) if mode == "seq-mean-token-mean" else dict(rtol=1e-12, atol=1e-14)  # veRL 1e-8
+    torch.testing.assert_close(loss, ref, **tol)
+    torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), **tol)
+    for k in ("vespo/Z", "weight/mean_pos", "weight/ess", "is/log_w_mean"):
+        assert metrics[f"actor/{k}"] == pytest.approx(ref_metrics[k], rel=1e-12)
+    assert set(metrics) >= {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"}
+    assert all(isinstance(v, float) for v in metrics.values())
+    valid = mask.double()
+    assert metrics["actor/ppo_kl"] == pytest.approx(float(((old - lp.detach()) * valid).sum() / valid.sum()), rel=1e-12)
+
+
+def test_global_batch_info_makes_micro_batches_sum_to_the_mini_batch():
+    """Two micro-batches normalised with veRL's global batch info give the gradient of the whole mini-batch."""
+    old, lp, adv, mask = _batch(1)
+    fn = core_algos.get_policy_loss_fn("vespo")
+    for mode, info in (
+        ("token-mean", {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B}),
+        ("seq-mean-token-mean", {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B}),
+    ):
+        full, _ = fn(old, lp, adv, mask, loss_agg_mode=mode, config=_actor())
+        cfg = _actor(global_batch_info=info)
+        parts = [
+            fn(old[s], lp[s], adv[s], mask[s], loss_agg_mode=mode, config=cfg)[0] for s in (slice(0, 2), slice(2, B))
+        ]
+        torch.testing.assert_close(sum(parts), full, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(_grad(sum(parts), lp), _grad(full, lp), rtol=1e-12, atol=1e-14)
+    # data parallel: each of dp_size ranks scales by dp_size / global count, DDP then averages the gradients
+    info = {"dp_size": 2, "batch_num_tokens": int(mask.sum()), "global_batch_size": B}
+    cfg = _actor(global_batch_info=info)
+    ranks = [
+        fn(old[s], lp[s], adv[s], mask[s], loss_agg_mode="token-mean", config=cfg)[0]
+        for s in (slice(0, 3), slice(3, B))
+    ]
+    full, _ = fn(old, lp, adv, mask, loss_agg_mode="token-mean", config=_actor())
+    torch.testing.assert_close(sum(ranks) / 2, full, rtol=1e-12, atol=1e-14)
+
+
+# vespo method, veRL built-in, vespo hparams, veRL actor-config fields, aggregation
+BUILTIN_PAIRS = [
+    ("grpo", "vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0},
+     {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}, "token-mean"),
+    ("gspo", "gspo", {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
+     {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}, "seq-mean-token-mean"),
+    ("sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, {"tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean"),
+    ("cispo", "cispo", {"ratio_min": 0.8, "ratio_max": 1.28},
+     {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, "token-mean"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "builtin", "hparams", "actor_kw", "mode"), BUILTIN_PAIRS)
+@pytest.mark.parametrize("with_is", [False, True])
+def test_matches_verl_builtin(method, builtin, hparams, actor_kw, mode, with_is):
+    """vespo's grpo/gspo/sapo/cispo equal veRL's vanilla/gspo/sapo/cispo: loss, gradient, clip metrics."""
+    old, lp, adv, mask = _batch(2, scale=0.4)
+    is_w = None
+    if with_is:  # veRL's own token-level truncated IS weights
+        rollout = old + 0.3 * torch.randn(B, T, generator=torch.Generator().manual_seed(7), dtype=old.dtype)
+        is_w, _ = compute_rollout_correction_weights(old - rollout, mask.double(), rollout_is="token")
+    ours_cfg = _actor(vverl.VespoPolicyLossConfig(loss_mode=f"vespo_{method}", hparams=hparams))
+    ours, m_ours = core_algos.get_policy_loss_fn(f"vespo_{method}")(
+        old, lp, adv, mask, loss_agg_mode=mode, config=ours_cfg, rollout_is_weights=is_w
+    )
+    theirs, m_theirs = core_algos.get_policy_loss_fn(builtin)(
+        old,
+        lp,
+        adv,
+        mask,
+        loss_agg_mode=mode,
+        config=_actor(PolicyLossConfig(loss_mode=builtin), **actor_kw),
+        rollout_is_weights=is_w,
+    )
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-12)  # veRL 1e-8
+    torch.testing.assert_close(_grad(ours, lp), _grad(theirs, lp), rtol=1e-7, atol=1e-12)
+    for k in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"):
+        if method == "sapo" and k == "actor/pg_clipfrac":
+            continue  # veRL reports 0 for SAPO (no clipping); vespo's sapo has no clip metric either
+        assert m_ours[k] == pytest.approx(m_theirs[k], rel=1e-6, abs=1e-9), k  # veRL counts clips in float32
+    if method in ("grpo", "gspo", "cispo"):
+        assert m_ours["actor/pg_clipfrac"] > 0  # the random ratios do reach the clip range
+
+
+def test_intentional_difference_sapo_ignores_loss_agg_mode_in_verl():
+    """veRL's sapo always aggregates seq-mean-token-mean; vespo_sapo honours actor.loss_agg_mode."""
+    old, lp, adv, mask = _batch(3)
+    cfg = _actor(vverl.VespoPolicyLossConfig(loss_mode="vespo_sapo"))
+    ours, _ = core_algos.get_policy_loss_fn("vespo_sapo")(old, lp, adv, mask, loss_agg_mode="token-mean", config=cfg)
+    theirs, _ = core_algos.get_policy_loss_fn("sapo")(
+        old, lp, adv, mask, loss_agg_mode="token-mean", config=_actor(PolicyLossConfig(loss_mode="sapo"))
+    )
+    ref, _ = vespo.compute_policy_loss(
+        "sapo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, loss_agg_mode="token-mean"
+    )
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-14)
+    assert abs(float(ours - theirs)) > 1e-4
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_vespo_folds_verl_rollout_is_weights_into_w(level):
+    """With veRL's rollout_is_weights w = min(mu/pi_rollout, C), vespo's W becomes pi/mu * w."""
+    old, lp, adv, mask = _batch(4, scale=0.05)
+    g = torch.Generator().manual_seed(11)
+    rollout = old + 0.05 * torch.randn(B, T, generator=g, dtype=old.dtype)
+    fn = core_algos.get_policy_loss_fn("vespo")
+    cfg = _actor(vverl.VespoPolicyLossConfig(rollout_is=level))
+    # untruncated (huge threshold): exactly vespo with the rollout log-probs
+    w, _ = compute_rollout_correction_weights(old - rollout, mask.double(), rollout_is=level, rollout_is_threshold=1e9)
+    loss, _ = fn(old, lp, adv, mask, config=cfg, rollout_is_weights=w)
+    ref, _ = vespo.compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_log_prob=rollout
+    )
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), rtol=1e-10, atol=1e-12)
+    # truncated at C = 1.02: W uses min(ratio, C) at the configured level
+    log_c = math.log(1.02)
+    w, _ = compute_rollout_correction_weights(old - rollout, mask.double(), rollout_is=level, rollout_is_threshold=1.02)
+    loss, _ = fn(old, lp, adv, mask, config=cfg, rollout_is_weights=w)
+    log_r = (old - rollout) * mask
+    if level == "token":
+        eff_rollout = old - log_r.clamp(max=log_c)
+    else:  # the sequence's truncated log-ratio, carried by its first token
+        eff_rollout = old - torch.zeros_like(old).index_fill(1, torch.tensor([0]), 1.0) * log_r.sum(-1, True).clamp(
+            max=log_c
+        )
+    ref, _ = vespo.compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_log_prob=eff_rollout
+    )
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-12)
+    assert bool((w[mask] < 1.02 - 1e-12).any()) and bool((w[mask] == 1.02).any())  # both regimes present
+
+
+def test_rollout_is_level_is_required_and_checked():
+    old, lp, adv, mask = _batch(5)
+    rollout = old + 0.2 * torch.randn(B, T, generator=torch.Generator().manual_seed(3), dtype=old.dtype)
+    w_tok, _ = compute_rollout_correction_weights(old - rollout, mask.double(), rollout_is="token")
+    fn = core_algos.get_policy_loss_fn("vespo")
+    with pytest.raises(ValueError, match="'token' or per 'sequence'"):
+        fn(old, lp, adv, mask, config=_actor(), rollout_is_weights=w_tok)
+    with pytest.raises(ValueError, match="vary along a sequence"):
+        fn(
+            old,
+            lp,
+            adv,
+            mask,
+            config=_actor(vverl.VespoPolicyLossConfig(rollout_is="sequence")),
+            rollout_is_weights=w_tok,
+        )
+    with pytest.raises(ValueError, match="rollout_is must be one of"):
+        vverl.VespoPolicyLossConfig(rollout_is="seq")
+
+
+def test_bypass_mode_is_refused():
+    with pytest.raises(ValueError, match="bypass_mode"):
+        vverl.VespoPolicyLossConfig(bypass_mode=True)
+    with pytest.raises(ValueError, match="bypass_mode"):  # what veRL's apply_bypass_mode writes into policy_loss
+        vverl.VespoPolicyLossConfig(loss_mode="bypass_mode")
+    old, lp, adv, mask = _batch(6)
+    cfg = _actor(PolicyLossConfig(loss_mode="vespo", rollout_correction={"bypass_mode": True}))
+    with pytest.raises(ValueError, match="bypass_mode"):
+        core_algos.get_policy_loss_fn("vespo")(old, lp, adv, mask, config=cfg)
+
+
+def test_bad_hparams_fail_when_the_config_is_built():
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        vverl.VespoPolicyLossConfig(hparams={"k_pos": 2.0})
+    with pytest.raises(ValueError, match="c1_pos > 0"):
+        vverl.VespoPolicyLossConfig(hparams={"c1_pos": -1.0})
+    with pytest.raises(ValueError, match="not a vespo loss"):
+        vverl.VespoPolicyLossConfig(loss_mode="vanilla", hparams={"c1_pos": 1.0})
+
+
+def _compose(overrides):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer", overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *overrides]
+        )
+    OmegaConf.resolve(cfg)  # as verl.trainer.main_ppo does
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # as veRL's workers do
+
+
+WIRING = [
+    "actor_rollout_ref.actor.policy_loss._target_=vespo.integrations.verl.VespoPolicyLossConfig",
+    "+actor_rollout_ref.actor.policy_loss.rollout_is=${algorithm.rollout_correction.rollout_is}",
+    "+actor_rollout_ref.actor.policy_loss.bypass_mode=${algorithm.rollout_correction.bypass_mode}",
+]
+
+
+def test_hydra_overrides_reach_the_loss():
+    """The documented override lines, through veRL's real trainer config and its config instantiation."""
+    actor = _compose(
+        [
+            *WIRING,
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vespo",
+            "+actor_rollout_ref.actor.policy_loss.hparams.c1_pos=1.5",
+            "+actor_rollout_ref.actor.policy_loss.hparams.c2_neg=4.0",
+            "algorithm.rollout_correction.rollout_is=sequence",
+        ]
+    )
+    assert isinstance(actor.policy_loss, vverl.VespoPolicyLossConfig)
+    assert actor.policy_loss.rollout_is == "sequence"
+    old, lp, adv, mask = _batch(8, scale=0.5)
+    fn = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
+    loss, _ = fn(old, lp, adv, mask, loss_agg_mode=actor.loss_agg_mode, config=actor)
+    kw = dict(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    ref, _ = vespo.compute_policy_loss("vespo", c1_pos=1.5, c2_neg=4.0, **kw)
+    default, _ = vespo.compute_policy_loss("vespo", **kw)
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-14)
+    assert abs(float(ref - default)) > 1e-3  # the overrides changed the loss
+
+    with pytest.raises(Exception, match="bypass_mode"):
+        _compose([*WIRING, "algorithm.rollout_correction.bypass_mode=true"])
+    with pytest.raises(Exception, match="unknown hyperparameter"):
+        _compose(
+            [
+                *WIRING,
+                "actor_rollout_ref.actor.policy_loss.loss_mode=vespo_gspo",
+                "+actor_rollout_ref.actor.policy_loss.hparams.c1_pos=1.5",
+            ]
+        )
