@@ -1,0 +1,173 @@
+"""Any vespo policy loss inside TRL's `GRPOTrainer` (https://github.com/huggingface/trl), overriding only the loss.
+
+`VespoGRPOTrainer` keeps TRL's generation, rewards, advantages, buffering (`steps_per_generation`, `num_iterations`)
+and vLLM support, and replaces `_compute_loss` by `vespo.losses.policy_loss_terms` + `vespo.aggregation.agg_loss`,
+normalised so that the micro-batches of one optimizer step add up to the loss of the whole step, as TRL does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from vespo.aggregation import LOSS_AGG_MODES, agg_loss
+from vespo.integrations._engine import engine_policy_loss_terms
+from vespo.losses import default_loss_agg_mode, policy_loss_terms
+
+Tensor = torch.Tensor
+
+# Model-forward inputs TRL may carry for multimodal models; passed through unchanged.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+@dataclass
+class VespoGRPOConfig(GRPOConfig):
+    """`GRPOConfig` plus the vespo method that computes the loss.
+
+    Parameters:
+        vespo_method (`str`, *optional*, defaults to `"vespo"`):
+            Any of `vespo.available_methods()`. TRL's `loss_type`, `epsilon*`, `vespo_k_*` and `sapo_*` are not read.
+        vespo_hparams (`dict`, *optional*):
+            Keyword hyperparameters of the method (`vespo.method_hparams(vespo_method)`); unset ones keep the paper
+            defaults.
+        vespo_loss_agg_mode (`str`, *optional*):
+            One of `vespo.aggregation.LOSS_AGG_MODES`; defaults to the method's own (token-mean; seq-mean-token-mean
+            for GSPO). "seq-mean-token-sum-norm" divides by `max_completion_length`, like TRL's "dr_grpo".
+    TRL options the vespo loss does not implement (`importance_sampling_level="sequence"`, `top_entropy_quantile`,
+    `off_policy_mask_threshold`, `delta`, entropy bonus) raise instead of being ignored.
+    """
+
+    vespo_method: str = field(default="vespo", metadata={"help": "vespo policy-loss method (vespo.available_methods())."})
+    vespo_hparams: dict = field(default_factory=dict, metadata={"help": "Hyperparameters of vespo_method."})
+    vespo_loss_agg_mode: str | None = field(default=None, metadata={"help": "Loss aggregation; None = method default."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unsupported = {
+            "importance_sampling_level": self.importance_sampling_level != "token",
+            "top_entropy_quantile": self.top_entropy_quantile < 1.0,
+            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
+            "delta": self.delta is not None,
+            "entropy_coef": self.entropy_coef != 0.0 or self.use_adaptive_entropy,
+        }
+        bad = [name for name, is_set in unsupported.items() if is_set]
+        if bad:
+            raise ValueError(f"VespoGRPOTrainer does not implement the TRL option(s) {bad}; leave them at defaults")
+        if self.vespo_loss_agg_mode is not None and self.vespo_loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}")
+        # Validate the method and its hyperparameters with the core's own checks, on a 1 x 1 batch.
+        x = torch.zeros(1, 1)
+        policy_loss_terms(
+            self.vespo_method, log_prob=x, old_log_prob=x, advantages=x[:, 0], response_mask=x + 1, **self.vespo_hparams
+        )
+
+
+class VespoGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` whose policy loss is a vespo method (`VespoGRPOConfig.vespo_method`).
+
+    Off-policy inputs: `old_per_token_logps` is the behaviour policy mu (TRL leaves it None when generation and
+    optimisation are aligned; then mu = pi and W = 1). With vLLM importance-sampling correction, TRL's truncated ratio
+    mu / pi_vllm is folded into W for "vespo" and multiplies the per-token loss for the other methods
+    (`vespo.integrations._engine`). The KL term (`beta`) is added as TRL adds it. Metrics are vespo's names
+    ("is/log_w_mean", "weight/mean_pos", "vespo/Z", "clip/frac", "loss/pg", ...), averaged over processes, plus
+    TRL's "entropy" and "kl".
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, VespoGRPOConfig):
+            raise ValueError(f"VespoGRPOTrainer needs a VespoGRPOConfig, got {type(self.args).__name__}")
+        if self.aux_loss_enabled:
+            raise ValueError("VespoGRPOTrainer does not implement the MoE router auxiliary loss; set router_aux_loss_coef=0")
+        self.vespo_loss_agg_mode = self.args.vespo_loss_agg_mode or default_loss_agg_mode(self.args.vespo_method)
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
+        per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )  # (B, T) each
+        old = inputs.get("old_per_token_logps")
+        old = per_token_logps.detach() if old is None else old  # None: generation and update aligned, mu = pi
+
+        is_weights = inputs.get("importance_sampling_ratio")  # vLLM: (B, T) token modes, (B, 1) sequence modes
+        is_level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
+        loss_mat, metrics = engine_policy_loss_terms(
+            self.args.vespo_method,
+            log_prob=per_token_logps,
+            old_log_prob=old,
+            advantages=inputs["advantages"],
+            response_mask=mask,
+            is_weights=is_weights,
+            is_level=is_level,
+            hparams=self.args.vespo_hparams,
+        )
+        mode = "train" if self.model.training else "eval"
+        pg_loss = agg_loss(loss_mat, mask, self.vespo_loss_agg_mode, **self._global_counts(inputs, mask, mode))
+        loss = pg_loss
+        if self.beta != 0.0:  # k3 KL to the reference model, as TRL computes it
+            ref = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1  # (B, T)
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * torch.exp(per_token_logps - old)
+            kl = agg_loss(per_token_kl, mask, self.vespo_loss_agg_mode, **self._global_counts(inputs, mask, mode))
+            loss = loss + self.beta * kl
+            metrics["kl"] = self._local_mean(per_token_kl, mask)
+        metrics["loss/pg"] = pg_loss.detach()
+        metrics["entropy"] = self._local_mean(entropies, mask)
+        self._log_vespo_metrics(metrics, mode)
+        return loss
+
+    def _global_counts(self, inputs: dict[str, Any], mask: Tensor, mode: str) -> dict[str, Any]:
+        """Denominators that make the micro-batches of one optimizer step sum to the step's loss (TRL's normaliser).
+
+        token-mean: tokens per process per accumulation window, num_items_in_batch / processes * GA / spg (TRL's
+        dapo/cispo/vespo normaliser); sequence modes: rows per process per window, B * GA (TRL's grpo). In eval
+        nothing is accumulated.
+        """
+        accum = self.current_gradient_accumulation_steps if mode == "train" else 1
+        if self.vespo_loss_agg_mode == "token-mean":
+            tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                tokens = tokens * accum / self.args.steps_per_generation
+            return {"global_num_tokens": tokens}
+        counts: dict[str, Any] = {"global_num_seqs": mask.shape[0] * accum}
+        if self.vespo_loss_agg_mode == "seq-mean-token-sum-norm":
+            counts["loss_scale_factor"] = self.max_completion_length
+        return counts
+
+    @staticmethod
+    def _local_mean(x: Tensor, mask: Tensor) -> Tensor:
+        mask = mask.to(x.dtype)
+        return ((x * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+
+    def _log_vespo_metrics(self, metrics: dict[str, Tensor], mode: str) -> None:
+        """Append each metric, averaged over processes with one gather, to TRL's `self._metrics[mode]`."""
+        names = list(metrics)
+        local = torch.stack([metrics[k].float().reshape(()) for k in names])  # (K,)
+        gathered = self.accelerator.gather(local).reshape(-1, len(names)).mean(0)  # (K,)
+        for name, value in zip(names, gathered.tolist(), strict=True):
+            self._metrics[mode][name].append(value)
+
+
+__all__ = ["VespoGRPOConfig", "VespoGRPOTrainer"]

@@ -1,0 +1,174 @@
+"""TRL integration: VespoGRPOTrainer trains off-policy with every method, and its `vespo` equals TRL's own."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+import vespo  # noqa: E402
+from vespo.integrations.trl import VespoGRPOConfig, VespoGRPOTrainer  # noqa: E402
+from vespo.task import arithmetic_problems, build_tiny_model, build_tokenizer  # noqa: E402
+
+
+def _digit_reward(completions, **kwargs):
+    """A dense toy reward (share of digit characters) so that groups have non-zero advantages."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def _config(cls, tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=3,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        steps_per_generation=2,  # each generation batch feeds two optimizer steps: the second is off-policy
+        max_completion_length=6,
+        learning_rate=5e-3,
+        seed=0,
+        bf16=False,
+    )
+    base.update(kw)
+    return cls(**base)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return Dataset.from_dict({"prompt": [p.prompt for p in arithmetic_problems(16, seed=0)]})
+
+
+@pytest.mark.parametrize("method", vespo.available_methods())
+def test_three_off_policy_steps(method, tokenizer, dataset, tmp_path):
+    model = build_tiny_model(tokenizer, seed=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = _config(VespoGRPOConfig, tmp_path, vespo_method=method)
+    trainer = VespoGRPOTrainer(
+        model=model, reward_funcs=_digit_reward, args=cfg, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "is/log_w_max" in h]
+    assert len(logs) == 3
+    assert all(math.isfinite(h["loss/pg"]) and math.isfinite(h["entropy"]) for h in logs)
+    # step 1 is on-policy (W = 1 exactly); step 2 reuses step 1's samples after an update, so W != 1
+    assert logs[0]["is/log_w_max"] == 0.0 and logs[0]["is/log_w_min"] == 0.0
+    assert max(abs(logs[1]["is/log_w_max"]), abs(logs[1]["is/log_w_min"])) > 1e-4
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+def _inputs(tokenizer, seed: int):
+    """A hand-built TRL micro-batch: left-padded prompts, right-padded completions, stale old log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    B, P, T = 6, 5, 7
+    prompt_ids = torch.randint(5, len(tokenizer), (B, P), generator=g)
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[0, :2] = 0
+    completion_ids = torch.randint(5, len(tokenizer), (B, T), generator=g)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 7])
+    completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(B, generator=g),
+        "num_items_in_batch": completion_mask.sum() * 2,  # the generation batch holds two such micro-batches
+    }
+    return inputs
+
+
+def _trainer(cls, cfg_cls, tokenizer, dataset, tmp_path, **kw):
+    cfg = _config(cfg_cls, tmp_path, gradient_accumulation_steps=2, **kw)
+    trainer = cls(
+        model=build_tiny_model(tokenizer, seed=3),
+        reward_funcs=_digit_reward,
+        args=cfg,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    return trainer
+
+
+@pytest.mark.parametrize("with_is", [False, True])
+def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path):
+    """Same model, same micro-batch: our `vespo` loss and gradient equal TRL's `loss_type="vespo"`."""
+    ours = _trainer(
+        VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", vllm_importance_sampling_mode="token_truncate"
+    )
+    theirs = _trainer(GRPOTrainer, GRPOConfig, tokenizer, dataset, tmp_path / "b", loss_type="vespo")
+    inputs = _inputs(tokenizer, 0)
+    with torch.no_grad():  # behaviour policy: the current model with perturbed log-probs, so W spans ~[0.3, 3]
+        lp, _, _ = ours._get_per_token_logps_and_entropies(
+            ours.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].size(1),
+        )
+    g = torch.Generator().manual_seed(5)
+    inputs["old_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    if with_is:  # TRL's token_truncate ratio min(mu / pi_vllm, 3), 1 on padding
+        ratio = torch.exp(0.2 * torch.randn(lp.shape, generator=g)).clamp(max=3.0)
+        inputs["importance_sampling_ratio"] = torch.where(inputs["completion_mask"].bool(), ratio, torch.ones_like(ratio))
+    losses, grads = [], []
+    for trainer in (ours, theirs):
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    assert grads[0].abs().max() > 1e-4
+    # the weights are far from 1, so the check is not the on-policy limit in disguise
+    assert ours._metrics["train"]["weight/min_pos"][-1] < 0.9 or ours._metrics["train"]["weight/min_neg"][-1] < 0.9
+    assert ours._metrics["train"]["vespo/Z"][-1] == pytest.approx(theirs._metrics["train"]["vespo/phi_seq_mean"][-1], rel=1e-5)
+
+
+def test_normaliser_matches_trl_for_grpo_style_seq_mean(tokenizer, dataset, tmp_path):
+    """With vespo's grpo at TRL's epsilons and seq-mean-token-mean, the loss equals TRL's `loss_type="grpo"`."""
+    ours = _trainer(
+        VespoGRPOTrainer,
+        VespoGRPOConfig,
+        tokenizer,
+        dataset,
+        tmp_path / "a",
+        vespo_method="grpo",
+        vespo_hparams={"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 1e9},
+        vespo_loss_agg_mode="seq-mean-token-mean",
+    )
+    theirs = _trainer(GRPOTrainer, GRPOConfig, tokenizer, dataset, tmp_path / "b", loss_type="grpo", epsilon_high=0.28)
+    inputs = _inputs(tokenizer, 1)
+    with torch.no_grad():
+        lp, _, _ = ours._get_per_token_logps_and_entropies(
+            ours.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].size(1),
+        )
+    inputs["old_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(2))
+    a = ours._compute_loss(ours.model, inputs)
+    b = theirs._compute_loss(theirs.model, inputs)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert ours._metrics["train"]["clip/frac"][-1] > 0
+
+
+def test_config_refuses_unsupported_options(tmp_path):
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        _config(VespoGRPOConfig, tmp_path, top_entropy_quantile=0.2)
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        _config(VespoGRPOConfig, tmp_path, vespo_hparams={"k_pos": 2.0})
+    with pytest.raises(ValueError, match="unknown policy-loss method"):
+        _config(VespoGRPOConfig, tmp_path, vespo_method="ppo")
