@@ -1,0 +1,209 @@
+"""Datasets of the paper by Hub id and columns, plus local JSONL, as plain records the trainer and `vespo eval` use.
+
+Math records are ``{"prompt": str, "answer": str}``; code records are ``{"prompt": str, "tests": list[dict]}`` with
+test cases in the formats of `vespo.rewards.code`. Hub ids and columns follow the official VESPO preprocessing
+(FloyedShen/VESPO recipe/vespo/tools/preprocess_datasets.py) and the benchmarks' own cards.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vespo.rewards.math import PROMPT_SUFFIX
+
+# DAPO-Math-17k wraps each question in its own "Answer: $Answer" instructions; the paper swaps them for PROMPT_SUFFIX.
+_DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+_DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+CODE_INSTRUCTION = "Write a complete Python solution and put it in a single ```python code block."
+LIVECODEBENCH_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")
+"""Files of livecodebench/code_generation_lite: release_vN is the first N files (v6 = all six)."""
+
+
+def math_prompt(question: str) -> str:
+    """The paper's math prompt: the question followed by the step-by-step / ``\\boxed{}`` instruction."""
+    return f"{question.strip()} {PROMPT_SUFFIX}"
+
+
+def _load_hub(hub_id: str, split: str, **kwargs):
+    import datasets  # deferred: importing datasets costs ~1 s and most callers only read JSONL
+
+    return datasets.load_dataset(hub_id, split=split, **kwargs)
+
+
+def _math_records(rows, question_key: str, answer_key: str) -> list[dict]:
+    return [{"prompt": math_prompt(str(r[question_key])), "answer": str(r[answer_key]).strip()} for r in rows]
+
+
+def dapo_question(content: str) -> str:
+    """The bare question of a DAPO-Math-17k prompt (its own answer-format instructions removed)."""
+    return content.replace(_DAPO_PREFIX, "").replace(_DAPO_SUFFIX, "").strip()
+
+
+def dapo_math_records(rows) -> list[dict]:
+    """DAPO-Math-17k rows -> math records; the dataset repeats each prompt many times, so keep the first of each."""
+    seen: set[str] = set()
+    records = []
+    for row in rows:
+        question = dapo_question(row["prompt"][0]["content"])
+        if question not in seen:
+            seen.add(question)
+            records.append({"prompt": math_prompt(question), "answer": str(row["reward_model"]["ground_truth"])})
+    return records
+
+
+def load_dapo_math() -> list[dict]:
+    """BytedTsinghua-SIA/DAPO-Math-17k (train split), deduplicated: the paper's math training set."""
+    return dapo_math_records(_load_hub("BytedTsinghua-SIA/DAPO-Math-17k", "train"))
+
+
+def humaneval_plus_records(rows) -> list[dict]:
+    """evalplus/humanevalplus rows (prompt, test, entry_point) -> code records with one ``check`` assertion test."""
+    return [
+        {
+            "prompt": f"{CODE_INSTRUCTION}\n\n```python\n{r['prompt']}```",
+            "tests": [{"assert": f"{r['test']}\ncheck({r['entry_point']})"}],
+        }
+        for r in rows
+    ]
+
+
+def mbpp_plus_records(rows) -> list[dict]:
+    """evalplus/mbppplus rows (prompt, test_list, test_imports, test) -> code records; the first assert is shown."""
+    return [
+        {
+            "prompt": f"{CODE_INSTRUCTION}\n\n{r['prompt']}\nYour code should pass this test:\n{r['test_list'][0]}",
+            "tests": [{"assert": "\n".join([*r["test_imports"], r["test"]])}],
+        }
+        for r in rows
+    ]
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    """LiveCodeBench pickles plain JSON strings; refusing every global makes the download unable to run code."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}")
+
+
+def decode_livecodebench_tests(raw: str) -> list[dict]:
+    """LiveCodeBench test cases: plain JSON, or base64(zlib(pickle(JSON string))) for the private ones."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        obj = _NoGlobalsUnpickler(io.BytesIO(zlib.decompress(base64.b64decode(raw)))).load()
+        return json.loads(obj) if isinstance(obj, (str, bytes)) else obj
+
+
+def livecodebench_records(rows) -> list[dict]:
+    """livecodebench/code_generation_lite rows -> code records (stdin tests, or LeetCode-style function calls)."""
+    records = []
+    for r in rows:
+        cases = decode_livecodebench_tests(r["public_test_cases"]) + decode_livecodebench_tests(r["private_test_cases"])
+        fn_name = json.loads(r.get("metadata") or "{}").get("func_name")
+        if cases and cases[0].get("testtype") == "functional":
+            tests = [{"fn_name": fn_name, "input": c["input"], "output": c["output"]} for c in cases]
+            task = f"Complete this starter code:\n```python\n{r['starter_code']}\n```"
+        else:
+            tests = [{"input": c["input"], "output": c["output"]} for c in cases]
+            task = "Read the input from stdin and write the answer to stdout."
+        records.append({"prompt": f"{r['question_content']}\n\n{task}\n{CODE_INSTRUCTION}", "tests": tests})
+    return records
+
+
+def load_livecodebench(release: int = 6) -> list[dict]:
+    """livecodebench/code_generation_lite, release_v{release} (problems of its first ``release`` files)."""
+    if not 1 <= release <= len(LIVECODEBENCH_FILES):
+        raise ValueError(f"LiveCodeBench release must be 1..{len(LIVECODEBENCH_FILES)}, got {release}")
+    files = list(LIVECODEBENCH_FILES[:release])
+    return livecodebench_records(_load_hub("livecodebench/code_generation_lite", "train", data_files=files))
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """Local records, one JSON object a line: ``{"prompt", "answer"}`` (math) or ``{"prompt", "tests"}`` (code).
+
+    Prompts are used verbatim (add `math_prompt`'s instruction yourself if you want it); other keys are kept.
+    """
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{path}:{lineno}: each line must be an object with a string 'prompt'")
+            if ("answer" in record) == ("tests" in record):
+                raise ValueError(f"{path}:{lineno}: need exactly one of 'answer' (math) or 'tests' (code)")
+            if "answer" in record:
+                record["answer"] = str(record["answer"])
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no records")
+    if len({"answer" in r for r in records}) != 1:
+        raise ValueError(f"{path}: mixes math ('answer') and code ('tests') records")
+    return records
+
+
+def record_kind(records: list[dict]) -> str:
+    """``"math"`` or ``"code"``, from the records' keys."""
+    return "math" if "answer" in records[0] else "code"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """An evaluation set with the paper's protocol: ``k`` samples per problem, reported as avg@k or pass@k."""
+
+    name: str
+    kind: str
+    k: int
+    metric: str
+    load: Callable[[], list[dict]]
+
+
+def _hub_math(hub_id: str, split: str, question_key: str) -> Callable[[], list[dict]]:
+    return lambda: _math_records(_load_hub(hub_id, split), question_key, "answer")
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark("aime24", "math", 32, "avg", _hub_math("HuggingFaceH4/aime_2024", "train", "problem")),
+        Benchmark("aime25", "math", 32, "avg", _hub_math("math-ai/aime25", "test", "problem")),
+        Benchmark("amc23", "math", 16, "avg", _hub_math("math-ai/amc23", "test", "question")),
+        Benchmark("math500", "math", 4, "avg", _hub_math("HuggingFaceH4/MATH-500", "test", "problem")),
+        Benchmark(
+            "humaneval+",
+            "code",
+            10,
+            "pass",
+            lambda: humaneval_plus_records(_load_hub("evalplus/humanevalplus", "test")),
+        ),
+        Benchmark("mbpp+", "code", 10, "pass", lambda: mbpp_plus_records(_load_hub("evalplus/mbppplus", "test"))),
+        Benchmark("livecodebench", "code", 10, "pass", load_livecodebench),
+    )
+}
+"""The paper's benchmarks (Sec. 4, App. B): avg@32 AIME, avg@16 AMC, avg@4 MATH-500, pass@10 for code."""
+
+
+def resolve_benchmark(name: str, *, k: int | None = None) -> Benchmark:
+    """A named benchmark, or a local ``.jsonl`` file (kind from its keys; avg@4 for math, pass@10 for code)."""
+    if name in BENCHMARKS:
+        bench = BENCHMARKS[name]
+        return bench if k is None else Benchmark(bench.name, bench.kind, k, bench.metric, bench.load)
+    if name.endswith(".jsonl"):
+        kind = record_kind(load_jsonl(name))
+        default_k, metric = (4, "avg") if kind == "math" else (10, "pass")
+        return Benchmark(Path(name).stem, kind, k or default_k, metric, lambda: load_jsonl(name))
+    raise ValueError(f"unknown benchmark {name!r}: choose from {sorted(BENCHMARKS)} or give a .jsonl path")
