@@ -1,0 +1,191 @@
+"""Benchmark evaluation with the paper's protocol: avg@k for math (k=32 AIME, 16 AMC, 4 MATH-500), pass@10 for code.
+
+avg@k is the mean accuracy over k samples per problem, averaged over problems; pass@k is the unbiased estimator of
+Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", Eq. 1). Generation goes through
+`vespo.rollout.generate_texts` (HF or vLLM), scoring through `vespo.rewards`, so training reward and evaluation
+share one verifier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from vespo.data import Benchmark, resolve_benchmark
+from vespo.rewards.code import score_code
+from vespo.rewards.math import score_math
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``c`` correct among ``n`` samples: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # product form of the binomial ratio: no huge integers, no cancellation
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def avg_at_k(scores: list[list[float]]) -> float:
+    """Mean over problems of the mean score of that problem's samples."""
+    if not scores or any(not s for s in scores):
+        raise ValueError("avg_at_k needs at least one problem and one sample per problem")
+    return sum(sum(s) / len(s) for s in scores) / len(scores)
+
+
+def mean_pass_at_k(scores: list[list[float]], k: int) -> float:
+    """pass@k averaged over problems; a sample counts as correct when its score is 1.0."""
+    return sum(pass_at_k(len(s), sum(x == 1.0 for x in s), k) for s in scores) / len(scores)
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """One row of the report: avg@k (= pass@1 estimate) and pass@k, in percent, over ``num_problems``."""
+
+    benchmark: str
+    kind: str
+    k: int
+    num_problems: int
+    avg_at_k: float
+    pass_at_k: float
+    seconds: float
+
+    @property
+    def headline(self) -> str:
+        """The paper's reported metric for this benchmark."""
+        return "avg" if self.kind == "math" else "pass"
+
+
+def summarize(benchmark: str, kind: str, k: int, scores: list[list[float]], seconds: float = 0.0) -> BenchmarkResult:
+    """Report row from per-problem sample scores (each problem needs at least ``k`` samples)."""
+    return BenchmarkResult(
+        benchmark=benchmark,
+        kind=kind,
+        k=k,
+        num_problems=len(scores),
+        avg_at_k=100.0 * avg_at_k(scores),
+        pass_at_k=100.0 * mean_pass_at_k(scores, k),
+        seconds=seconds,
+    )
+
+
+def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[float]]:
+    """Per-problem scores of sampled completions, with the reward of the records' kind (math or code)."""
+    if len(records) != len(samples):
+        raise ValueError(f"got {len(records)} problems but samples for {len(samples)}")
+    flat = [c for group in samples for c in group]
+    if "answer" in records[0]:
+        scores = score_math(
+            flat, [r["answer"] for r, group in zip(records, samples, strict=True) for _ in group]
+        ).scores
+    else:
+        scores = score_code(flat, [r["tests"] for r, group in zip(records, samples, strict=True) for _ in group]).scores
+    out, i = [], 0
+    for group in samples:
+        out.append(scores[i : i + len(group)])
+        i += len(group)
+    return out
+
+
+def format_prompt(tokenizer, text: str) -> str:
+    """The user turn through the tokenizer's chat template when it has one, else the raw text."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text
+
+
+def sample_completions(
+    model, tokenizer, records: list[dict], *, n: int, chunk: int = 8, desc: str = "", **gen_kwargs
+) -> list[list[str]]:
+    """``n`` completions per record via `vespo.rollout.generate_texts`, ``chunk`` prompts at a time (progress bar)."""
+    from vespo.rollout import generate_texts  # deferred: the trainer module imports this one
+
+    prompts = [format_prompt(tokenizer, r["prompt"]) for r in records]
+    seed = gen_kwargs.pop("seed", None)
+    samples: list[list[str]] = []
+    for i in tqdm(range(0, len(prompts), chunk), desc=desc or "generate", unit="chunk", leave=False):
+        chunk_seed = None if seed is None else seed + i  # distinct streams per chunk, reproducible overall
+        samples += generate_texts(model, tokenizer, prompts[i : i + chunk], n=n, seed=chunk_seed, **gen_kwargs)
+    return samples
+
+
+def evaluate_records(model, tokenizer, records: list[dict], *, n: int, name: str = "heldout", **gen_kwargs) -> dict:
+    """Score a held-out set (the trainer calls this every M steps): ``eval/<name>/avg@n`` and ``pass@n`` in [0, 1]."""
+    samples = sample_completions(model, tokenizer, records, n=n, desc=name, **gen_kwargs)
+    scores = score_samples(records, samples)
+    return {f"eval/{name}/avg@{n}": avg_at_k(scores), f"eval/{name}/pass@{n}": mean_pass_at_k(scores, n)}
+
+
+def evaluate_benchmarks(
+    model, tokenizer, benchmarks: list[Benchmark], *, limit: int | None = None, **gen_kwargs
+) -> list[BenchmarkResult]:
+    """Evaluate on each benchmark with its own k; ``limit`` keeps the first problems only (smoke runs)."""
+    results = []
+    for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
+        start = time.perf_counter()
+        records = bench.load()[:limit]
+        samples = sample_completions(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
+        scores = score_samples(records, samples)
+        results.append(summarize(bench.name, bench.kind, bench.k, scores, time.perf_counter() - start))
+    return results
+
+
+def markdown_table(results: list[BenchmarkResult]) -> str:
+    """Results as a markdown table; the paper's headline metric per row is in bold."""
+    lines = ["| benchmark | problems | k | avg@k (%) | pass@k (%) |", "|---|---:|---:|---:|---:|"]
+    for r in results:
+        avg, pas = f"{r.avg_at_k:.2f}", f"{r.pass_at_k:.2f}"
+        avg, pas = (f"**{avg}**", pas) if r.headline == "avg" else (avg, f"**{pas}**")
+        lines.append(f"| {r.benchmark} | {r.num_problems} | {r.k} | {avg} | {pas} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: list[BenchmarkResult], out_dir: str | Path, meta: dict | None = None) -> tuple[Path, Path]:
+    """Write ``results.md`` and ``results.json`` (rows plus ``meta``: model, sampling settings) to ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / "results.md", out / "results.json"
+    md.write_text(markdown_table(results))
+    js.write_text(json.dumps({"meta": meta or {}, "results": [asdict(r) for r in results]}, indent=2))
+    return md, js
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vespo eval", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="local path or Hugging Face Hub id of a causal LM")
+    p.add_argument(
+        "--benchmarks",
+        default="aime24,aime25,amc23,math500",
+        help="comma list of aime24, aime25, amc23, math500, humaneval+, mbpp+, livecodebench or .jsonl paths",
+    )
+    p.add_argument("--k", type=int, default=None, help="samples per problem for every benchmark (default: paper's k)")
+    p.add_argument("--max-new-tokens", type=int, default=8192)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems of each benchmark")
+    p.add_argument("--out", default="eval_results", help="directory for results.md and results.json")
+    return p
+
+
+def cli(argv: list[str]) -> int:
+    """``vespo eval``: load the model, evaluate the benchmarks, print and write the table."""
+    args = _parser().parse_args(argv)
+    import transformers
+
+    benchmarks = [resolve_benchmark(name.strip(), k=args.k) for name in args.benchmarks.split(",") if name.strip()]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model)
+    gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    results = evaluate_benchmarks(model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, **gen)
+    md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, **gen})
+    print(md.read_text(), end="")
+    print(f"wrote {md} and {js}")
+    return 0
