@@ -39,6 +39,15 @@ def _config(cls, tmp_path, **kw):
     return cls(**base)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """A ~0.2M-parameter model is ~15x faster single-threaded on a shared CPU (no thread oversubscription)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer()
@@ -106,7 +115,12 @@ def _trainer(cls, cfg_cls, tokenizer, dataset, tmp_path, **kw):
 def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path):
     """Same model, same micro-batch: our `vespo` loss and gradient equal TRL's `loss_type="vespo"`."""
     ours = _trainer(
-        VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", vllm_importance_sampling_mode="token_truncate"
+        VespoGRPOTrainer,
+        VespoGRPOConfig,
+        tokenizer,
+        dataset,
+        tmp_path / "a",
+        vllm_importance_sampling_mode="token_truncate",
     )
     theirs = _trainer(GRPOTrainer, GRPOConfig, tokenizer, dataset, tmp_path / "b", loss_type="vespo")
     inputs = _inputs(tokenizer, 0)
@@ -121,7 +135,9 @@ def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path)
     inputs["old_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
     if with_is:  # TRL's token_truncate ratio min(mu / pi_vllm, 3), 1 on padding
         ratio = torch.exp(0.2 * torch.randn(lp.shape, generator=g)).clamp(max=3.0)
-        inputs["importance_sampling_ratio"] = torch.where(inputs["completion_mask"].bool(), ratio, torch.ones_like(ratio))
+        inputs["importance_sampling_ratio"] = torch.where(
+            inputs["completion_mask"].bool(), ratio, torch.ones_like(ratio)
+        )
     losses, grads = [], []
     for trainer in (ours, theirs):
         trainer.model.zero_grad()
@@ -134,7 +150,9 @@ def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path)
     assert grads[0].abs().max() > 1e-4
     # the weights are far from 1, so the check is not the on-policy limit in disguise
     assert ours._metrics["train"]["weight/min_pos"][-1] < 0.9 or ours._metrics["train"]["weight/min_neg"][-1] < 0.9
-    assert ours._metrics["train"]["vespo/Z"][-1] == pytest.approx(theirs._metrics["train"]["vespo/phi_seq_mean"][-1], rel=1e-5)
+    assert ours._metrics["train"]["vespo/Z"][-1] == pytest.approx(
+        theirs._metrics["train"]["vespo/phi_seq_mean"][-1], rel=1e-5
+    )
 
 
 def test_normaliser_matches_trl_for_grpo_style_seq_mean(tokenizer, dataset, tmp_path):

@@ -51,7 +51,9 @@ class VespoGRPOConfig(GRPOConfig):
     `off_policy_mask_threshold`, `delta`, entropy bonus) raise instead of being ignored.
     """
 
-    vespo_method: str = field(default="vespo", metadata={"help": "vespo policy-loss method (vespo.available_methods())."})
+    vespo_method: str = field(
+        default="vespo", metadata={"help": "vespo policy-loss method (vespo.available_methods())."}
+    )
     vespo_hparams: dict = field(default_factory=dict, metadata={"help": "Hyperparameters of vespo_method."})
     vespo_loss_agg_mode: str | None = field(default=None, metadata={"help": "Loss aggregation; None = method default."})
 
@@ -68,7 +70,9 @@ class VespoGRPOConfig(GRPOConfig):
         if bad:
             raise ValueError(f"VespoGRPOTrainer does not implement the TRL option(s) {bad}; leave them at defaults")
         if self.vespo_loss_agg_mode is not None and self.vespo_loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}")
+            raise ValueError(
+                f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}"
+            )
         # Validate the method and its hyperparameters with the core's own checks, on a 1 x 1 batch.
         x = torch.zeros(1, 1)
         policy_loss_terms(
@@ -92,7 +96,9 @@ class VespoGRPOTrainer(GRPOTrainer):
         if not isinstance(self.args, VespoGRPOConfig):
             raise ValueError(f"VespoGRPOTrainer needs a VespoGRPOConfig, got {type(self.args).__name__}")
         if self.aux_loss_enabled:
-            raise ValueError("VespoGRPOTrainer does not implement the MoE router auxiliary loss; set router_aux_loss_coef=0")
+            raise ValueError(
+                "VespoGRPOTrainer does not implement the MoE router auxiliary loss; set router_aux_loss_coef=0"
+            )
         self.vespo_loss_agg_mode = self.args.vespo_loss_agg_mode or default_loss_agg_mode(self.args.vespo_method)
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
