@@ -138,7 +138,11 @@ def _run(program: str, cases: list, mode: str, fn_name: str | None, limits: Sand
 
 
 def _kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group, then (as root) every process owned by the sandbox uid, until none is left."""
+    """SIGKILL the process group, then (as root) every live process of the sandbox uid.
+
+    Stragglers (e.g. a fork bomb that left its session) are killed by a helper that becomes the sandbox uid and
+    calls kill(-1, SIGKILL): the kernel signals all of that uid's processes atomically with respect to fork().
+    """
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -147,20 +151,17 @@ def _kill_all(proc: subprocess.Popen) -> None:
     if os.geteuid() != 0:
         return
     uid = _sandbox_child.UID_BASE + proc.pid
-    for _ in range(100):  # a fork bomb is capped by RLIMIT_NPROC, so a few sweeps reach a fixed point
-        pids = _pids_of_uid(uid)
-        if not pids:
+    for _ in range(20):
+        if not _pids_of_uid(uid):
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-    raise RuntimeError(f"could not reap the processes of sandbox uid {uid}")
+        reaper = f"import os, signal; os.setgid({uid}); os.setuid({uid}); os.kill(-1, signal.SIGKILL)"
+        subprocess.run([sys.executable, "-I", "-S", "-c", reaper], env=_SAFE_ENV, check=False)
+        time.sleep(0.05)
+    raise RuntimeError(f"could not kill the processes of sandbox uid {uid}")
 
 
 def _pids_of_uid(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real uid is ``uid``."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -169,8 +170,8 @@ def _pids_of_uid(uid: int) -> list[int]:
             status = Path("/proc", entry, "status").read_text()
         except OSError:
             continue
-        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
-        if uid_line.split()[1:2] == [str(uid)]:
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get("State", "").strip().startswith("Z"):
             pids.append(int(entry))
     return pids
 
