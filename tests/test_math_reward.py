@@ -1,0 +1,78 @@
+"""Math reward: Math-Verify grading, fallbacks, timeouts counted, pool path equal to the in-process path."""
+
+import pytest
+from math_verify.errors import TimeoutException
+
+from vespo.rewards import PROMPT_SUFFIX, grade_math, math_reward, score_math
+from vespo.rewards import math as math_mod
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "score", "prediction"),
+    [
+        ("so the result is \\boxed{\\frac{1}{2}}.", "0.5", 1.0, "\\frac{1}{2}"),  # symbolic equivalence
+        ("The final answer is 34", "34", 1.0, "34"),  # plain-answer fallback
+        ("first \\boxed{3}, then \\boxed{7}", "7", 0.0, "3,7"),  # Math-Verify reads all boxes as one answer
+        ("\\boxed{(x+1)^2}", "x^2+2x+1", 1.0, "(x+1)^2"),
+        ("\\boxed{35}", "34", 0.0, "35"),
+        ("I have no idea.", "34", 0.0, ""),
+    ],
+)
+def test_grade_math(completion, answer, score, prediction):
+    grade = grade_math(completion, answer)
+    assert (grade.score, grade.prediction, grade.timed_out) == (score, prediction, False)
+
+
+def test_math_reward_trl_signature_and_chat_messages():
+    completions = ["\\boxed{2}", [{"role": "assistant", "content": "It is \\boxed{5}"}], "\\boxed{4}"]
+    assert math_reward(completions, answer=["2", "5", "3"], problem_id=[0, 1, 2]) == [1.0, 1.0, 0.0]
+
+
+def test_timeouts_score_zero_and_are_counted(monkeypatch):
+    real_parse = math_mod.parse
+
+    def slow_parse(text, **kwargs):
+        if "HANG" in text:
+            raise TimeoutException("simulated pathological expression")
+        return real_parse(text, **kwargs)
+
+    monkeypatch.setattr(math_mod, "parse", slow_parse)
+    scores = score_math(["\\boxed{1} HANG", "\\boxed{1}", "nothing"], ["1", "1", "1"], num_workers=0)
+    assert scores.scores == [0.0, 1.0, 0.0]
+    assert scores.metrics() == {"reward/math/accuracy": 1 / 3, "reward/math/timeouts": 1.0, "reward/math/unparsed": 1.0}
+
+
+def test_alarm_really_interrupts_a_hung_grader(monkeypatch):
+    """Math-Verify's SIGALRM limit fires in-process: a parse that would sleep 60 s times out after ~1 s."""
+    import time
+
+    from math_verify.utils import timeout
+
+    def hung_parse(text, *, parsing_timeout, **kwargs):
+        return timeout(parsing_timeout)(time.sleep)(60)
+
+    monkeypatch.setattr(math_mod, "parse", hung_parse)
+    start = time.perf_counter()
+    grade = grade_math("x", "1", timeout_s=1)
+    assert grade.timed_out and grade.score == 0.0 and time.perf_counter() - start < 5
+
+
+def test_pool_path_matches_in_process_path():
+    completions = [f"\\boxed{{{i}}}" for i in range(12)]
+    answers = [str(i if i % 3 else i + 1) for i in range(12)]
+    in_process = score_math(completions, answers, num_workers=0).scores
+    assert in_process == [0.0 if i % 3 == 0 else 1.0 for i in range(12)]
+    assert score_math(completions, answers, num_workers=2).scores == in_process
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValueError, match="completions"):
+        score_math(["a"], ["1", "2"])
+    with pytest.raises(ValueError, match="timeout_s"):
+        grade_math("a", "1", timeout_s=0)
+    with pytest.raises(ValueError, match="chat messages"):
+        math_reward([42], answer=["1"])
+
+
+def test_prompt_suffix_is_the_papers():
+    assert PROMPT_SUFFIX == "Please reason step by step, and put your final answer within \\boxed{}."
