@@ -300,3 +300,57 @@ def test_hydra_overrides_reach_the_loss():
                 "+actor_rollout_ref.actor.policy_loss.hparams.c1_pos=1.5",
             ]
         )
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "verl")
+SCRIPTS = [
+    ("qwen3_30b_a3b_megatron.sh", {"N": "16"}, "vespo", 4096),
+    ("dense_fsdp.sh", {"MODEL": "meta-llama/Llama-3.2-3B-Instruct"}, "vespo", 2048),
+    ("code_eurus_megatron.sh", {"LOSS_MODE": "vespo_gspo"}, "vespo_gspo", 2048),
+    ("mismatch_megatron.sh", {"VARIANT": "vespo_tis"}, "vespo", 2048),
+]
+
+
+@pytest.mark.parametrize(("script", "env", "loss_mode", "train_batch"), SCRIPTS)
+def test_example_launch_scripts_compose_with_verl_config(script, env, loss_mode, train_batch):
+    """Every override in examples/verl/*.sh exists in veRL's config and builds a vespo actor config."""
+    import subprocess
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    out = subprocess.run(
+        ["bash", os.path.join(EXAMPLES, script)],
+        env={**os.environ, **env, "VESPO_DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    config_name, overrides = out[0].removeprefix("--config-name="), out[1:]
+    cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    OmegaConf.resolve(cfg)
+    assert cfg.data.train_batch_size == train_batch and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 256
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, vverl.VespoPolicyLossConfig)
+    assert actor.policy_loss.loss_mode == loss_mode
+    if loss_mode == "vespo":
+        assert actor.policy_loss.hparams == {"c1_pos": 2.0, "c2_pos": 3.0, "c1_neg": 3.0, "c2_neg": 2.0}
+    if env.get("VARIANT") == "vespo_tis":
+        assert actor.policy_loss.rollout_is == "token" and cfg.algorithm.rollout_correction.rollout_is == "token"
+
+
+def test_example_reward_function():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vespo_verl_reward_fn", os.path.join(EXAMPLES, "reward_fn.py"))
+    reward_fn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward_fn)
+    assert reward_fn.compute_score("math_dapo", "so 3+8+5 = \\boxed{16}", "16") == 1.0
+    assert reward_fn.compute_score("math_dapo", "\\boxed{15}", "16", extra_info={"index": 0}) == 0.0
+    gt = '{"inputs": ["1 2\\n", "3 4\\n"], "outputs": ["3\\n", "7\\n"]}'
+    assert reward_fn.eurus_tests(gt) == [{"input": "1 2\n", "output": "3\n"}, {"input": "3 4\n", "output": "7\n"}]
+    assert reward_fn.is_code("codecontests") and not reward_fn.is_code("math_dapo")
