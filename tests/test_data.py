@@ -1,0 +1,124 @@
+"""Data: JSONL format and its errors, Hub-row converters on rows shaped like the real datasets, benchmark table."""
+
+import base64
+import json
+import pickle
+import zlib
+
+import pytest
+
+from vespo import data
+from vespo.rewards import code_reward
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_load_jsonl_math_and_code(tmp_path):
+    math = _write_jsonl(tmp_path / "m.jsonl", [{"prompt": "1+1?", "answer": 2}, {"prompt": "2+2?", "answer": "4"}])
+    assert data.load_jsonl(math) == [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}]
+    code = _write_jsonl(tmp_path / "c.jsonl", [{"prompt": "echo", "tests": [{"input": "a", "output": "a"}]}])
+    assert data.record_kind(data.load_jsonl(code)) == "code"
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (["{not json"], "not valid JSON"),
+        ([json.dumps({"answer": "1"})], "string 'prompt'"),
+        ([json.dumps({"prompt": "p"})], "exactly one of"),
+        ([json.dumps({"prompt": "p", "answer": "1"}), json.dumps({"prompt": "q", "tests": []})], "mixes"),
+        ([], "no records"),
+    ],
+)
+def test_load_jsonl_errors(tmp_path, lines, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines))
+    with pytest.raises(ValueError, match=message):
+        data.load_jsonl(path)
+
+
+def test_dapo_rows_are_rewritten_and_deduplicated():
+    def row(q, a):
+        content = f"{data._DAPO_PREFIX}{q}{data._DAPO_SUFFIX}"
+        return {"prompt": [{"role": "user", "content": content}], "reward_model": {"ground_truth": a}}
+
+    records = data.dapo_math_records([row("What is 2+3?", "5"), row("What is 2+3?", "5"), row("Compute 7*6.", "42")])
+    assert records == [
+        {"prompt": "What is 2+3? " + data.PROMPT_SUFFIX, "answer": "5"},
+        {"prompt": "Compute 7*6. " + data.PROMPT_SUFFIX, "answer": "42"},
+    ]
+
+
+def test_hub_loader_reads_a_local_dataset_dir(tmp_path, monkeypatch):
+    """The real `datasets.load_dataset` path, pointed at a local folder standing in for the Hub id."""
+    _write_jsonl(tmp_path / "train.jsonl", [{"problem": "Find x.", "answer": "7"}])
+    monkeypatch.setitem(
+        data.BENCHMARKS,
+        "aime24",
+        data.Benchmark("aime24", "math", 32, "avg", data._hub_math(str(tmp_path), "train", "problem")),
+    )
+    assert data.BENCHMARKS["aime24"].load() == [{"prompt": "Find x. " + data.PROMPT_SUFFIX, "answer": "7"}]
+
+
+def test_benchmark_table_matches_the_paper():
+    ks = {name: (b.kind, b.k, b.metric) for name, b in data.BENCHMARKS.items()}
+    assert ks == {
+        "aime24": ("math", 32, "avg"),
+        "aime25": ("math", 32, "avg"),
+        "amc23": ("math", 16, "avg"),
+        "math500": ("math", 4, "avg"),
+        "humaneval+": ("code", 10, "pass"),
+        "mbpp+": ("code", 10, "pass"),
+        "livecodebench": ("code", 10, "pass"),
+    }
+    assert data.resolve_benchmark("amc23", k=2).k == 2
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        data.resolve_benchmark("gsm8k")
+
+
+def test_code_converters_produce_gradable_records():
+    he = data.humaneval_plus_records(
+        [{"prompt": "def inc(x):\n", "entry_point": "inc", "test": "def check(f):\n    assert f(1) == 2\n"}]
+    )
+    mbpp = data.mbpp_plus_records(
+        [
+            {
+                "prompt": "Double x.",
+                "test_list": ["assert dbl(2) == 4"],
+                "test_imports": ["import math"],
+                "test": "assert dbl(3) == 6 and math.pi > 3",
+            }
+        ]
+    )
+    private = base64.b64encode(
+        zlib.compress(pickle.dumps(json.dumps([{"input": "4\n", "output": "8\n", "testtype": "stdin"}])))
+    )
+    lcb = data.livecodebench_records(
+        [
+            {
+                "question_content": "Double n.",
+                "starter_code": "",
+                "metadata": "{}",
+                "public_test_cases": json.dumps([{"input": "2\n", "output": "4\n", "testtype": "stdin"}]),
+                "private_test_cases": private.decode(),
+            }
+        ]
+    )
+    assert "Double x." in mbpp[0]["prompt"] and "assert dbl(2) == 4" in mbpp[0]["prompt"]
+    assert lcb[0]["tests"] == [{"input": "2\n", "output": "4\n"}, {"input": "4\n", "output": "8\n"}]
+    solutions = ["def inc(x):\n    return x + 1", "def dbl(x):\n    return 2 * x", "print(2 * int(input()))"]
+    tests = [he[0]["tests"], mbpp[0]["tests"], lcb[0]["tests"]]
+    assert code_reward(solutions, tests=tests) == [1.0, 1.0, 1.0]
+
+
+def test_livecodebench_decoder_refuses_pickled_code():
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    raw = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        data.decode_livecodebench_tests(raw)
