@@ -1,0 +1,64 @@
+"""Evaluation: exact pass@k / avg@k arithmetic on fixed outputs, report files, and one tiny end-to-end `vespo eval`."""
+
+import json
+from math import comb
+
+import pytest
+
+from vespo import evaluation
+from vespo.evaluation import avg_at_k, mean_pass_at_k, pass_at_k, summarize
+
+
+def test_pass_at_k_hand_values():
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 3, 2) == 1.0  # fewer than k wrong samples: some k-subset always passes
+    for n, c, k in [(10, 3, 5), (32, 7, 10), (16, 1, 16)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), abs=1e-12)
+    with pytest.raises(ValueError, match="pass_at_k"):
+        pass_at_k(3, 4, 1)
+
+
+def test_avg_and_pass_on_fixed_scores():
+    scores = [[1, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0]]
+    assert avg_at_k(scores) == 0.5
+    assert mean_pass_at_k(scores, 4) == pytest.approx(2 / 3)
+    row = summarize("toy", "math", 4, scores, seconds=1.5)
+    assert (row.num_problems, row.avg_at_k, row.pass_at_k) == (3, 50.0, pytest.approx(200 / 3))
+
+
+def test_fixed_model_outputs_through_the_math_verifier(monkeypatch):
+    records = [{"prompt": "p1", "answer": "2"}, {"prompt": "p2", "answer": "\\frac{1}{2}"}]
+    outputs = {"p1": ["\\boxed{2}", "\\boxed{3}", "2", "none"], "p2": ["\\boxed{0.5}"] * 4}
+    monkeypatch.setattr("vespo.rollout.generate_texts", lambda m, t, prompts, *, n, **kw: [outputs[p] for p in prompts])
+    metrics = evaluation.evaluate_records(None, object(), records, n=4, name="toy")
+    # p1: 2 of 4 correct ("2" alone is parsed by the plain-answer fallback), p2: 4 of 4
+    assert metrics == {"eval/toy/avg@4": 0.75, "eval/toy/pass@4": 1.0}
+
+
+def test_report_files(tmp_path):
+    rows = [summarize("aime24", "math", 2, [[1, 0]]), summarize("mbpp+", "code", 2, [[0, 1], [0, 0]])]
+    md, js = evaluation.write_report(rows, tmp_path, meta={"model": "m"})
+    assert md.read_text().splitlines()[2:] == [
+        "| aime24 | 1 | 2 | **50.00** | 100.00 |",
+        "| mbpp+ | 2 | 2 | 25.00 | **50.00** |",
+    ]
+    payload = json.loads(js.read_text())
+    assert payload["meta"] == {"model": "m"} and payload["results"][1]["pass_at_k"] == 50.0
+
+
+def test_vespo_eval_end_to_end_on_a_tiny_local_model(tmp_path, capsys):
+    from vespo.task import build_tiny_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    bench = tmp_path / "toy.jsonl"
+    bench.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    argv = ["--model", str(tmp_path / "model"), "--benchmarks", str(bench), "--k", "2", "--max-new-tokens", "6"]
+    assert evaluation.cli([*argv, "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "results.json").read_text())["results"][0]
+    assert (result["benchmark"], result["num_problems"], result["k"]) == ("toy", 3, 2)
+    assert 0.0 <= result["avg_at_k"] <= result["pass_at_k"] <= 100.0
+    assert "| toy | 3 | 2 |" in capsys.readouterr().out
