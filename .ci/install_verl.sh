@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
-# veRL from PyPI without dependencies, plus the packages `import verl.trainer.ppo.core_algos` needs.
+# veRL from PyPI without its GPU stack (vLLM, flash-attn, its transformers<5.11 pin): only the packages that
+# `import verl` (plugin loading), its loss registry and its Hydra config need. None of them pulls another torch.
 set -euo pipefail
-pip install -q --no-deps "verl==0.9.1"
+pip install -q --no-deps "verl==0.9.1" "tensordict==0.10.0"
+pip install -q "ray==2.60.0" "hydra-core==1.3.8" "codetiming==1.4.0" "orjson==3.13.0"
