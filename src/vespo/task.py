@@ -102,3 +102,63 @@ def solution_text(problem: Problem) -> str:
     xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
     return ",".join(map(str, partial)) + f" {BOXED}{{{problem.answer}}}"
+
+
+def arithmetic_split(*, num_operands: int, max_operand: int, eval_size: int) -> tuple[list[Problem], list[Problem]]:
+    """All distinct sums (operand order matters) shuffled with a fixed seed: (train, held-out of `eval_size`).
+
+    The split is fixed by the task shape alone, so every run and seed sees the same held-out problems.
+    """
+    if num_operands < 2 or max_operand < 1:
+        raise ValueError(f"need num_operands >= 2 and max_operand >= 1, got {num_operands}, {max_operand}")
+    space = (max_operand + 1) ** num_operands
+    if not 0 < eval_size < space:
+        raise ValueError(f"eval_size must be in [1, {space - 1}] for this task, got {eval_size}")
+    rng = random.Random(0)
+    codes = rng.sample(range(space), space)
+    problems = []
+    for code in codes:
+        xs = [(code // (max_operand + 1) ** i) % (max_operand + 1) for i in range(num_operands)]
+        problems.append(Problem(prompt="+".join(map(str, xs)) + "=", answer=str(sum(xs))))
+    return problems[eval_size:], problems[:eval_size]
+
+
+def sft_warm_start(
+    model: transformers.PreTrainedModel,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    problems: list[Problem],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> list[float]:
+    """Supervised fine-tuning on `solution_text` targets (loss on response tokens + <eos> only); returns the losses.
+
+    Deliberately short: the point is a policy that solves some but not all problems, so RL has something to do.
+    """
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = rng.choices(problems, k=batch_size)
+        prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
+        target_ids = [
+            tokenizer(solution_text(p), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in batch
+        ]
+        width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
+        ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+        labels = torch.full((batch_size, width), -100)
+        mask = torch.zeros((batch_size, width), dtype=torch.long)
+        for i, (a, b) in enumerate(zip(prompt_ids, target_ids, strict=True)):  # right padding is fine for training
+            ids[i, : len(a) + len(b)] = torch.tensor(a + b)
+            labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
+            mask[i, : len(a) + len(b)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses

@@ -1,0 +1,491 @@
+"""Single-machine GRPO-style off-policy RL trainer; `vespo train`.
+
+One rollout step reads top to bottom in `train`:
+  sample prompts -> generate n responses (sampler log-probs recorded) -> rewards -> group advantages
+  -> old log-probs under the current weights -> N = train_batch_size / ppo_mini_batch_size sequential optimizer
+  steps (later mini-batches are increasingly stale, paper Sec. 4.3) -> logging, evaluation, checkpoint.
+The policy loss is any registered method (`vespo.compute_policy_loss`); see docs/training.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from vespo.advantages import group_advantages
+from vespo.aggregation import agg_loss
+from vespo.config import EMBEDDED, TrainConfig, parse_args, resolve, to_yaml
+from vespo.losses import compute_policy_loss, default_loss_agg_mode
+from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
+from vespo.task import Problem, arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
+
+Tensor = torch.Tensor
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CKPT = "checkpoints/last.pt"
+_ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Setup: policy, data, reward
+
+
+def _sft_cache_key(cfg: TrainConfig) -> str:
+    """Hash of everything the embedded warm start depends on (so sweeps over methods/N/seeds reuse one)."""
+    keys = ("num_operands", "max_operand", "sft_steps", "sft_lr", "sft_batch_size", "sft_seed", "eval_size")
+    blob = json.dumps({k: getattr(cfg, k) for k in keys} | {"v": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
+    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory."""
+    path = Path(cfg.cache_dir).expanduser() / f"embedded-{_sft_cache_key(cfg)}"
+    if (path / "config.json").is_file():
+        return path
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=cfg.sft_seed)
+    with torch.random.fork_rng(devices=[]):
+        sft_warm_start(
+            model,
+            tokenizer,
+            train_set,
+            steps=cfg.sft_steps,
+            lr=cfg.sft_lr,
+            batch_size=cfg.sft_batch_size,
+            seed=cfg.sft_seed,
+        )
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:  # atomic publish; a concurrent process may have won the race, which is fine (same content)
+        tmp.rename(path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_policy(path: str | Path) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer in fp32 through `from_pretrained` (Hub id or local dir)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, tokenizer
+
+
+def load_problems(source: str, *, split: str, prompt_key: str, answer_key: str) -> list[Problem]:
+    """Prompt/answer records from a .jsonl file or a Hub dataset (through `datasets.load_dataset`)."""
+    import datasets
+
+    if source.endswith(".jsonl"):
+        rows = datasets.load_dataset("json", data_files=str(Path(source).expanduser()), split="train")
+    else:
+        rows = datasets.load_dataset(source, split=split)
+    missing = [k for k in (prompt_key, answer_key) if k not in rows.column_names]
+    if missing:
+        raise ValueError(
+            f"dataset {source!r} has no field(s) {missing}; its fields are {rows.column_names} "
+            f"(set --prompt-key / --answer-key)"
+        )
+    return [Problem(prompt=str(r[prompt_key]), answer=str(r[answer_key])) for r in rows]
+
+
+def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem] | None]:
+    """(train problems, held-out problems or None)."""
+    train_set = eval_set = None
+    if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
+        emb_train, emb_eval = arithmetic_split(
+            num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
+        )
+        if cfg.dataset == EMBEDDED:
+            train_set, eval_set = emb_train, emb_eval
+    if cfg.dataset != EMBEDDED:
+        train_set = load_problems(
+            cfg.dataset, split=cfg.dataset_split, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key
+        )
+    if cfg.eval_dataset is not None:
+        eval_set = load_problems(cfg.eval_dataset, split="test", prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)[
+            : cfg.eval_size
+        ]
+    if len(train_set) < cfg.train_batch_size:
+        raise ValueError(f"dataset has {len(train_set)} prompts, fewer than train_batch_size={cfg.train_batch_size}")
+    return train_set, eval_set
+
+
+def load_reward_fn(spec: str) -> Callable[..., list[float]]:
+    """Import `module:function`."""
+    module, _, name = spec.partition(":")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"reward_fn {spec!r} is not a callable")
+    return fn
+
+
+def format_prompts(tokenizer: transformers.PreTrainedTokenizerBase, problems: list[Problem], chat: bool) -> list[str]:
+    """Prompt strings, wrapped in the tokenizer's chat template when `chat`."""
+    if not chat:
+        return [p.prompt for p in problems]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True
+        )
+        for p in problems
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The update: N sequential mini-batch steps with gradient accumulation over micro-batches
+
+
+def _micro_batches(rows: Tensor, size: int) -> list[Tensor]:
+    return list(rows.split(size))
+
+
+def policy_log_probs(model, rollout: Rollout, rows: Tensor, cfg: TrainConfig, *, with_entropy: bool):
+    """log pi (and entropy) of `rows` computed micro-batch by micro-batch, exactly as the update will see them."""
+    outs = [
+        response_log_probs(model, rollout.select(mb), temperature=cfg.temperature, with_entropy=with_entropy)
+        for mb in _micro_batches(rows, cfg.micro_batch_size)
+    ]
+    logp = torch.cat([o[0] for o in outs])  # (len(rows), T)
+    ent = torch.cat([o[1] for o in outs]) if with_entropy else None
+    return logp, ent
+
+
+def ppo_update(
+    model: transformers.PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    advantages: Tensor,
+    old_log_prob: Tensor,
+    ref_log_prob: Tensor | None,
+    cfg: TrainConfig,
+) -> list[dict[str, float]]:
+    """One optimizer step per mini-batch, in order; returns each mini-batch's metrics.
+
+    Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
+    importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
+    Micro-batch losses are normalised by the whole mini-batch's token/sequence count, so accumulating them equals
+    one big batch.
+    """
+    seqs_per_mini = cfg.ppo_mini_batch_size * cfg.rollout_n
+    mode = cfg.loss_agg_mode or default_loss_agg_mode(cfg.method)
+    rollout_lp = rollout.rollout_log_prob if cfg.use_rollout_log_prob else None
+    history = []
+    for k in range(cfg.num_mini_batches):
+        rows = torch.arange(k * seqs_per_mini, (k + 1) * seqs_per_mini)
+        mini_mask = rollout.response_mask[rows]
+        n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
+        optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        micro = _micro_batches(rows, cfg.micro_batch_size)
+        for mb in micro:
+            mask = rollout.response_mask[mb]  # (b, T)
+            log_prob, entropy = response_log_probs(
+                model, rollout.select(mb), temperature=cfg.temperature, with_entropy=cfg.entropy_coeff > 0
+            )
+            loss, metrics = compute_policy_loss(
+                cfg.method,
+                log_prob=log_prob,
+                old_log_prob=old_log_prob[mb],
+                advantages=advantages[mb],
+                response_mask=mask,
+                rollout_log_prob=None if rollout_lp is None else rollout_lp[mb],
+                loss_agg_mode=mode,
+                global_num_tokens=n_tokens,
+                global_num_seqs=n_seqs,
+                **cfg.hparams,
+            )
+            if ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
+                delta = ref_log_prob[mb] - log_prob
+                kl = (delta.exp() - delta - 1).clamp(-10, 10)  # (b, T)
+                kl_loss = agg_loss(kl, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
+                loss = loss + cfg.kl_coef * kl_loss
+                metrics["actor/kl_loss"] = kl_loss.item()
+            if entropy is not None:
+                ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
+                loss = loss - cfg.entropy_coeff * ent_loss
+            loss.backward()
+            for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
+                sums[key] = sums.get(key, 0.0) + (value if key in _ADDITIVE else value / len(micro))
+        sums["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        optimizer.step()
+        history.append(sums)
+    return history
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run management: RNG state, checkpoints, logging
+
+
+def _rng_state(gen: torch.Generator) -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "sampler": gen.get_state(),
+    }
+
+
+def _set_rng_state(state: dict, gen: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    gen.set_state(state["sampler"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, gen: torch.Generator) -> None:
+    """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states."""
+    path = run_dir / _CKPT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _rng_state(gen)}, tmp
+    )
+    os.replace(tmp, path)
+
+
+class Logger:
+    """metrics.jsonl (always), TensorBoard, and wandb / trackio when asked for and installed."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int):
+        self.path = run_dir / "metrics.jsonl"
+        # on resume, drop lines logged after the checkpoint by a run that was killed, so history is not duplicated
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        kept = [ln for ln in lines if json.loads(ln)["step"] <= start_step]
+        self.path.write_text("".join(ln + "\n" for ln in kept))
+        self.sinks: list[Callable[[dict, int], None]] = []
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
+            self.sinks.append(lambda m, s: [tb.add_scalar(k, v, s) for k, v in m.items()])
+            self._tb = tb
+        for name, project in (("wandb", cfg.wandb_project), ("trackio", cfg.trackio_project)):
+            if project:
+                lib = importlib.import_module(name)  # ImportError here is the clear message we want
+                lib.init(project=project, config=dataclasses.asdict(cfg), resume="allow" if name == "wandb" else None)
+                self.sinks.append(lambda m, s, lib=lib: lib.log(m, step=s))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        for sink in self.sinks:
+            sink(metrics, step)
+
+    def close(self) -> None:
+        if hasattr(self, "_tb"):
+            self._tb.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The run's metrics.jsonl as a list of dicts."""
+    return [json.loads(ln) for ln in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def plot_run(run_dir: str | Path) -> Path:
+    """reward.png: training reward per step and held-out accuracy at the evaluation steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    train = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    if train:
+        ax.plot(*zip(*train, strict=True), label="training reward")
+    if evals:
+        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy")
+    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=Path(run_dir).name)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    out = Path(run_dir) / "reward.png"
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, prompts: list[str], answers: list[str], reward_fn, cfg: TrainConfig) -> dict:
+    """Held-out accuracy: one sampled response per prompt at the training temperature, own seeded generator."""
+    gen = torch.Generator().manual_seed(cfg.seed + 12345)
+    correct = []
+    for i in range(0, len(prompts), cfg.micro_batch_size):
+        r = sample(
+            model,
+            tokenizer,
+            prompts[i : i + cfg.micro_batch_size],
+            n=1,
+            max_new_tokens=cfg.max_response_length,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            generator=gen,
+        )
+        correct += reward_fn(decode_responses(tokenizer, r), answers[i : i + cfg.micro_batch_size])
+    return {"eval/accuracy": float(np.mean(correct))}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+def train(cfg: TrainConfig) -> dict[str, float]:
+    """Run RL training per `cfg`; returns the last step's metrics. Everything is validated before any compute."""
+    cfg = resolve(cfg)
+    reward_fn = load_reward_fn(cfg.reward_fn)
+    train_set, eval_set = load_data(cfg)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    run_dir = Path(cfg.run_dir)
+    ckpt_path = run_dir / _CKPT
+    if not cfg.resume and ckpt_path.exists():
+        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    # policy (+ optional reference and low-precision sampler copies), optimizer
+    policy_path = embedded_policy_path(cfg, train_set) if cfg.model == EMBEDDED else cfg.model
+    model, tokenizer = load_policy(policy_path)
+    model.train()
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    sampler = model
+    if cfg.sampler_dtype != "float32":
+        sampler = copy.deepcopy(model).to(_DTYPES[cfg.sampler_dtype]).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # sampling noise; its state is checkpointed
+    start = 0
+    if cfg.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        _set_rng_state(ckpt["rng"], gen)
+        start = ckpt["step"]
+    logger = Logger(cfg, run_dir, start)
+    eval_prompts = format_prompts(tokenizer, eval_set, cfg.apply_chat_template) if eval_set else []
+    eval_answers = [p.answer for p in eval_set] if eval_set else []
+    do_eval = bool(eval_set) and cfg.eval_every > 0
+    if do_eval and start == 0:
+        logger.log(evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg), 0)
+
+    bar = _progress(cfg, start)
+    metrics: dict[str, float] = {}
+    for step in range(start + 1, cfg.total_training_steps + 1):
+        t0 = time.perf_counter()
+        # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)
+        idx = torch.randperm(len(train_set))[: cfg.train_batch_size].tolist()
+        problems = [train_set[i] for i in idx]
+        prompts = format_prompts(tokenizer, problems, cfg.apply_chat_template)
+        # 2. generate n responses per prompt with the sampler, recording its log-probs
+        model.eval()
+        if sampler is not model:
+            sampler.load_state_dict(model.state_dict())  # weight sync to the "inference engine" (casts dtype)
+        rollout = sample(
+            sampler,
+            tokenizer,
+            prompts,
+            n=cfg.rollout_n,
+            max_new_tokens=cfg.max_response_length,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            generator=gen,
+            logit_noise_std=cfg.rollout_logit_noise,
+        )
+        t_gen = time.perf_counter()
+        # 3. rewards and group advantages
+        completions = decode_responses(tokenizer, rollout)
+        answers = [p.answer for p in problems for _ in range(cfg.rollout_n)]
+        rewards = torch.tensor(reward_fn(completions, answers), dtype=torch.float32)  # (B,)
+        advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+        # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
+        rows = torch.arange(rewards.numel())
+        with torch.no_grad():
+            old_log_prob, _ = policy_log_probs(model, rollout, rows, cfg, with_entropy=False)  # (B, T)
+            ref_log_prob = None
+            if ref_model is not None:
+                ref_log_prob, _ = policy_log_probs(ref_model, rollout, rows, cfg, with_entropy=False)
+        # 5. N sequential optimizer steps over the mini-batches
+        model.train()
+        history = ppo_update(model, optimizer, rollout, advantages, old_log_prob, ref_log_prob, cfg)
+        model.eval()
+        # 6. log
+        metrics = _step_metrics(rewards, rollout, old_log_prob, history)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["time/gen_s"] = t_gen - t0
+        if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
+            metrics |= evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg)
+        logger.log(metrics, step)
+        if step % cfg.save_every == 0 or step == cfg.total_training_steps:
+            save_checkpoint(run_dir, step, model, optimizer, gen)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response/length_mean']:.1f}")
+    if bar is not None:
+        bar.close()
+    logger.close()
+    plot_run(run_dir)
+    model.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
+    return metrics
+
+
+def _step_metrics(rewards: Tensor, rollout: Rollout, old_log_prob: Tensor, history: list[dict]) -> dict[str, float]:
+    """Per-step scalars: reward, length, train-inference gap, and the mini-batch metrics (mean, first, last)."""
+    mask = rollout.response_mask.bool()
+    lengths = rollout.response_mask.sum(-1).float()
+    gap = (old_log_prob - rollout.rollout_log_prob)[mask]  # log pi_train - log pi_rollout on sampled tokens
+    out = {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+        "response/length_mean": lengths.mean().item(),
+        "response/clip_frac": (lengths == rollout.response_mask.shape[1]).float().mean().item(),
+        "mismatch/log_ratio_abs_mean": gap.abs().mean().item(),
+        "mismatch/k3_kl": (gap.exp() - gap - 1).mean().item(),
+        "actor/entropy": -rollout.rollout_log_prob[mask].mean().item(),  # MC estimate: mean -log pi of samples
+        "actor/num_mini_batches": float(len(history)),
+    }
+    for key in history[0]:
+        out[key] = float(np.mean([h[key] for h in history]))
+    for key in ("is/log_w_mean", "is/log_w_max", "is/log_w_min"):
+        if key in history[0]:
+            out[f"{key}/last_mini_batch"] = history[-1][key]
+    return out
+
+
+def _progress(cfg: TrainConfig, start: int):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.total_training_steps, initial=start, desc=f"vespo train [{cfg.method}]", unit="step")
+
+
+def cli(argv: list[str]) -> int:
+    """`vespo train [--config file.yaml] [flags]`."""
+    try:
+        cfg = parse_args(argv)
+    except ValueError as exc:
+        print(f"vespo train: error: {exc}")
+        return 2
+    last = train(cfg)
+    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
+    print(f"run dir: {cfg.run_dir}")
+    return 0
