@@ -65,7 +65,7 @@ class TrainConfig:
     """Responses sampled per prompt (the GRPO group size)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass (gradient accumulation; does not change the result)."""
-    total_training_steps: int = 200
+    total_training_steps: int = 100
     """Rollout steps to run (each = 1 rollout batch and N optimizer steps)."""
 
     # --- optimisation
@@ -97,12 +97,14 @@ class TrainConfig:
     """Embedded task: numbers per sum."""
     max_operand: int = 9
     """Embedded task: largest operand."""
-    sft_steps: int = 200
+    sft_steps: int = 400
     """Embedded warm start: SFT steps (cached by config hash in cache_dir)."""
     sft_lr: float = 3e-3
     """Embedded warm start: SFT learning rate."""
-    sft_batch_size: int = 64
+    sft_batch_size: int = 32
     """Embedded warm start: SFT batch size."""
+    sft_label_noise: float = 0.5
+    """Embedded warm start: fraction of demonstrations whose boxed answer is wrong (makes the policy uncertain)."""
     sft_seed: int = 0
     """Embedded warm start: seed (kept apart from `seed` so all RL seeds share one warm start)."""
 
@@ -117,7 +119,7 @@ class TrainConfig:
     """Continue from run_dir's last checkpoint (same result as an uninterrupted run)."""
     save_every: int = 25
     """Checkpoint every this many rollout steps (and at the end)."""
-    eval_every: int = 25
+    eval_every: int = 20
     """Held-out evaluation every this many rollout steps (and at the start and end); 0 disables it."""
     eval_size: int = 200
     """Held-out prompts per evaluation (greedy-free: sampled at `temperature`, 1 response each)."""
@@ -181,6 +183,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError("need lr > 0, temperature > 0, 0 < top_p <= 1 and grad_clip > 0")
     if min(cfg.kl_coef, cfg.entropy_coeff, cfg.rollout_logit_noise, cfg.eval_every, cfg.sft_steps) < 0:
         raise ValueError("kl_coef, entropy_coeff, rollout_logit_noise, eval_every and sft_steps must be >= 0")
+    if not 0 <= cfg.sft_label_noise < 1:
+        raise ValueError(f"sft_label_noise must be in [0, 1), got {cfg.sft_label_noise}")
     if cfg.sampler_dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"sampler_dtype must be float32, bfloat16 or float16, got {cfg.sampler_dtype!r}")
     if ":" not in cfg.reward_fn:

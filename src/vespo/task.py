@@ -97,11 +97,18 @@ def arithmetic_problems(count: int, *, seed: int, num_operands: int = 3, max_ope
     return out
 
 
-def solution_text(problem: Problem) -> str:
-    """The SFT target for an arithmetic problem: running partial sums, then the boxed answer ("11,16 \\boxed{16}")."""
+def solution_text(problem: Problem, *, noisy_rng: random.Random | None = None) -> str:
+    """The SFT target for an arithmetic problem: running partial sums, then the boxed answer ("11,16 \\boxed{16}").
+
+    With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3, never negative).
+    """
     xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
-    return ",".join(map(str, partial)) + f" {BOXED}{{{problem.answer}}}"
+    answer = int(problem.answer)
+    if noisy_rng is not None:
+        offset = noisy_rng.randint(1, 3)
+        answer = answer + offset if answer < offset or noisy_rng.random() < 0.5 else answer - offset
+    return ",".join(map(str, partial)) + f" {BOXED}{{{answer}}}"
 
 
 def arithmetic_split(*, num_operands: int, max_operand: int, eval_size: int) -> tuple[list[Problem], list[Problem]]:
@@ -132,10 +139,13 @@ def sft_warm_start(
     lr: float,
     batch_size: int,
     seed: int,
+    label_noise: float = 0.0,
 ) -> list[float]:
     """Supervised fine-tuning on `solution_text` targets (loss on response tokens + <eos> only); returns the losses.
 
-    Deliberately short: the point is a policy that solves some but not all problems, so RL has something to do.
+    With probability `label_noise` a demonstration's boxed answer is off by 1-3 (its partial sums stay right), so the
+    warm-started policy is uncertain about the final answer: it solves some but not all problems, and RL has a
+    verifiable signal to sharpen (docs/training.md).
     """
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -144,9 +154,8 @@ def sft_warm_start(
     for _ in range(steps):
         batch = rng.choices(problems, k=batch_size)
         prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
-        target_ids = [
-            tokenizer(solution_text(p), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in batch
-        ]
+        texts = [solution_text(p, noisy_rng=rng if rng.random() < label_noise else None) for p in batch]
+        target_ids = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
         width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
         ids = torch.full((batch_size, width), tokenizer.pad_token_id)
         labels = torch.full((batch_size, width), -100)

@@ -44,7 +44,16 @@ _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares 
 
 def _sft_cache_key(cfg: TrainConfig) -> str:
     """Hash of everything the embedded warm start depends on (so sweeps over methods/N/seeds reuse one)."""
-    keys = ("num_operands", "max_operand", "sft_steps", "sft_lr", "sft_batch_size", "sft_seed", "eval_size")
+    keys = (
+        "num_operands",
+        "max_operand",
+        "sft_steps",
+        "sft_lr",
+        "sft_batch_size",
+        "sft_seed",
+        "sft_label_noise",
+        "eval_size",
+    )
     blob = json.dumps({k: getattr(cfg, k) for k in keys} | {"v": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -65,6 +74,7 @@ def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
             lr=cfg.sft_lr,
             batch_size=cfg.sft_batch_size,
             seed=cfg.sft_seed,
+            label_noise=cfg.sft_label_noise,
         )
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)

@@ -1,0 +1,348 @@
+"""`vespo sweep`: methods x staleness N x seeds on the embedded task, in parallel processes, resumable.
+
+Every cell uses the same mini-batch (`mini_batch_size` prompts x `rollout_n` responses) and the same total number of
+optimizer steps, hence the same number of samples; only the rollout batch (N mini-batches) changes with N, as in the
+paper (fixed mini-batch 256, varying global batch; Sec. 4.1). Outputs: results.csv (one row per cell), results.md
+(mean +- std over seeds), fig3_training_reward.png and fig4_dynamics.png in the style of the paper's Figures 3 and 4.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+from vespo.config import TrainConfig, resolve
+from vespo.task import arithmetic_split
+from vespo.trainer import embedded_policy_path, read_metrics
+
+# preset -> {variant name: (method, hparams)}; the default preset is filled from `methods`
+PRESETS: dict[str, dict[str, tuple[str, dict]]] = {
+    "length_norm": {  # paper Sec. 4.7 / App. G: VESPO without, with sqrt and with linear length normalisation
+        "vespo": ("vespo", {}),
+        "vespo-sqrt": ("vespo", {"length_norm": "sqrt"}),
+        "vespo-linear": ("vespo", {"length_norm": "linear"}),
+    },
+    "asymmetry": {  # paper Sec. 4.7: asymmetric (c1, c2) per advantage sign vs the same pair for both signs
+        "vespo": ("vespo", {}),
+        "vespo-sym23": ("vespo", {"c1_neg": 2.0, "c2_neg": 3.0}),
+        "vespo-sym32": ("vespo", {"c1_pos": 3.0, "c2_pos": 2.0}),
+    },
+}
+FIG4_COLUMNS = (
+    ("reward/mean", "training reward"),
+    ("eval/accuracy", "held-out accuracy"),
+    ("response/length_mean", "response length"),
+    ("is/approx_kl", "KL(mu || pi)"),
+    ("actor/entropy", "entropy"),
+    ("loss/pg", "pg loss"),
+)
+
+
+@dataclass
+class SweepConfig:
+    out_dir: str = "sweeps/staleness"
+    """Output directory (cells/, results.csv, results.md, figures)."""
+    methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "sapo", "topr", "cispo", "bapo")
+    """Methods of the default grid (ignored when a preset is chosen)."""
+    preset: str | None = None
+    """Ablation preset instead of `methods`: length_norm | asymmetry."""
+    staleness: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
+    """Staleness ratios N = train_batch_size / ppo_mini_batch_size."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """RL seeds (all share one SFT warm start)."""
+    mini_batch_size: int = 4
+    """Prompts per optimizer step, fixed across N."""
+    rollout_n: int = 8
+    """Responses per prompt."""
+    optimizer_steps: int = 128
+    """Optimizer steps per cell, fixed across N (must be a multiple of every N): equal samples per cell."""
+    lr: float = 3e-4
+    """Learning rate of every cell."""
+    eval_points: int = 4
+    """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
+    eval_size: int = 200
+    """Held-out prompts per evaluation."""
+    jobs: int = 2
+    """Cells run in parallel (one torch thread each)."""
+    collapse_ratio: float = 0.5
+    """A cell has collapsed when its final held-out accuracy is below this fraction of its step-0 accuracy."""
+    cache_dir: str = "~/.cache/vespo"
+    """Warm-start cache shared by all cells."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Additional `vespo train` flags for every cell, e.g. `--extra rollout_logit_noise 0.3`."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    variant: str
+    method: str
+    hparams: dict
+    n: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}/N{self.n}/seed{self.seed}"
+
+
+def variants(cfg: SweepConfig) -> dict[str, tuple[str, dict]]:
+    """Variant name -> (method, hparams) for the chosen preset or method list."""
+    if cfg.preset is None:
+        return {m: (m, {}) for m in cfg.methods}
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[cfg.preset]
+
+
+def cells(cfg: SweepConfig) -> list[Cell]:
+    """All grid cells, validated (each cell's TrainConfig is resolved) before anything runs."""
+    bad = [n for n in cfg.staleness if n < 1 or cfg.optimizer_steps % n]
+    if bad:
+        raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
+    out = [Cell(v, m, h, n, s) for v, (m, h) in variants(cfg).items() for n in cfg.staleness for s in cfg.seeds]
+    for cell in out:
+        resolve(train_config(cfg, cell))
+    return out
+
+
+def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
+    """The TrainConfig of one cell: fixed mini-batch and optimizer steps, N mini-batches per rollout step."""
+    rollout_steps = cfg.optimizer_steps // cell.n
+    return TrainConfig(
+        method=cell.method,
+        hparams=dict(cell.hparams),
+        seed=cell.seed,
+        ppo_mini_batch_size=cfg.mini_batch_size,
+        train_batch_size=cfg.mini_batch_size * cell.n,
+        rollout_n=cfg.rollout_n,
+        total_training_steps=rollout_steps,
+        lr=cfg.lr,
+        eval_every=max(1, rollout_steps // cfg.eval_points),
+        eval_size=cfg.eval_size,
+        save_every=max(1, rollout_steps // 8),
+        num_threads=1,
+        run_dir=str(Path(cfg.out_dir) / "cells" / cell.name),
+        cache_dir=cfg.cache_dir,
+        progress=False,
+    )
+
+
+def _argv(tc: TrainConfig, extra: dict[str, str], resume: bool) -> list[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "vespo",
+        "train",
+        "--method",
+        tc.method,
+        "--seed",
+        str(tc.seed),
+        "--ppo-mini-batch-size",
+        str(tc.ppo_mini_batch_size),
+        "--train-batch-size",
+        str(tc.train_batch_size),
+        "--rollout-n",
+        str(tc.rollout_n),
+        "--total-training-steps",
+        str(tc.total_training_steps),
+        "--lr",
+        str(tc.lr),
+        "--eval-every",
+        str(tc.eval_every),
+        "--eval-size",
+        str(tc.eval_size),
+        "--save-every",
+        str(tc.save_every),
+        "--num-threads",
+        "1",
+        "--run-dir",
+        tc.run_dir,
+        "--cache-dir",
+        tc.cache_dir,
+        "--no-progress",
+    ]
+    if tc.hparams:
+        args += ["--hparams", *(str(x) for kv in tc.hparams.items() for x in kv)]
+    for key, value in extra.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args + (["--resume"] if resume else [])
+
+
+def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
+    """Run one cell in a subprocess (resuming a half-finished one); returns its summary (also saved as summary.json)."""
+    tc = train_config(cfg, cell)
+    run_dir = Path(tc.run_dir)
+    done = run_dir / "summary.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    resume = (run_dir / "checkpoints" / "last.pt").is_file()
+    log = run_dir.parent / f"{run_dir.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("a") as f:
+        proc = subprocess.run(_argv(tc, cfg.extra, resume), stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cell {cell.name} failed (exit {proc.returncode}); see {log}")
+    summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": time.perf_counter() - t0}
+    done.write_text(json.dumps(summary))
+    return summary
+
+
+def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
+    """Final training reward (mean of the last quarter of rollout steps), initial/final held-out accuracy, collapse."""
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    tail = rewards[-max(1, len(rewards) // 4) :]
+    return {
+        "variant": cell.variant,
+        "method": cell.method,
+        "N": cell.n,
+        "seed": cell.seed,
+        "final_train_reward": float(np.mean(tail)),
+        "initial_eval_acc": evals[0],
+        "final_eval_acc": evals[-1],
+        "collapsed": bool(evals[-1] < collapse_ratio * evals[0]),
+    }
+
+
+def write_tables(out_dir: Path, summaries: list[dict]) -> None:
+    """results.csv (per cell) and results.md (mean +- std over seeds, one row per variant, one column per N)."""
+    keys = list(summaries[0])
+    with (out_dir / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(summaries)
+    ns = sorted({s["N"] for s in summaries})
+    names = list(dict.fromkeys(s["variant"] for s in summaries))
+    lines = []
+    for metric, title in (("final_train_reward", "Final training reward"), ("final_eval_acc", "Held-out accuracy")):
+        lines += [
+            f"### {title} (mean ± std over seeds; ✗ = collapsed seeds)",
+            "",
+            "| method | " + " | ".join(f"N={n}" for n in ns) + " |",
+            "|---" * (len(ns) + 1) + "|",
+        ]
+        for v in names:
+            cells_ = []
+            for n in ns:
+                sel = [s for s in summaries if s["variant"] == v and s["N"] == n]
+                vals = [s[metric] for s in sel]
+                mark = " ✗" * sum(s["collapsed"] for s in sel)
+                cells_.append(f"{np.mean(vals):.3f} ± {np.std(vals):.3f}{mark}" if vals else "–")
+            lines.append(f"| {v} | " + " | ".join(cells_) + " |")
+        lines.append("")
+    init = np.mean([s["initial_eval_acc"] for s in summaries])
+    lines.append(f"Held-out accuracy of the warm start (step 0): {init:.3f}.")
+    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _curves(out_dir: Path, cell: Cell, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(optimizer steps, values) of one metric of one cell; x = rollout step x N so all N share one axis."""
+    rows = [r for r in read_metrics(out_dir / "cells" / cell.name) if key in r]
+    return np.array([r["step"] * cell.n for r in rows]), np.array([r[key] for r in rows])
+
+
+def _seed_mean(out_dir: Path, group: list[Cell], key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    curves = [_curves(out_dir, c, key) for c in group]
+    if not curves or any(len(x) == 0 for x, _ in curves):
+        return None
+    length = min(len(x) for x, _ in curves)
+    return curves[0][0][:length], np.mean([y[:length] for _, y in curves], axis=0)
+
+
+def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
+    """fig3_training_reward.png (a panel per method, a curve per N) and fig4_dynamics.png (rows N, metric columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(cfg.out_dir)
+    names = list(variants(cfg))
+    colors = dict(zip(names, plt.cm.tab10.colors, strict=False))
+    ns = list(cfg.staleness)
+
+    def group(v, n):
+        return [c for c in grid if c.variant == v and c.n == n]
+
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3), sharey=True, squeeze=False)
+    for ax, v in zip(axes[0], names, strict=True):
+        for i, n in enumerate(ns):
+            xy = _seed_mean(out_dir, group(v, n), "reward/mean")
+            if xy is not None:
+                ax.plot(*xy, color=plt.cm.viridis(i / max(1, len(ns) - 1)), label=f"N={n}")
+        ax.set(title=v, xlabel="optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("training reward")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "fig3_training_reward.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(len(ns), len(FIG4_COLUMNS), figsize=(3 * len(FIG4_COLUMNS), 2.2 * len(ns)), squeeze=False)
+    for r, n in enumerate(ns):
+        for c, (key, title) in enumerate(FIG4_COLUMNS):
+            ax = axes[r][c]
+            for v in names:
+                xy = _seed_mean(out_dir, group(v, n), key)
+                if xy is not None:
+                    ax.plot(*xy, color=colors[v], label=v, marker="o" if key.startswith("eval/") else None, ms=3)
+            if r == 0:
+                ax.set_title(title)
+            if c == 0:
+                ax.set_ylabel(f"N={n}")
+            ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "fig4_dynamics.png", dpi=100)
+    plt.close(fig)
+
+
+def sweep(cfg: SweepConfig) -> list[dict]:
+    """Run (or finish) the grid, then write the tables and figures. Returns the per-cell summaries."""
+    grid = cells(cfg)
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = train_config(cfg, grid[0])
+    train_set, _ = arithmetic_split(
+        num_operands=base.num_operands, max_operand=base.max_operand, eval_size=base.eval_size
+    )
+    embedded_policy_path(base, train_set)  # warm start once, before the parallel cells race for it
+    from tqdm.auto import tqdm
+
+    with ThreadPoolExecutor(max_workers=cfg.jobs) as pool, tqdm(total=len(grid), desc="vespo sweep") as bar:
+        futures = [pool.submit(run_cell, cfg, c) for c in grid]
+        summaries = []
+        for fut in futures:
+            summaries.append(fut.result())
+            bar.update(1)
+    write_tables(out_dir, summaries)
+    plot(cfg, grid)
+    return summaries
+
+
+def cli(argv: list[str]) -> int:
+    """`vespo sweep [flags]`."""
+    cfg = tyro.cli(
+        SweepConfig,
+        args=argv,
+        prog="vespo sweep",
+        description="Methods x staleness N x seeds on the embedded task; resumable; tables + figures.",
+    )
+    try:
+        cells(cfg)
+    except ValueError as exc:
+        print(f"vespo sweep: error: {exc}")
+        return 2
+    sweep(cfg)
+    print((Path(cfg.out_dir) / "results.md").read_text())
+    return 0

@@ -1,0 +1,266 @@
+"""Trainer: config errors before compute, staleness of the mini-batch loop, gradient accumulation, resume after a kill,
+and the real from_pretrained / datasets paths on a locally saved tiny model and JSONL file."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from vespo.advantages import group_advantages
+from vespo.config import TrainConfig, parse_args
+from vespo.rollout import sample
+from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
+from vespo.trainer import embedded_policy_path, policy_log_probs, ppo_update, read_metrics, train
+
+
+@pytest.fixture(scope="module")
+def local_model_and_data(tmp_path_factory):
+    """A briefly warm-started tiny model saved to disk, and JSONL train/eval files of the arithmetic task."""
+    root = tmp_path_factory.mktemp("assets")
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, num_hidden_layers=1)
+    train_set, eval_set = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
+    sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    for name, rows in (("train.jsonl", train_set), ("eval.jsonl", eval_set)):
+        lines = [json.dumps({"question": p.prompt, "solution": p.answer}) for p in rows]
+        (root / name).write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _cfg(root, run_dir, **kw) -> TrainConfig:
+    base = dict(
+        model=str(root / "model"),
+        dataset=str(root / "train.jsonl"),
+        eval_dataset=str(root / "eval.jsonl"),
+        prompt_key="question",
+        answer_key="solution",
+        train_batch_size=4,
+        ppo_mini_batch_size=2,
+        rollout_n=4,
+        micro_batch_size=4,
+        max_response_length=8,
+        total_training_steps=3,
+        lr=1e-3,
+        eval_every=2,
+        eval_size=8,
+        save_every=1,
+        num_threads=1,
+        run_dir=str(run_dir),
+        progress=False,
+        tensorboard=False,
+        method="vespo",
+    )
+    return TrainConfig(**(base | kw))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# configuration
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "must divide"),
+        (["--method", "ppo2"], "known methods: \\['bapo'"),
+        (["--method", "grpo", "--hparams", "c1_pos", "2"], "has no hyperparameter"),
+        (["--loss-agg-mode", "sum"], "unknown loss_agg_mode"),
+        (["--dataset", "/nonexistent/x.jsonl"], "dataset file not found"),
+        (["--sampler-dtype", "int8"], "sampler_dtype"),
+    ],
+)
+def test_bad_config_fails_at_parse(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_args(argv)
+
+
+def test_missing_dataset_field_fails_before_training(local_model_and_data, tmp_path):
+    cfg = _cfg(local_model_and_data, tmp_path / "run", prompt_key="prompt")
+    with pytest.raises(ValueError, match=r"no field\(s\) \['prompt'\]"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()  # nothing was created or computed
+
+
+def test_yaml_config_with_cli_override(tmp_path):
+    (tmp_path / "c.yaml").write_text("method: grpo\nlr: 0.01\nstaleness: 4\nppo_mini_batch_size: 2\n")
+    cfg = parse_args(["--config", str(tmp_path / "c.yaml"), "--lr", "0.5"])
+    assert (cfg.method, cfg.lr, cfg.train_batch_size, cfg.num_mini_batches) == ("grpo", 0.5, 8, 4)
+    (tmp_path / "bad.yaml").write_text("learning_rate: 1\n")
+    with pytest.raises(ValueError, match="unknown config key"):
+        parse_args(["--config", str(tmp_path / "bad.yaml")])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the update loop
+
+
+def _batch(n_prompts=3, n=4, seed=0):
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, num_hidden_layers=1, seed=seed)
+    prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:n_prompts]]
+    rollout = sample(model, tok, prompts, n=n, max_new_tokens=6, generator=torch.Generator().manual_seed(seed))
+    rewards = torch.tensor([float(i % 3 == 0) for i in range(n_prompts * n)])
+    return model, rollout, group_advantages(rewards, n)
+
+
+def test_mini_batches_are_sequential_and_increasingly_stale():
+    model, rollout, adv = _batch()
+    cfg = TrainConfig(
+        method="vespo", train_batch_size=3, ppo_mini_batch_size=1, rollout_n=4, micro_batch_size=4, lr=1e-2
+    )
+    rows = torch.arange(12)
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, rollout, rows, cfg, with_entropy=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    history = ppo_update(model, opt, rollout, adv, old, None, cfg)
+    assert len(history) == cfg.num_mini_batches == 3
+    # first mini-batch: the weights have not moved since mu was computed -> W == 1 exactly for every sequence
+    assert history[0]["is/log_w_min"] == history[0]["is/log_w_max"] == 0.0
+    # later mini-batches see weights updated 1 and 2 times -> W != 1
+    assert abs(history[1]["is/log_w_mean"]) > 1e-4 and abs(history[2]["is/log_w_mean"]) > 1e-4
+    assert all(h["actor/grad_norm"] > 0 for h in history)
+
+
+def test_micro_batch_accumulation_equals_one_big_batch():
+    results = []
+    for micro in (3, 16):
+        model, rollout, adv = _batch(n_prompts=4, seed=1)
+        for mode in ("token-mean", "seq-mean-token-mean"):
+            cfg = TrainConfig(
+                method="grpo",
+                train_batch_size=4,
+                ppo_mini_batch_size=2,
+                rollout_n=4,
+                micro_batch_size=micro,
+                loss_agg_mode=mode,
+                lr=1e-3,
+            )
+            with torch.no_grad():
+                old, _ = policy_log_probs(model, rollout, torch.arange(16), cfg, with_entropy=False)
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+            hist = ppo_update(model, opt, rollout, adv, old, None, cfg)
+            results.append(([p.detach().clone() for p in model.parameters()], [h["loss/pg"] for h in hist]))
+    (p_small, l_small), (p_small2, l_small2), (p_big, l_big), (p_big2, l_big2) = results
+    assert l_small == pytest.approx(l_big, rel=1e-5, abs=1e-7)
+    assert l_small2 == pytest.approx(l_big2, rel=1e-5, abs=1e-7)
+    for a, b in zip(p_small2, p_big2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# end to end: real loading paths, logging, resume after a kill
+
+
+def _params(path):
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def _strip_time(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_run_on_local_model_and_jsonl_then_resume_after_kill_matches(local_model_and_data, tmp_path):
+    root = local_model_and_data
+    steps = 30
+    ref_dir = tmp_path / "uninterrupted"
+    last = train(_cfg(root, ref_dir, total_training_steps=steps, eval_every=10, sampler_dtype="bfloat16"))
+    rows = read_metrics(ref_dir)
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[10] and "eval/accuracy" not in rows[5]
+    assert last["actor/num_mini_batches"] == 2.0
+    assert rows[1]["mismatch/log_ratio_abs_mean"] > 0  # bf16 sampler vs fp32 trainer: a real mismatch
+    assert (ref_dir / "reward.png").stat().st_size > 0 and (ref_dir / "config.yaml").is_file()
+
+    # the same run in a subprocess, SIGKILLed mid-way, then resumed
+    run_dir = tmp_path / "killed"
+    argv = [
+        sys.executable,
+        "-m",
+        "vespo",
+        "train",
+        "--model",
+        str(root / "model"),
+        "--dataset",
+        str(root / "train.jsonl"),
+        "--eval-dataset",
+        str(root / "eval.jsonl"),
+        "--prompt-key",
+        "question",
+        "--answer-key",
+        "solution",
+        "--train-batch-size",
+        "4",
+        "--ppo-mini-batch-size",
+        "2",
+        "--rollout-n",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--max-response-length",
+        "8",
+        "--total-training-steps",
+        str(steps),
+        "--lr",
+        "1e-3",
+        "--eval-every",
+        "10",
+        "--eval-size",
+        "8",
+        "--save-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--no-tensorboard",
+        "--sampler-dtype",
+        "bfloat16",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics_file = run_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done_before_kill = len(read_metrics(run_dir)) - 1
+    assert 3 <= done_before_kill < steps, "the run must have been killed mid-way"
+
+    train(
+        dataclasses.replace(
+            _cfg(root, run_dir, total_training_steps=steps, eval_every=10, sampler_dtype="bfloat16"), resume=True
+        )
+    )
+    assert _strip_time(read_metrics(run_dir)) == _strip_time(rows)
+    p_ref, p_res = _params(ref_dir / "final"), _params(run_dir / "final")
+    assert all(torch.equal(p_ref[k], p_res[k]) for k in p_ref)
+
+
+def test_existing_run_dir_needs_resume(local_model_and_data, tmp_path):
+    cfg = _cfg(local_model_and_data, tmp_path / "r", total_training_steps=1, eval_every=0)
+    train(cfg)
+    with pytest.raises(ValueError, match="--resume"):
+        train(cfg)
+
+
+def test_embedded_warm_start_is_cached(tmp_path):
+    cfg = TrainConfig(cache_dir=str(tmp_path), sft_steps=2, sft_batch_size=4, num_operands=2, eval_size=10)
+    train_set, _ = arithmetic_split(num_operands=2, max_operand=9, eval_size=10)
+    path = embedded_policy_path(cfg, train_set)
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert embedded_policy_path(cfg, train_set) == path and (path / "config.json").stat().st_mtime_ns == stamp
+    other = embedded_policy_path(dataclasses.replace(cfg, sft_steps=3), train_set)
+    assert other != path and (other / "tokenizer.json").is_file()
