@@ -1,0 +1,547 @@
+"""Throughput of `vespo train` vs TRL's `GRPOTrainer(loss_type="vespo")`, side by side in one CPU run.
+
+Run: `.venv/bin/python benchmarks/bench_trl_throughput.py` (about 2 minutes on 2 shared cores); writes
+benchmarks/results/trl_throughput.{json,csv,png} and prints a summary table.
+
+Both trainers get the same SFT-warm-started embedded model (vespo.task's tiny Llama + character tokenizer, copied to
+a temp dir and loaded from there by both), the same embedded arithmetic train split, the same reward
+(`vespo.rewards.math_reward`), the same batch geometry and staleness N, the same optimiser (AdamW, constant LR, same
+betas, grad clip 1.0), the same number of samples, and the same torch thread count. Each is warmed up by one short
+untimed run, then timed runs alternate (vespo, TRL, vespo, TRL, ...) so shared-CPU noise hits both alike; the
+repeats use seeds 0, 1, ... (the same seeds for both) and the reported figures are means over repeats.
+Default: 8 prompts x n=8, N=4, 16 new tokens, 50 rollout steps (200 optimizer steps, 3,200 samples) per run, 3
+repeats, 1 torch thread (a ~0.2M-parameter model is far faster single-threaded on a shared 2-core box; with 2 threads
+both trainers slow down by an order of magnitude from oversubscription and the ratio measures contention, not code).
+
+Batch mapping (one process; TRL counts batches in *completions*, vespo in *prompts*):
+
+    vespo TrainConfig                        TRL GRPOConfig
+    train_batch_size    = P prompts          generation_batch_size       = P * n completions (derived)
+    rollout_n           = n                  num_generations             = n
+    ppo_mini_batch_size = P / N prompts      per_device_train_batch_size = (P / N) * n completions
+    (N = staleness)                          steps_per_generation        = N
+                                             gradient_accumulation_steps = 1 (one optimizer step per mini-batch)
+    total_training_steps = S rollouts        max_steps                   = S * N optimizer steps
+    micro_batch_size >= mini-batch rows      (the mini-batch is one forward/backward in both)
+    max_response_length, temperature, lr     max_completion_length, temperature, learning_rate
+    betas, grad_clip                         adam_beta1/2, max_grad_norm; lr_scheduler_type="constant"
+
+TRL generates `generation_batch_size` completions every `steps_per_generation` optimizer steps, computes
+old log-probs once for that batch (because steps_per_generation > gradient_accumulation_steps), shuffles it and
+feeds one slice of `per_device_train_batch_size` rows to each of the N optimizer steps: the same N-fold staleness
+as vespo's N sequential mini-batches (vespo keeps rollout order instead of shuffling; both are valid).
+
+Measured quantities, per trainer and run:
+  * loop_s: wall time of the training loop. vespo: the sum of its per-rollout-step `time/step_s` (rollout, reward,
+    old log-probs, N updates, metrics; excludes the untimed run-management tail: final checkpoint, plot, save).
+    TRL: `on_train_begin` to the last `on_step_end` (a TrainerCallback), which includes its per-step bookkeeping.
+  * e2e_s: wall time of the whole call (vespo: `train(cfg)`; TRL: build the trainer + `train()`), i.e. including
+    model loading and each trainer's setup and teardown.
+  * optimizer steps/s, rollout samples/s (completions) and generated tokens/s (completion tokens including <eos>),
+    all over loop_s (and tokens/s also over e2e_s).
+  * reward: mean training reward (fraction of correct sampled completions) over the last `--reward-window` rollout
+    steps, after the same number of samples. vespo: its logged `reward/mean`; TRL: a thin wrapper around
+    `math_reward` that records the rewards and completion lengths of every batch it grades.
+
+Losses are each library's own VESPO with its defaults (vespo: token-mean aggregation, c1/c2 = (2, 3) / (3, 2);
+TRL: the same gamma parameters, its DAPO-style normaliser), so rewards agree in expectation but are not identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+METRICS = (
+    "loop_s",
+    "gen_share",
+    "reward_share",
+    "e2e_s",
+    "steps_per_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "tokens_per_s_e2e",
+    "reward_start",
+    "reward",
+)
+
+
+@dataclasses.dataclass
+class Bench:
+    prompts: int
+    n: int
+    staleness: int
+    max_new_tokens: int
+    steps: int
+    temperature: float
+    lr: float
+    threads: int
+    reward_window: int
+    model_dir: str
+    work_dir: str
+
+    @property
+    def mini_prompts(self) -> int:
+        return self.prompts // self.staleness
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vespo
+
+
+def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str):
+    from vespo.config import TrainConfig
+
+    return TrainConfig(
+        model=b.model_dir,
+        dataset="embedded",
+        method="vespo",
+        reward_fn=f"{__name__}:REWARD",  # math_reward behind the same timing wrapper TRL gets
+        train_batch_size=b.prompts,
+        ppo_mini_batch_size=b.mini_prompts,
+        rollout_n=b.n,
+        micro_batch_size=b.mini_prompts * b.n,  # one forward/backward per mini-batch, as TRL with grad accumulation 1
+        total_training_steps=steps,
+        lr=b.lr,
+        max_response_length=b.max_new_tokens,
+        temperature=b.temperature,
+        seed=seed,
+        run_dir=run_dir,
+        save_every=10**6,  # only the final checkpoint
+        eval_every=0,  # no held-out evaluation (TRL does none either)
+        num_threads=b.threads,
+        tensorboard=False,
+        progress=False,
+    )
+
+
+def run_vespo(b: Bench, *, steps: int, seed: int, tag: str) -> dict:
+    from vespo.trainer import read_metrics, train
+
+    run_dir = Path(b.work_dir) / f"vespo-{tag}"
+    cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir))
+    REWARD.reset()
+    t0 = time.perf_counter()
+    train(cfg)
+    e2e = time.perf_counter() - t0
+    rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
+    seqs = b.prompts * b.n
+    return summarise(
+        b,
+        loop_s=sum(r["time/step_s"] for r in rows),
+        gen_s=sum(r["time/gen_s"] for r in rows),
+        reward_s=REWARD.seconds,
+        e2e_s=e2e,
+        opt_steps=int(sum(r["actor/num_mini_batches"] for r in rows)),
+        rewards=[r["reward/mean"] for r in rows],
+        samples=seqs * len(rows),
+        tokens=sum(r["response/length_mean"] * seqs for r in rows),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# TRL
+
+
+class _RecordingReward:
+    """`math_reward` plus a record of each graded batch: mean reward, completions, completion tokens, seconds.
+
+    Both trainers call the same wrapper (vespo through `reward_fn="<this module>:REWARD"`), so its overhead is equal.
+    """
+
+    def __init__(self):
+        from vespo.rewards import math_reward
+
+        self._fn = math_reward
+        self.__name__ = "math_reward"  # TRL names the reward metric after the function
+        self.reset()
+
+    def reset(self) -> None:
+        self.batches: list[tuple[float, int, int | None]] = []
+        self.seconds = 0.0
+
+    def __call__(self, completions, answer, completion_ids=None, **kwargs):
+        t = time.perf_counter()
+        scores = self._fn(completions, answer)
+        self.seconds += time.perf_counter() - t
+        # TRL passes completion ids ending at (and including) <eos>; vespo passes strings only (its metrics count)
+        tokens = None if completion_ids is None else sum(len(ids) for ids in completion_ids)
+        self.batches.append((sum(scores) / len(scores), len(scores), tokens))
+        return scores
+
+
+REWARD = _RecordingReward()
+
+
+def trl_trainer(b: Bench, *, steps: int, seed: int, out_dir: str, reward):
+    import transformers
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vespo.config import TrainConfig
+    from vespo.task import arithmetic_split
+
+    defaults = TrainConfig()
+    train_set, _ = arithmetic_split(
+        num_operands=defaults.num_operands, max_operand=defaults.max_operand, eval_size=defaults.eval_size
+    )
+    dataset = Dataset.from_dict({"prompt": [p.prompt for p in train_set], "answer": [p.answer for p in train_set]})
+    args = GRPOConfig(
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=b.staleness,  # one log per rollout step, like vespo
+        seed=seed,
+        loss_type="vespo",
+        num_generations=b.n,
+        per_device_train_batch_size=b.mini_prompts * b.n,
+        steps_per_generation=b.staleness,
+        gradient_accumulation_steps=1,
+        max_steps=steps * b.staleness,
+        max_completion_length=b.max_new_tokens,
+        temperature=b.temperature,
+        top_p=1.0,
+        learning_rate=b.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=defaults.betas[0],
+        adam_beta2=defaults.betas[1],
+        weight_decay=defaults.weight_decay,
+        max_grad_norm=defaults.grad_clip,
+        beta=0.0,  # no KL / reference model (vespo's default too)
+        scale_rewards="group",  # A = (R - mean) / std per group, vespo's norm_adv_by_std=True
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(b.model_dir, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(b.model_dir)
+
+    class Clock(TrainerCallback):
+        start = end = None
+
+        def on_train_begin(self, *a, **k):
+            Clock.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            Clock.end = time.perf_counter()
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
+    trainer.remove_callback(PrinterCallback)  # no log dicts on stdout (vespo's progress bar is off too)
+    generate, Clock.gen_s = trainer._generate, 0.0
+
+    def timed_generate(*args, **kwargs):  # diagnostic only: time spent in TRL's generation (incl. decoding)
+        t = time.perf_counter()
+        out = generate(*args, **kwargs)
+        Clock.gen_s += time.perf_counter() - t
+        return out
+
+    trainer._generate = timed_generate
+    return trainer, Clock
+
+
+def run_trl(b: Bench, *, steps: int, seed: int, tag: str) -> dict:
+    reward = REWARD
+    reward.reset()
+    t0 = time.perf_counter()
+    trainer, clock = trl_trainer(b, steps=steps, seed=seed, out_dir=str(Path(b.work_dir) / f"trl-{tag}"), reward=reward)
+    trainer.train()
+    e2e = time.perf_counter() - t0
+    return summarise(
+        b,
+        loop_s=clock.end - clock.start,
+        e2e_s=e2e,
+        gen_s=clock.gen_s,
+        reward_s=reward.seconds,
+        opt_steps=trainer.state.global_step,
+        rewards=[r for r, _, _ in reward.batches],
+        samples=sum(c for _, c, _ in reward.batches),
+        tokens=sum(t for _, _, t in reward.batches),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Driver
+
+
+def summarise(b: Bench, *, loop_s, gen_s, reward_s, e2e_s, opt_steps, rewards, samples, tokens) -> dict:
+    return {
+        "loop_s": loop_s,
+        "gen_share": gen_s / loop_s,
+        "reward_share": reward_s / loop_s,
+        "e2e_s": e2e_s,
+        "opt_steps": opt_steps,
+        "rollout_steps": len(rewards),
+        "samples": samples,
+        "tokens": tokens,
+        "steps_per_s": opt_steps / loop_s,
+        "samples_per_s": samples / loop_s,
+        "tokens_per_s": tokens / loop_s,
+        "tokens_per_s_e2e": tokens / e2e_s,
+        "reward_start": statistics.fmean(rewards[: b.reward_window]),
+        "reward": statistics.fmean(rewards[-b.reward_window :]),
+        "reward_curve": rewards,
+    }
+
+
+def prepare_model(work_dir: Path) -> str:
+    """The SFT-warm-started embedded model + tokenizer (built once by vespo and cached), copied to a temp dir."""
+    from vespo.config import TrainConfig
+    from vespo.task import arithmetic_split
+    from vespo.trainer import embedded_policy_path
+
+    cfg = TrainConfig()
+    train_set, _ = arithmetic_split(num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size)
+    src = embedded_policy_path(cfg, train_set)
+    dst = work_dir / "model"
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per rollout step (P)")
+    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--staleness", type=int, default=4, help="N: optimizer steps per rollout batch")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=50, help="rollout steps per timed run")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="rollout steps of the untimed warm-up runs")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per trainer, alternated")
+    parser.add_argument("--reward-window", type=int, default=10, help="last rollout steps averaged for the reward")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: vespo train's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both trainers")
+    parser.add_argument("--no-save", action="store_true", help="print only; do not write benchmarks/results/")
+    a = parser.parse_args()
+    if a.prompts % a.staleness:
+        parser.error("--staleness must divide --prompts")
+
+    import logging
+
+    import transformers
+
+    from vespo.config import TrainConfig
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory(prefix="bench_trl_") as tmp:
+        b = Bench(
+            prompts=a.prompts,
+            n=a.n,
+            staleness=a.staleness,
+            max_new_tokens=a.max_new_tokens,
+            steps=a.steps,
+            temperature=a.temperature,
+            lr=a.lr if a.lr is not None else TrainConfig().lr,
+            threads=a.threads,
+            reward_window=min(a.reward_window, a.steps),
+            model_dir=prepare_model(Path(tmp)),
+            work_dir=tmp,
+        )
+        runners = {"vespo": run_vespo, "trl": run_trl}
+        t_start = time.perf_counter()
+        for name, run in runners.items():  # untimed warm-up: imports, allocator, kernels
+            t = time.perf_counter()
+            run(b, steps=a.warmup_steps, seed=1000, tag="warmup")
+            print(f"warm-up {name}: {time.perf_counter() - t:.1f}s", flush=True)
+        runs: dict[str, list[dict]] = {name: [] for name in runners}
+        for rep in range(a.repeats):
+            for name, run in runners.items():
+                r = run(b, steps=a.steps, seed=rep, tag=f"rep{rep}")
+                runs[name].append(r)
+                print(
+                    f"repeat {rep} {name:5s}: loop {r['loop_s']:6.1f}s  {r['steps_per_s']:.3f} steps/s  "
+                    f"{r['tokens_per_s']:7.1f} tok/s  reward(last {b.reward_window}) {r['reward']:.3f}",
+                    flush=True,
+                )
+        total_s = time.perf_counter() - t_start
+    report(a, b, runs, total_s)
+
+
+def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
+    import transformers
+    import trl
+
+    samples = {r["samples"] for rs in runs.values() for r in rs}
+    steps = {r["opt_steps"] for rs in runs.values() for r in rs}
+    assert len(samples) == 1 and len(steps) == 1, f"unequal work: samples {samples}, optimizer steps {steps}"
+    mean = {name: {m: statistics.fmean(r[m] for r in rs) for m in METRICS} for name, rs in runs.items()}
+    ratio = {m: mean["vespo"][m] / mean["trl"][m] for m in METRICS}
+    speedup = min(ratio["steps_per_s"], ratio["samples_per_s"], ratio["tokens_per_s"])
+    summary = {
+        "command": " ".join(["python", "benchmarks/bench_trl_throughput.py", *sys.argv[1:]]),
+        "setup": {
+            "prompts_per_rollout": b.prompts,
+            "n": b.n,
+            "staleness_N": b.staleness,
+            "max_new_tokens": b.max_new_tokens,
+            "rollout_steps": b.steps,
+            "optimizer_steps": b.steps * b.staleness,
+            "samples_per_run": b.steps * b.prompts * b.n,
+            "temperature": b.temperature,
+            "lr": b.lr,
+            "torch_threads": b.threads,
+            "repeats": a.repeats,
+            "reward_window": b.reward_window,
+            "trl_config": {
+                "num_generations": b.n,
+                "per_device_train_batch_size": b.mini_prompts * b.n,
+                "steps_per_generation": b.staleness,
+                "gradient_accumulation_steps": 1,
+                "generation_batch_size": b.prompts * b.n,
+                "max_steps": b.steps * b.staleness,
+            },
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+            "python": platform.python_version(),
+        },
+        "vespo_source": vespo_source(),
+        "machine": platform.processor() or platform.machine(),
+        "benchmark_wall_s": round(total_s, 1),
+        "mean": {name: {m: round(v, 4) for m, v in ms.items()} for name, ms in mean.items()},
+        "ratio_vespo_over_trl": {m: round(v, 3) for m, v in ratio.items()},
+        "reward_sd_over_repeats": {
+            name: round(statistics.stdev(r["reward"] for r in rs), 4) if len(rs) > 1 else None
+            for name, rs in runs.items()
+        },
+        "goal": {
+            "throughput_at_least_2x": speedup >= 2,
+            "min_throughput_ratio": round(speedup, 3),
+            "reward_equal_or_better": mean["vespo"]["reward"] >= mean["trl"]["reward"],
+        },
+        "runs": runs,
+    }
+    print_table(summary)
+    if a.no_save:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "trl_throughput.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with open(RESULTS / "trl_throughput.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["trainer", "repeat", *METRICS, "samples", "tokens", "opt_steps"])
+        for name, rs in runs.items():
+            for i, r in enumerate(rs):
+                writer.writerow(
+                    [name, i, *(round(r[m], 4) for m in METRICS), r["samples"], round(r["tokens"]), r["opt_steps"]]
+                )
+            writer.writerow([name, "mean", *(round(mean[name][m], 4) for m in METRICS), "", "", ""])
+        writer.writerow(["vespo/trl", "ratio", *(round(ratio[m], 3) for m in METRICS), "", "", ""])
+    plot(summary, RESULTS / "trl_throughput.png")
+    print(f"wrote {RESULTS}/trl_throughput.{{json,csv,png}}")
+
+
+def vespo_source() -> dict:
+    """The commit the measured vespo code comes from, and whether src/vespo had uncommitted edits at run time."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "src_dirty": bool(git("status", "--porcelain", "src/vespo"))}
+
+
+def print_table(s: dict) -> None:
+    rows = [
+        ("loop wall time (s)", "loop_s", ".1f"),
+        ("  share of loop in generation", "gen_share", ".2f"),
+        ("  share of loop in reward grading", "reward_share", ".2f"),
+        ("end-to-end wall time (s)", "e2e_s", ".1f"),
+        ("optimizer steps / s", "steps_per_s", ".3f"),
+        ("rollout samples / s", "samples_per_s", ".1f"),
+        ("generated tokens / s", "tokens_per_s", ".1f"),
+        ("generated tokens / s (end-to-end)", "tokens_per_s_e2e", ".1f"),
+        (f"reward, first {s['setup']['reward_window']} rollout steps", "reward_start", ".3f"),
+        (f"reward, last {s['setup']['reward_window']} rollout steps", "reward", ".3f"),
+    ]
+    st = s["setup"]
+    print(
+        f"\n{st['prompts_per_rollout']} prompts x n={st['n']}, N={st['staleness_N']}, "
+        f"{st['max_new_tokens']} new tokens, "
+        f"{st['rollout_steps']} rollout steps ({st['samples_per_run']} samples) per run, {st['repeats']} repeats, "
+        f"{st['torch_threads']} thread(s); means over repeats"
+    )
+    print(f"{'metric':36s} {'vespo':>10s} {'TRL':>10s} {'vespo/TRL':>10s}")
+    for label, key, fmt in rows:
+        v, t, r = s["mean"]["vespo"][key], s["mean"]["trl"][key], s["ratio_vespo_over_trl"][key]
+        print(f"{label:36s} {v:>10{fmt}} {t:>10{fmt}} {r:>10.2f}")
+    g, sd = s["goal"], s["reward_sd_over_repeats"]
+    spread = f", sd over repeats vespo {sd['vespo']:.3f} / TRL {sd['trl']:.3f}" if sd["vespo"] is not None else ""
+    print(
+        f"goal vespo >= 2x TRL throughput: {'met' if g['throughput_at_least_2x'] else 'NOT met'} "
+        f"(min ratio {g['min_throughput_ratio']:.2f}); reward equal or better: "
+        f"{'yes' if g['reward_equal_or_better'] else 'no'} "
+        f"({s['mean']['vespo']['reward']:.3f} vs {s['mean']['trl']['reward']:.3f}{spread})"
+    )
+
+
+def plot(s: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("optimizer steps / s", "steps_per_s"),
+        ("rollout samples / s", "samples_per_s"),
+        ("generated tokens / s", "tokens_per_s"),
+        (f"reward (last {s['setup']['reward_window']} steps)", "reward"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.4))
+    for ax, (title, key) in zip(axes, panels, strict=True):
+        names = ["vespo", "trl"]
+        values = [s["mean"][n][key] for n in names]
+        per_run = [[r[key] for r in s["runs"][n]] for n in names]
+        ax.bar(["vespo", "TRL"], values, color=["tab:blue", "tab:gray"])
+        for i, pts in enumerate(per_run):
+            ax.plot([i] * len(pts), pts, "k.", ms=5)
+        if key != "reward":
+            ax.set_title(f"{title}\nvespo/TRL = {s['ratio_vespo_over_trl'][key]:.2f}x", fontsize=10)
+        else:
+            ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    st = s["setup"]
+    fig.suptitle(
+        f"vespo train vs TRL GRPOTrainer(loss_type='vespo'), CPU, {st['torch_threads']} thread(s): "
+        f"{st['prompts_per_rollout']} prompts x {st['n']}, N={st['staleness_N']}, {st['max_new_tokens']} tokens, "
+        f"{st['samples_per_run']} samples/run (dots: repeats)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
