@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from vespo.config import TrainConfig, resolve
+from vespo.config import TrainConfig, parse_args
 from vespo.task import arithmetic_split
 from vespo.trainer import embedded_policy_path, read_metrics
 
@@ -78,7 +78,7 @@ class SweepConfig:
     cache_dir: str = "~/.cache/vespo"
     """Warm-start cache shared by all cells."""
     extra: dict[str, str] = field(default_factory=dict)
-    """Additional `vespo train` flags for every cell, e.g. `--extra rollout_logit_noise 0.3`."""
+    """Additional `vespo train` flags for every cell, e.g. `--extra rollout_logit_noise 0.3 tensorboard False`."""
 
 
 @dataclass(frozen=True)
@@ -110,71 +110,42 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
     out = [Cell(v, m, h, n, s) for v, (m, h) in variants(cfg).items() for n in cfg.staleness for s in cfg.seeds]
     for cell in out:
-        resolve(train_config(cfg, cell))
+        train_config(cfg, cell)  # parses and validates
     return out
 
 
-def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
-    """The TrainConfig of one cell: fixed mini-batch and optimizer steps, N mini-batches per rollout step."""
+def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
+    """`vespo train` flags of one cell: fixed mini-batch and optimizer steps, N mini-batches per rollout step."""
     rollout_steps = cfg.optimizer_steps // cell.n
-    return TrainConfig(
-        method=cell.method,
-        hparams=dict(cell.hparams),
-        seed=cell.seed,
-        ppo_mini_batch_size=cfg.mini_batch_size,
-        train_batch_size=cfg.mini_batch_size * cell.n,
-        rollout_n=cfg.rollout_n,
-        total_training_steps=rollout_steps,
-        lr=cfg.lr,
-        eval_every=max(1, rollout_steps // cfg.eval_points),
-        eval_size=cfg.eval_size,
-        save_every=max(1, rollout_steps // 8),
-        num_threads=1,
-        run_dir=str(Path(cfg.out_dir) / "cells" / cell.name),
-        cache_dir=cfg.cache_dir,
-        progress=False,
-    )
+    flags = {
+        "method": cell.method,
+        "seed": cell.seed,
+        "ppo-mini-batch-size": cfg.mini_batch_size,
+        "train-batch-size": cfg.mini_batch_size * cell.n,
+        "rollout-n": cfg.rollout_n,
+        "total-training-steps": rollout_steps,
+        "lr": cfg.lr,
+        "eval-every": max(1, rollout_steps // cfg.eval_points),
+        "eval-size": cfg.eval_size,
+        "save-every": max(1, rollout_steps // 8),
+        "num-threads": 1,
+        "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
+        "cache-dir": cfg.cache_dir,
+    } | {k.replace("_", "-"): v for k, v in cfg.extra.items()}
+    argv = ["--no-progress"]
+    for key, value in flags.items():
+        if str(value) in ("True", "False"):  # tyro booleans are --flag / --no-flag
+            argv.append(f"--{key}" if str(value) == "True" else f"--no-{key}")
+        else:
+            argv += [f"--{key}", str(value)]
+    if cell.hparams:
+        argv += ["--hparams", *(str(x) for kv in cell.hparams.items() for x in kv)]
+    return argv
 
 
-def _argv(tc: TrainConfig, extra: dict[str, str], resume: bool) -> list[str]:
-    args = [
-        sys.executable,
-        "-m",
-        "vespo",
-        "train",
-        "--method",
-        tc.method,
-        "--seed",
-        str(tc.seed),
-        "--ppo-mini-batch-size",
-        str(tc.ppo_mini_batch_size),
-        "--train-batch-size",
-        str(tc.train_batch_size),
-        "--rollout-n",
-        str(tc.rollout_n),
-        "--total-training-steps",
-        str(tc.total_training_steps),
-        "--lr",
-        str(tc.lr),
-        "--eval-every",
-        str(tc.eval_every),
-        "--eval-size",
-        str(tc.eval_size),
-        "--save-every",
-        str(tc.save_every),
-        "--num-threads",
-        "1",
-        "--run-dir",
-        tc.run_dir,
-        "--cache-dir",
-        tc.cache_dir,
-        "--no-progress",
-    ]
-    if tc.hparams:
-        args += ["--hparams", *(str(x) for kv in tc.hparams.items() for x in kv)]
-    for key, value in extra.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    return args + (["--resume"] if resume else [])
+def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
+    """The resolved TrainConfig a cell runs with (parsed from the same flags its subprocess gets)."""
+    return parse_args(cell_flags(cfg, cell))
 
 
 def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
@@ -189,7 +160,8 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with log.open("a") as f:
-        proc = subprocess.run(_argv(tc, cfg.extra, resume), stdout=f, stderr=subprocess.STDOUT)
+        argv = [sys.executable, "-m", "vespo", "train", *cell_flags(cfg, cell), *(["--resume"] if resume else [])]
+        proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise RuntimeError(f"cell {cell.name} failed (exit {proc.returncode}); see {log}")
     summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": time.perf_counter() - t0}

@@ -1,0 +1,76 @@
+"""Sweep: grid geometry keeps samples equal across N, validation, and a tiny end-to-end grid that resumes."""
+
+import csv
+import json
+
+import pytest
+
+from vespo.sweep import PRESETS, Cell, SweepConfig, cells, summarize, sweep, train_config
+
+
+def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
+    cfg = SweepConfig(methods=("vespo", "grpo"), staleness=(1, 4, 8), seeds=(0, 1), optimizer_steps=16)
+    grid = cells(cfg)
+    assert len(grid) == 2 * 3 * 2
+    for c in grid:
+        tc = train_config(cfg, c)
+        assert tc.num_mini_batches == c.n and tc.ppo_mini_batch_size == cfg.mini_batch_size
+        assert tc.total_training_steps * tc.num_mini_batches == 16  # optimizer steps
+        assert tc.total_training_steps * tc.train_batch_size * tc.rollout_n == 16 * 4 * 8  # samples
+
+
+def test_presets_and_validation():
+    grid = cells(SweepConfig(preset="length_norm", staleness=(1,), seeds=(0,)))
+    assert [(c.variant, c.hparams) for c in grid] == [
+        ("vespo", {}),
+        ("vespo-sqrt", {"length_norm": "sqrt"}),
+        ("vespo-linear", {"length_norm": "linear"}),
+    ]
+    assert set(PRESETS) == {"length_norm", "asymmetry"}
+    with pytest.raises(ValueError, match="multiple of every N"):
+        cells(SweepConfig(staleness=(1, 3), optimizer_steps=16))
+    with pytest.raises(ValueError, match="unknown preset"):
+        cells(SweepConfig(preset="nope"))
+    with pytest.raises(ValueError, match="known methods"):
+        cells(SweepConfig(methods=("vespo", "ppo9")))
+
+
+def test_summary_and_collapse_flag():
+    rows = [{"step": 0, "eval/accuracy": 0.4}] + [
+        {"step": s, "reward/mean": r} for s, r in enumerate([0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.1, 0.3], 1)
+    ]
+    rows[-1]["eval/accuracy"] = 0.1
+    s = summarize(Cell("grpo", "grpo", {}, 4, 0), rows, collapse_ratio=0.5)
+    assert s["final_train_reward"] == pytest.approx(0.2)  # last quarter = last 2 steps
+    assert (s["initial_eval_acc"], s["final_eval_acc"], s["collapsed"]) == (0.4, 0.1, True)
+
+
+def test_tiny_grid_end_to_end_and_resume(tmp_path):
+    cfg = SweepConfig(
+        out_dir=str(tmp_path / "sw"),
+        methods=("vespo", "grpo"),
+        staleness=(1, 2),
+        seeds=(0,),
+        mini_batch_size=2,
+        rollout_n=4,
+        optimizer_steps=2,
+        eval_points=1,
+        eval_size=8,
+        jobs=2,
+        cache_dir=str(tmp_path / "cache"),
+        extra={"sft_steps": "5", "max_response_length": "8", "tensorboard": "False"},
+    )
+    summaries = sweep(cfg)
+    assert len(summaries) == 4
+    with (tmp_path / "sw" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["variant"], r["N"]) for r in rows} == {("vespo", "1"), ("vespo", "2"), ("grpo", "1"), ("grpo", "2")}
+    md = (tmp_path / "sw" / "results.md").read_text()
+    assert "| vespo |" in md and "N=2" in md
+    for fig in ("fig3_training_reward.png", "fig4_dynamics.png"):
+        assert (tmp_path / "sw" / fig).stat().st_size > 0
+    # finished cells are skipped: summaries come back unchanged without rerunning
+    done = tmp_path / "sw" / "cells" / "grpo" / "N2" / "seed0" / "summary.json"
+    stamp = done.stat().st_mtime_ns
+    assert sweep(cfg) == summaries and done.stat().st_mtime_ns == stamp
+    assert json.loads(done.read_text())["N"] == 2
