@@ -63,7 +63,7 @@ class SweepConfig:
     """Prompts per optimizer step, fixed across N."""
     rollout_n: int = 8
     """Responses per prompt."""
-    optimizer_steps: int = 128
+    optimizer_steps: int = 192
     """Optimizer steps per cell, fixed across N (must be a multiple of every N): equal samples per cell."""
     lr: float = 3e-4
     """Learning rate of every cell."""
