@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from vespo.task import arithmetic_problems, build_tiny_model, build_tokenizer, solution_text
+from vespo.task import arithmetic_problems, arithmetic_split, build_tiny_model, build_tokenizer, solution_text
 
 
 def test_tokenizer_encodes_characters_and_boxed_as_one_token():
@@ -50,3 +50,25 @@ def test_arithmetic_problems_and_solution_text():
     assert solution_text(type(probs[0])(prompt="3+8+5=", answer="16")) == "11,16 \\boxed{16}"
     with pytest.raises(ValueError, match="num_operands"):
         arithmetic_problems(3, seed=0, num_operands=1)
+
+
+def test_arithmetic_split_is_fixed_disjoint_and_complete():
+    train, held_out = arithmetic_split(num_operands=3, max_operand=9, eval_size=200)
+    assert (len(train), len(held_out)) == (800, 200)
+    assert {p.prompt for p in train}.isdisjoint({p.prompt for p in held_out})
+    assert len({p.prompt for p in train + held_out}) == 1000  # every ordered triple once
+    assert arithmetic_split(num_operands=3, max_operand=9, eval_size=200) == (train, held_out)
+    assert all(str(sum(map(int, p.prompt[:-1].split("+")))) == p.answer for p in held_out)
+    with pytest.raises(ValueError, match="eval_size"):
+        arithmetic_split(num_operands=2, max_operand=1, eval_size=4)
+
+
+def test_noisy_solution_text_is_wrong_only_in_the_box():
+    import random
+
+    p = type(arithmetic_split(num_operands=3, max_operand=9, eval_size=1)[1][0])(prompt="3+8+5=", answer="16")
+    rng = random.Random(0)
+    for _ in range(20):
+        text = solution_text(p, noisy_rng=rng)
+        assert text.startswith("11,16 \\boxed{") and text != "11,16 \\boxed{16}"
+        assert 1 <= abs(int(text.split("{")[1].rstrip("}")) - 16) <= 3
