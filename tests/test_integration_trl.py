@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
+from _optional import require
 
-pytest.importorskip("trl")
+require("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 

@@ -5,9 +5,10 @@ import os
 
 import pytest
 import torch
+from _optional import require
 
-verl = pytest.importorskip("verl")  # importing verl loads vespo through the `verl.plugins` entry point
-core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+verl = require("verl")  # importing verl loads vespo through the `verl.plugins` entry point
+core_algos = require("verl.trainer.ppo.core_algos")
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from _optional import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -491,7 +492,7 @@ def test_all_methods_finite_on_random_off_policy_batches(scale, seed, method):
 
 @pytest.mark.parametrize("scale", [0.05, 1.0, 30.0])
 def test_vespo_matches_trl_gamma_weights(scale):
-    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+    trl_grpo = require("trl.trainer.grpo_trainer")
     lp, old, adv, mask = random_batch(dtype=torch.float32, scale=scale, seed=17)
     mask = torch.ones_like(mask)  # TRL sums the rollout IS log-ratio without a mask
     rollout = old - torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * scale
