@@ -264,3 +264,23 @@ def test_embedded_warm_start_is_cached(tmp_path):
     assert embedded_policy_path(cfg, train_set) == path and (path / "config.json").stat().st_mtime_ns == stamp
     other = embedded_policy_path(dataclasses.replace(cfg, sft_steps=3), train_set)
     assert other != path and (other / "tokenizer.json").is_file()
+
+
+def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
+    """`--dataset BytedTsinghua-SIA/DAPO-Math-17k` is deduplicated and reformatted; `--eval-dataset math500` loads the
+    benchmark in the paper's prompt format; other names stay generic (here: a Hub id without the fields -> error)."""
+    from vespo import data
+    from vespo.trainer import load_problems
+
+    def fake_hub(hub_id, split, **kwargs):
+        if hub_id == data.DAPO_MATH_HUB_ID:
+            content = f"{data._DAPO_PREFIX}What is 2+3?{data._DAPO_SUFFIX}"
+            return [{"prompt": [{"role": "user", "content": content}], "reward_model": {"ground_truth": "5"}}] * 3
+        assert (hub_id, split) == ("HuggingFaceH4/MATH-500", "test")
+        return [{"problem": "Find x.", "answer": "7"}]
+
+    monkeypatch.setattr(data, "_load_hub", fake_hub)
+    train = load_problems(data.DAPO_MATH_HUB_ID, split="train", prompt_key="prompt", answer_key="answer")
+    assert [(p.prompt, p.answer) for p in train] == [("What is 2+3? " + data.PROMPT_SUFFIX, "5")]
+    held_out = load_problems("math500", split="test", prompt_key="prompt", answer_key="answer")
+    assert [(p.prompt, p.answer) for p in held_out] == [("Find x. " + data.PROMPT_SUFFIX, "7")]

@@ -61,9 +61,21 @@ def dapo_math_records(rows) -> list[dict]:
     return records
 
 
+DAPO_MATH_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
+
+
 def load_dapo_math() -> list[dict]:
     """BytedTsinghua-SIA/DAPO-Math-17k (train split), deduplicated: the paper's math training set."""
-    return dapo_math_records(_load_hub("BytedTsinghua-SIA/DAPO-Math-17k", "train"))
+    return dapo_math_records(_load_hub(DAPO_MATH_HUB_ID, "train"))
+
+
+def load_named_math(name: str) -> list[dict] | None:
+    """Math records of a dataset vespo knows by name (DAPO-Math-17k's Hub id, or a math benchmark such as
+    ``math500``), already in the paper's prompt format; None for any other name."""
+    if name == DAPO_MATH_HUB_ID:
+        return load_dapo_math()
+    bench = BENCHMARKS.get(name)
+    return bench.load() if bench is not None and bench.kind == "math" else None
 
 
 def humaneval_plus_records(rows) -> list[dict]:

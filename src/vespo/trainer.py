@@ -96,9 +96,15 @@ def load_policy(path: str | Path) -> tuple[transformers.PreTrainedModel, transfo
 
 
 def load_problems(source: str, *, split: str, prompt_key: str, answer_key: str) -> list[Problem]:
-    """Prompt/answer records from a .jsonl file or a Hub dataset (through `datasets.load_dataset`)."""
+    """Prompt/answer records: the paper's sets by name through `vespo.data` (DAPO-Math-17k deduplicated, aime24,
+    math500, ...), else a .jsonl file or any Hub dataset through `datasets.load_dataset` with the given fields."""
     import datasets
 
+    from vespo.data import load_named_math
+
+    named = load_named_math(source)
+    if named is not None:
+        return [Problem(prompt=r["prompt"], answer=r["answer"]) for r in named]
     if source.endswith(".jsonl"):
         rows = datasets.load_dataset("json", data_files=str(Path(source).expanduser()), split="train")
     else:
