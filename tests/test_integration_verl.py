@@ -242,8 +242,10 @@ def test_bypass_mode_is_refused():
 def test_bad_hparams_fail_when_the_config_is_built():
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         vverl.VespoPolicyLossConfig(hparams={"k_pos": 2.0})
-    with pytest.raises(ValueError, match="c1_pos > 0"):
+    with pytest.raises(ValueError, match=r"c1_pos must be in \(0, inf\)"):
         vverl.VespoPolicyLossConfig(hparams={"c1_pos": -1.0})
+    with pytest.raises(ValueError, match="c1_pos must be a finite real number, got 'abc'"):
+        vverl.VespoPolicyLossConfig(hparams={"c1_pos": "abc"})
     with pytest.raises(ValueError, match="not a vespo loss"):
         vverl.VespoPolicyLossConfig(loss_mode="vanilla", hparams={"c1_pos": 1.0})
 

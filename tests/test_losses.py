@@ -393,9 +393,9 @@ def test_bad_inputs_raise_clear_errors():
         call(response_mask=torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     with pytest.raises(ValueError, match="must be binary"):
         call(response_mask=torch.tensor([[1.0, 0.5], [1.0, 1.0]]))
-    with pytest.raises(ValueError, match=r"c1_pos > 0"):
+    with pytest.raises(ValueError, match=r"c1_pos must be in \(0, inf\) \(Prop. 3.1\), got 0.0"):
         call(c1_pos=0.0)
-    with pytest.raises(ValueError, match=r"c2_neg > 0"):
+    with pytest.raises(ValueError, match=r"c2_neg must be in \(0, inf\)"):
         call(c2_neg=-1.0)
     with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) \['clip_ratio'\]"):
         call(clip_ratio=0.2)
@@ -405,8 +405,48 @@ def test_bad_inputs_raise_clear_errors():
         call(loss_agg_mode="sum")
     with pytest.raises(ValueError, match=r"known methods: \['bapo'"):
         call(method="ppo")
-    with pytest.raises(ValueError, match="clip_ratio_c > 1"):
+    with pytest.raises(ValueError, match=r"clip_ratio_c must be in \(1, inf\)"):
         call(method="grpo", clip_ratio_c=0.5)
+
+
+# method, hyperparameters, what the one-line message must say
+BAD_HPARAMS = [
+    ("vespo", {"c1_pos": "abc"}, r"^vespo hyperparameter c1_pos must be a finite real number, got 'abc'$"),
+    ("vespo", {"c1_pos": math.nan}, r"c1_pos must be a finite real number, got nan"),
+    ("vespo", {"c2_pos": math.inf}, r"c2_pos must be a finite real number, got inf"),
+    ("vespo", {"c1_neg": True}, r"c1_neg must be a finite real number, got True"),
+    ("vespo", {"c1_pos": 0}, r"c1_pos must be in \(0, inf\) \(Prop. 3.1\), got 0$"),
+    ("vespo", {"length_norm": "log"}, r"length_norm must be one of \['none', 'sqrt', 'linear'\], got 'log'"),
+    ("vespo", {"k_pos": 2.0}, r"unknown hyperparameter\(s\) \['k_pos'\]; it accepts \['c1_neg', 'c1_pos'"),
+    ("grpo", {"clip_ratio_low": 1.0}, r"clip_ratio_low must be in \[0, 1\), got 1.0"),
+    ("grpo", {"rollout_is_threshold": 0}, r"rollout_is_threshold must be in \(0, inf\), got 0"),
+    ("gspo", {"clip_ratio_high": -1e-4}, r"clip_ratio_high must be in \[0, inf\)"),
+    ("sapo", {"tau_neg": 0.0}, r"tau_neg must be in \(0, inf\)"),
+    ("topr", {"ratio_level": "arith"}, r"ratio_level must be one of \['product', 'geometric'\]"),
+    ("cispo", {"ratio_min": 6.0}, r"cispo hyperparameters: need ratio_min < ratio_max, got 6.0, 5.0"),
+    ("cispo", {"ratio_max": None}, r"ratio_max must be a finite real number, got None"),
+    ("bapo", {"clip_low_range": [0.9, 0.6]}, r"need 0 < clip_low_range\[0\] <= clip_low_range\[1\] < 1"),
+    ("bapo", {"clip_high_range": (1.2,)}, r"clip_high_range must be 2 finite real numbers, got \(1.2,\)"),
+    ("bapo", {"positive_share_target": 1.5}, r"positive_share_target must be in \[0, 1\]"),
+]
+
+
+@pytest.mark.parametrize(("method", "hparams", "message"), BAD_HPARAMS)
+def test_validate_hparams_names_the_hyperparameter(method, hparams, message):
+    with pytest.raises(ValueError, match=message) as err:
+        vespo.validate_hparams(method, **hparams)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=message):  # the losses apply the same check before any compute
+        call(method=method, **hparams)
+
+
+def test_validate_hparams_returns_all_values_with_defaults():
+    assert vespo.validate_hparams("vespo", c1_pos=1) == {**vespo.method_hparams("vespo"), "c1_pos": 1.0}
+    got = vespo.validate_hparams("bapo", clip_low_range=[0.5, 0.8])  # YAML lists become tuples
+    assert got["clip_low_range"] == (0.5, 0.8) and got["clip_high_range"] == (1.2, 3.0)
+    assert vespo.validate_hparams("cispo", ratio_min=None)["ratio_min"] is None
+    for method in METHODS:  # the paper defaults themselves are valid
+        assert vespo.validate_hparams(method) == vespo.method_hparams(method)
 
 
 def test_empty_rows_allowed_explicitly_contribute_zero():

@@ -6,6 +6,7 @@ Every method is a pure function
 
 of already-validated float tensors of shape (B, T) (advantages broadcast to (B, T), mask in {0, 1}), returning the
 per-token loss matrix and a dict of 0-dim detached metric tensors. Normalisation lives in `vespo.aggregation`.
+Hyperparameters are checked once, by `validate_hparams`, before the function runs (never inside it).
 Gradients flow into `log_prob` only. The public entry points are `compute_policy_loss` (scalar + float metrics) and
 `policy_loss_terms` (loss matrix, for engines that aggregate themselves).
 
@@ -16,10 +17,15 @@ Every method reduces to REINFORCE, -A * log pi, when log_prob == old_log_prob an
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import math
+import numbers
+import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -41,14 +47,49 @@ _W_LARGE = math.log(100.0)  # diagnostics: sequences with W > 100 and A < 0 are 
 class _Method:
     fn: LossFn
     default_loss_agg_mode: str
-    hparams: dict[str, object]
+    hparams: dict[str, object]  # name -> default
+    kinds: dict[str, object]  # name -> type annotation (float, int, str, bool, Literal[...], float | None, tuple)
+    bounds: dict[str, _Interval]
+    check: Callable[[dict[str, object]], str | None] | None
+
+
+@dataclass(frozen=True)
+class _Interval:
+    """A real interval written as in maths, e.g. "(0, inf)" or "[0, 1)"; `reason` cites where it comes from."""
+
+    text: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        match = re.fullmatch(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", self.text.strip())
+        if match is None:
+            raise ValueError(f"interval must look like '(0, inf)' or '[0, 1)', got {self.text!r}")
+        object.__setattr__(self, "_parsed", (match[1] == "[", float(match[2]), float(match[3]), match[4] == "]"))
+
+    def contains(self, x: float) -> bool:
+        lo_closed, lo, hi, hi_closed = self._parsed
+        return (x > lo or (lo_closed and x == lo)) and (x < hi or (hi_closed and x == hi))
 
 
 _REGISTRY: dict[str, _Method] = {}
+# Keyword arguments of a loss function that are inputs, not hyperparameters.
+_INPUT_KWARGS = frozenset({"rollout_log_prob"})
 
 
-def register_method(name: str, *, default_loss_agg_mode: str = "token-mean") -> Callable[[LossFn], LossFn]:
-    """Register a policy-loss function under `name`; registering a name twice raises (no silent overwrite)."""
+def register_method(
+    name: str,
+    *,
+    default_loss_agg_mode: str = "token-mean",
+    bounds: dict[str, str | tuple[str, str]] | None = None,
+    check: Callable[[dict[str, object]], str | None] | None = None,
+) -> Callable[[LossFn], LossFn]:
+    """Register a policy-loss function under `name`; registering a name twice raises (no silent overwrite).
+
+    The function's keyword-only arguments are its hyperparameters: their defaults are the paper's, their annotations
+    (float, int, str, bool, `Literal[...]`, `float | None`, `tuple[float, float]`) the accepted types. `bounds` maps a
+    hyperparameter to its allowed interval, "(0, inf)" or ("[0, 1)", "why"); `check(hparams)` returns a message for
+    constraints between hyperparameters (or None). `validate_hparams` applies all of them.
+    """
     if default_loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown default_loss_agg_mode {default_loss_agg_mode!r}")
 
@@ -56,8 +97,13 @@ def register_method(name: str, *, default_loss_agg_mode: str = "token-mean") -> 
         if name in _REGISTRY:
             raise ValueError(f"policy loss {name!r} is already registered")
         params = inspect.signature(fn).parameters
-        hparams = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k != "rollout_log_prob"}
-        _REGISTRY[name] = _Method(fn, default_loss_agg_mode, hparams)
+        hints = typing.get_type_hints(fn)
+        hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in _INPUT_KWARGS}
+        parsed = {k: _Interval(*((v,) if isinstance(v, str) else v)) for k, v in (bounds or {}).items()}
+        stray = sorted(set(parsed) - set(hp))
+        if stray:
+            raise ValueError(f"bounds given for {stray}, which are not hyperparameters of {name!r}")
+        _REGISTRY[name] = _Method(fn, default_loss_agg_mode, hp, {k: hints.get(k, object) for k in hp}, parsed, check)
         return fn
 
     return decorator
@@ -76,6 +122,76 @@ def method_hparams(method: str) -> dict[str, object]:
 def default_loss_agg_mode(method: str) -> str:
     """The aggregation `method`'s primary source uses (used when `loss_agg_mode=None`)."""
     return _get(method).default_loss_agg_mode
+
+
+def validate_hparams(method: str, **hparams: object) -> dict[str, object]:
+    """Check hyperparameter names, types and values of `method`; return all of them (defaults filled in).
+
+    The one place hyperparameters are checked: the losses call it once per call, configs when they are built, and
+    the TRL/veRL adapters when theirs are. Raises a one-line ValueError naming the hyperparameter and what is
+    accepted. Lists are accepted for tuple-valued hyperparameters (YAML has no tuples) and returned as tuples.
+    """
+    spec = _get(method)
+    unknown = sorted(set(hparams) - set(spec.hparams))
+    if unknown:
+        raise ValueError(f"{method!r} got unknown hyperparameter(s) {unknown}; it accepts {sorted(spec.hparams)}")
+    out = dict(spec.hparams)
+    for name, value in hparams.items():
+        out[name] = _check_type(method, name, value, spec.kinds[name])
+    for name, interval in spec.bounds.items():
+        value = out[name]
+        if value is not None and not interval.contains(value):
+            why = f" ({interval.reason})" if interval.reason else ""
+            raise ValueError(
+                f"{method} hyperparameter {name} must be in {interval.text}{why}, got {hparams.get(name)!r}"
+            )
+    if spec.check is not None:
+        problem = spec.check(out)
+        if problem:
+            raise ValueError(f"{method} hyperparameters: {problem}")
+    return out
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_type(method: str, name: str, value: object, kind: object) -> object:
+    """`value` if it has the annotated type (ints are accepted for floats, lists for tuples), else ValueError."""
+    where = f"{method} hyperparameter {name}"
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Literal:
+        if value not in args or not isinstance(value, str):
+            raise ValueError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    if type(None) in args:  # Optional[...]
+        if value is None:
+            return None
+        kind = next(a for a in args if a is not type(None))
+    if kind is float:
+        if not _is_real(value) or not math.isfinite(value):
+            raise ValueError(f"{where} must be a finite real number, got {value!r}")
+        return float(value)
+    if kind is int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise ValueError(f"{where} must be an integer, got {value!r}")
+        return int(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {value!r}")
+        return value
+    if typing.get_origin(kind) is tuple:
+        n = len(typing.get_args(kind))
+        seq = isinstance(value, collections.abc.Sequence) and not isinstance(value, str)  # tuple, list, ListConfig
+        ok = seq and len(value) == n and all(_is_real(v) and math.isfinite(v) for v in value)
+        if not ok:
+            raise ValueError(f"{where} must be {n} finite real numbers, got {value!r}")
+        return tuple(float(v) for v in value)
+    return value
 
 
 def _get(method: str) -> _Method:
@@ -105,13 +221,11 @@ def policy_loss_terms(
     row is an error, since it usually means a masking bug upstream.
     """
     spec = _get(method)
-    unknown = sorted(set(hparams) - set(spec.hparams))
-    if unknown:
-        raise ValueError(f"{method!r} got unknown hyperparameter(s) {unknown}; it accepts {sorted(spec.hparams)}")
+    hp = validate_hparams(method, **hparams)
     lp, old, adv, mask, rollout = _prepare(
         log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, allow_empty_rows
     )
-    loss_mat, metrics = spec.fn(lp, old, adv, mask, rollout_log_prob=rollout, **hparams)
+    loss_mat, metrics = spec.fn(lp, old, adv, mask, rollout_log_prob=rollout, **hp)
     metrics.update(_ratio_metrics(lp.detach(), old, adv, mask))
     return loss_mat, metrics
 
@@ -249,8 +363,6 @@ def _truncated_is(
     """
     if rollout_log_prob is None:
         return None
-    if not threshold > 0:
-        raise ValueError(f"rollout_is_threshold must be > 0, got {threshold}")
     log_r = _rollout_log_ratio(old_log_prob, rollout_log_prob, mask)  # (B, T)
     if level == "sequence":
         log_r = log_r.sum(-1, keepdim=True).expand_as(mask)
@@ -300,7 +412,7 @@ def _ratio_metrics(log_prob: Tensor, old_log_prob: Tensor, adv: Tensor, mask: Te
 # Methods
 
 
-@register_method("reinforce")
+@register_method("reinforce", bounds={"rollout_is_threshold": "(0, inf)"})
 def reinforce(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -317,7 +429,10 @@ def reinforce(
     return loss, _weight_metrics("weight", weight, advantages, mask)
 
 
-@register_method("vespo")
+_PROP_31 = ("(0, inf)", "Prop. 3.1")
+
+
+@register_method("vespo", bounds={"c1_pos": _PROP_31, "c2_pos": _PROP_31, "c1_neg": _PROP_31, "c2_neg": _PROP_31})
 def vespo(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -329,7 +444,7 @@ def vespo(
     c2_pos: float = 3.0,
     c1_neg: float = 3.0,
     c2_neg: float = 2.0,
-    length_norm: str = "none",
+    length_norm: Literal["none", "sqrt", "linear"] = "none",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """VESPO (paper Eq. 12 and Appendix I): loss = -sg(phi(W)) * A * log pi with W = prod_t pi/mu (no length norm).
 
@@ -339,12 +454,6 @@ def vespo(
     by sqrt(T) / T: the paper's ablations (Sec. 4.7), not the method.
     Guards (as the official code and TRL): token log-ratios clamped to [-20, 20]; log W clamped to [log 1e-8, 20].
     """
-    for name, c in (("c1_pos", c1_pos), ("c2_pos", c2_pos), ("c1_neg", c1_neg), ("c2_neg", c2_neg)):
-        if not (math.isfinite(c) and c > 0):
-            raise ValueError(f"vespo needs {name} > 0 (Prop. 3.1), got {c}")
-    if length_norm not in ("none", "sqrt", "linear"):
-        raise ValueError(f"length_norm must be 'none', 'sqrt' or 'linear', got {length_norm!r}")
-
     log_w = (_token_log_ratio(log_prob.detach(), old_log_prob) * mask).sum(-1)  # (B,) log prod_t pi/mu
     if rollout_log_prob is not None:
         log_w = log_w + _rollout_log_ratio(old_log_prob, rollout_log_prob, mask).sum(-1)  # now log pi/pi_rollout
@@ -395,7 +504,10 @@ def _ppo_clip_loss(
     return loss, active, clipped, dual
 
 
-@register_method("grpo")
+_PPO_BOUNDS = {"clip_ratio_low": "[0, 1)", "clip_ratio_high": "[0, inf)", "rollout_is_threshold": "(0, inf)"}
+
+
+@register_method("grpo", bounds={**_PPO_BOUNDS, "clip_ratio_c": ("(1, inf)", "dual clip")})
 def grpo(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -413,12 +525,6 @@ def grpo(
     r_t = pi/mu per token; loss = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), capped at -A c for A < 0.
     With `rollout_log_prob`, each token loss is multiplied by min(mu/pi_rollout, C) (token TIS).
     """
-    if not (0 <= clip_ratio_low < 1 and clip_ratio_high >= 0):
-        raise ValueError(
-            f"grpo needs 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got {clip_ratio_low}, {clip_ratio_high}"
-        )
-    if not clip_ratio_c > 1:
-        raise ValueError(f"grpo dual clip needs clip_ratio_c > 1, got {clip_ratio_c}")
     ratio = torch.exp(_token_log_ratio(log_prob, old_log_prob))  # (B, T)
     loss, active, clipped, dual = _ppo_clip_loss(
         ratio, advantages, 1 - clip_ratio_low, 1 + clip_ratio_high, clip_ratio_c
@@ -451,7 +557,27 @@ def _token_method_out(
     return loss, metrics
 
 
-@register_method("bapo")
+def _bapo_check(hp: dict[str, object]) -> str | None:
+    (a_lo, a_hi), (b_lo, b_hi) = hp["clip_low_range"], hp["clip_high_range"]
+    if not 0 < a_lo <= a_hi < 1 < b_lo <= b_hi:
+        return (
+            "need 0 < clip_low_range[0] <= clip_low_range[1] < 1 < clip_high_range[0] <= clip_high_range[1], "
+            f"got {hp['clip_low_range']}, {hp['clip_high_range']}"
+        )
+    return None
+
+
+@register_method(
+    "bapo",
+    bounds={
+        "positive_share_target": "[0, 1]",
+        "clip_low_step": "(0, inf)",
+        "clip_high_step": "(0, inf)",
+        "clip_ratio_c": ("(1, inf)", "dual clip"),
+        "rollout_is_threshold": "(0, inf)",
+    },
+    check=_bapo_check,
+)
 def bapo(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -476,10 +602,6 @@ def bapo(
     are in the metrics.
     """
     (a_lo, a_hi), (b_lo, b_hi) = clip_low_range, clip_high_range
-    if not (0 < a_lo <= a_hi < 1 < b_lo <= b_hi) or clip_low_step <= 0 or clip_high_step <= 0:
-        raise ValueError("bapo needs 0 < a- <= a+ < 1 < b- <= b+ and positive steps")
-    if not 0 <= positive_share_target <= 1:
-        raise ValueError(f"positive_share_target must be in [0, 1], got {positive_share_target}")
     ratio = torch.exp(_token_log_ratio(log_prob, old_log_prob))  # (B, T)
     r, valid = ratio.detach(), mask.bool()
     n_steps = max(math.ceil((a_hi - a_lo) / clip_low_step - 1e-9), math.ceil((b_hi - b_lo) / clip_high_step - 1e-9))
@@ -508,7 +630,7 @@ def bapo(
     return loss, metrics
 
 
-@register_method("gspo", default_loss_agg_mode="seq-mean-token-mean")
+@register_method("gspo", default_loss_agg_mode="seq-mean-token-mean", bounds=_PPO_BOUNDS)
 def gspo(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -526,10 +648,6 @@ def gspo(
     under seq-mean-token-mean. log s_t is capped at 10 (veRL). With `rollout_log_prob`, a sequence-level truncated
     IS weight min(prod mu/pi_rollout, C) multiplies the loss.
     """
-    if not (0 <= clip_ratio_low < 1 and clip_ratio_high >= 0):
-        raise ValueError(
-            f"gspo needs 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got {clip_ratio_low}, {clip_ratio_high}"
-        )
     lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)  # (B, 1)
     log_s = ((log_prob - old_log_prob) * mask).sum(-1, keepdim=True).detach() / lengths  # (B, 1) mean log-ratio
     log_s_tok = torch.clamp(log_s + log_prob - log_prob.detach(), max=_GSPO_LOG_RATIO_MAX)  # (B, T)
@@ -548,7 +666,7 @@ def gspo(
     return loss, metrics
 
 
-@register_method("sapo")
+@register_method("sapo", bounds={"tau_pos": "(0, inf)", "tau_neg": "(0, inf)", "rollout_is_threshold": "(0, inf)"})
 def sapo(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -565,8 +683,6 @@ def sapo(
     tau = tau_pos for A > 0, tau_neg otherwise (as TRL / veRL). The gradient weight is f'(r) r = 4 sigma (1 - sigma) r,
     which is 1 at r = 1.
     """
-    if tau_pos <= 0 or tau_neg <= 0:
-        raise ValueError(f"sapo needs tau_pos > 0 and tau_neg > 0, got {tau_pos}, {tau_neg}")
     ratio = torch.exp(_token_log_ratio(log_prob, old_log_prob))  # (B, T)
     tau = _select(advantages > 0, tau_pos, tau_neg, ratio)
     gate = torch.sigmoid(tau * (ratio - 1.0))
@@ -578,7 +694,7 @@ def sapo(
     return loss, _weight_metrics("weight", weight, advantages, mask)
 
 
-@register_method("topr")
+@register_method("topr", bounds={"rollout_is_threshold": "(0, inf)"})
 def topr(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -586,7 +702,7 @@ def topr(
     mask: Tensor,
     *,
     rollout_log_prob: Tensor | None = None,
-    ratio_level: str = "product",
+    ratio_level: Literal["product", "geometric"] = "product",
     rollout_is_threshold: float = 2.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """TOPR (Le Roux et al. 2025): weight 1 for A >= 0, sg(clip(W, 0, 1)) for A < 0; loss = -weight * A * log pi.
@@ -594,8 +710,6 @@ def topr(
     `ratio_level="product"` uses W = prod_t pi/mu (the TOPR paper); "geometric" uses (prod_t pi/mu)^(1/|y|), the
     length-normalised variant. clip(W, 0, 1) = exp(min(log W, 0)) never overflows.
     """
-    if ratio_level not in ("product", "geometric"):
-        raise ValueError(f"topr ratio_level must be 'product' or 'geometric', got {ratio_level!r}")
     log_w = (_token_log_ratio(log_prob.detach(), old_log_prob) * mask).sum(-1)  # (B,)
     if ratio_level == "geometric":
         log_w = log_w / mask.sum(-1).clamp(min=1.0)
@@ -610,7 +724,17 @@ def topr(
     return loss, metrics
 
 
-@register_method("cispo")
+def _cispo_check(hp: dict[str, object]) -> str | None:
+    if hp["ratio_min"] is not None and not hp["ratio_min"] < hp["ratio_max"]:
+        return f"need ratio_min < ratio_max, got {hp['ratio_min']}, {hp['ratio_max']}"
+    return None
+
+
+@register_method(
+    "cispo",
+    bounds={"ratio_max": "(0, inf)", "ratio_min": "[0, inf)", "rollout_is_threshold": "(0, inf)"},
+    check=_cispo_check,
+)
 def cispo(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -627,8 +751,6 @@ def cispo(
     MiniMax-M1 sets no lower bound; the upper bound 5.0 is ScaleRL's recommendation (TRL's default for CISPO).
     Unlike PPO clipping, clipped tokens keep their gradient, only their weight is capped.
     """
-    if not ratio_max > 0 or (ratio_min is not None and not 0 <= ratio_min < ratio_max):
-        raise ValueError(f"cispo needs ratio_max > 0 and 0 <= ratio_min < ratio_max, got {ratio_min}, {ratio_max}")
     ratio = torch.exp(_token_log_ratio(log_prob.detach(), old_log_prob))  # (B, T), detached
     weight = torch.clamp(ratio, min=ratio_min, max=ratio_max)
     clipped = (ratio > ratio_max) | (

@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss
 from vespo.integrations._engine import engine_policy_loss_terms
-from vespo.losses import default_loss_agg_mode, policy_loss_terms
+from vespo.losses import default_loss_agg_mode, validate_hparams
 
 Tensor = torch.Tensor
 
@@ -73,11 +73,7 @@ class VespoGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}"
             )
-        # Validate the method and its hyperparameters with the core's own checks, on a 1 x 1 batch.
-        x = torch.zeros(1, 1)
-        policy_loss_terms(
-            self.vespo_method, log_prob=x, old_log_prob=x, advantages=x[:, 0], response_mask=x + 1, **self.vespo_hparams
-        )
+        validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
 
 
 class VespoGRPOTrainer(GRPOTrainer):

@@ -21,7 +21,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register
 from verl.workers.config import PolicyLossConfig
 
 from vespo.integrations._engine import FOLDS_IS_INTO_W, IS_LEVELS, engine_policy_loss_terms
-from vespo.losses import available_methods, method_hparams, policy_loss_terms
+from vespo.losses import available_methods, method_hparams, validate_hparams
 
 Tensor = torch.Tensor
 
@@ -92,9 +92,7 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
                 f"vespo's are {sorted(verl_loss_name(m) for m in available_methods())}"
             )
         return
-    # One tiny call validates names and values with the core's own checks (unknown keys, c > 0, ranges, ...).
-    x = torch.zeros(1, 1)
-    policy_loss_terms(method, log_prob=x, old_log_prob=x, advantages=x[:, 0], response_mask=x + 1, **hparams)
+    validate_hparams(method, **hparams)  # the core's one check of names, types and values
 
 
 def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, dict[str, Any]]:
