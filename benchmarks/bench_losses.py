@@ -10,6 +10,8 @@ use). Baselines, in the same process: TRL's VESPO path (`GRPOTrainer.get_gamma_w
 loss, as `_compute_loss` does), veRL's built-in `vanilla`/`gspo`/`sapo`/`cispo` policy losses (with their own
 metrics and `.item()` calls), and a bare masked sum over the same inputs (the floor). All candidates run round-robin
 in one process so machine noise hits them alike; the median over repeats is reported, and ratios are of medians.
+Single-threaded by default: on a shared machine with a CPU quota, multi-threaded runs measure the quota's time
+slices (every op ~8 ms), not the work.
 """
 
 from __future__ import annotations
@@ -114,9 +116,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see above)")
     parser.add_argument("--no-baselines", action="store_true", help="skip TRL and veRL (if not installed)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     inputs = make_inputs(args.batch, args.seq_len)
     fns = candidates(inputs, with_baselines=not args.no_baselines)

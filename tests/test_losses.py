@@ -216,7 +216,7 @@ def test_bapo_raises_c_low_to_its_maximum_then_c_high():
     # mass (max(0.7, 0.8) = 0.8 -> neg 2.4); then c_high: pos grows to 1.5 at c_high >= 1.5 and stops, 1.5 / 2.4
     # = 0.625 < 1, so the search ends at both maxima.
     assert m["bapo/clip_low"] == pytest.approx(0.8) and m["bapo/clip_high"] == pytest.approx(2.0)
-    assert m["bapo/pos_neg_ratio"] == pytest.approx(1.5 / 2.4, rel=1e-6)
+    assert m["bapo/positive_share"] == pytest.approx(1.5 / (1.5 + 2.4), rel=1e-6)
     # r = 1.5 < 2.0: gradient -A r / N; the A < 0 tokens (r = 0.7 < 0.8) are clipped: loss -A * 0.8, no gradient
     assert loss == pytest.approx((-1.5 + 3 * 0.8 + 0.0) / 5, rel=1e-9)
     torch.testing.assert_close(grad[:, 0], torch.tensor([-1.5 / 5, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64))
@@ -229,7 +229,7 @@ def test_bapo_stops_at_the_first_bounds_that_meet_the_target():
     lp, old, adv, mask = _bapo_batch([1.5, 1.32], [1.0, -1.0])
     _, grad, m = run("bapo", lp, old, adv, mask)
     assert m["bapo/clip_low"] == pytest.approx(0.8) and m["bapo/clip_high"] == pytest.approx(1.35)
-    assert m["bapo/pos_neg_ratio"] == pytest.approx(1.35 / 1.32, rel=1e-6)
+    assert m["bapo/positive_share"] == pytest.approx(1.35 / (1.35 + 1.32), rel=1e-6)
     # r = 1.5 > 1.35 is clipped for A > 0 (no gradient); the A < 0 token r = 1.32 keeps -A r / N
     torch.testing.assert_close(grad[:, 0], torch.tensor([0.0, 1.32 / 2], dtype=torch.float64))
     # a target met at the start keeps the start bounds
@@ -267,7 +267,7 @@ def test_bapo_bound_search_matches_the_authors_loop(seed):
     r = (lp.detach() - old).clamp(-20, 20).exp()
     low, high, ratio = bapo_authors_loop(r, adv_tok, mask.double(), target=target)
     assert m["bapo/clip_low"] == pytest.approx(low) and m["bapo/clip_high"] == pytest.approx(high)
-    assert m["bapo/pos_neg_ratio"] == pytest.approx(ratio, rel=1e-9)
+    assert m["bapo/positive_share"] == pytest.approx(1.0 if math.isinf(ratio) else ratio / (1 + ratio), rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -660,13 +660,18 @@ def test_sequence_level_weights_must_be_constant_along_a_row():
     assert grad[0, 0].item() == pytest.approx(-hand_phi(0.3 + math.log(1.5), 2, 3) / 4, rel=1e-6)
 
 
-def test_empty_rows_allowed_explicitly_contribute_zero():
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_rows_allowed_explicitly_contribute_zero(method):
     lp, old, adv, _ = example()
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
-    loss_mat, _ = policy_loss_terms(
-        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, allow_empty_rows=True
-    )
-    assert torch.all(loss_mat[1] == 0)
+    old = torch.where(mask.bool(), old, torch.nan)  # garbage in the empty row must not leak either
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        both, grad, _ = run(method, lp, old, adv, mask, loss_agg_mode=mode, allow_empty_rows=True)
+        first, _ = compute_policy_loss(
+            method, log_prob=lp[:1], old_log_prob=old[:1], advantages=adv[:1], response_mask=mask[:1],
+            loss_agg_mode=mode,
+        )  # fmt: skip
+        assert both == pytest.approx(first.item(), rel=1e-12) and torch.all(grad[1] == 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -33,11 +33,12 @@ def agg_loss(
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
     mask = mask.to(loss_mat.dtype)
-    token_sums = torch.bmm(loss_mat.unsqueeze(1), mask.unsqueeze(2)).view(-1)  # (B,) masked row sums, one pass
     if loss_agg_mode == "token-mean":
         denom = mask.sum() if global_num_tokens is None else global_num_tokens
-        return token_sums.sum() / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
+        total = torch.dot(loss_mat.reshape(-1), mask.reshape(-1))  # masked sum in one pass
+        return total / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
 
+    token_sums = torch.linalg.vecdot(loss_mat, mask)  # (B,) masked row sums
     lengths = mask.sum(dim=-1)  # (B,)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_losses = token_sums / lengths.clamp(min=1.0)

@@ -84,6 +84,7 @@ class _Method:
     fn: LossFn
     default_loss_agg_mode: str
     rollout_correction: str  # "token" | "sequence" | "fold"
+    inputs: frozenset[str]  # which of the core's precomputed `_OPTIONAL_INPUTS` the function takes
     hparams: dict[str, object]  # name -> default
     kinds: dict[str, object]  # name -> type annotation (float, int, str, bool, Literal[...], float | None)
     bounds: dict[str, _Interval]
@@ -91,6 +92,12 @@ class _Method:
 
 
 _REGISTRY: dict[str, _Method] = {}
+# Keyword inputs (not hyperparameters) the core passes to a method that declares them, computed once per call:
+_OPTIONAL_INPUTS = (
+    "rollout_log_w",  # (B,) or None: log of the train-inference weight to fold into W ("fold" methods only)
+    "log_ratio",  # (B, T) detached log(pi/mu) per token, clamped to [-20, 20]
+    "seq_log_ratio",  # (B,) masked row sum of `log_ratio`: log W with the per-token guard
+)
 # Hyperparameters every method has, applied by the core (not passed to the method function).
 _COMMON_HPARAMS: dict[str, tuple[object, object, _Interval]] = {
     "rollout_is_threshold": (ROLLOUT_IS_THRESHOLD, float | None, _Interval("(0, inf)", "or None: no truncation")),
@@ -126,7 +133,8 @@ def register_method(
         if ("rollout_log_w" in params) != (rollout_correction == "fold"):
             raise ValueError(f"{name!r}: a method takes `rollout_log_w` exactly when rollout_correction='fold'")
         hints = typing.get_type_hints(fn)
-        hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k != "rollout_log_w"}
+        inputs = frozenset(_OPTIONAL_INPUTS) & set(params)
+        hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in _OPTIONAL_INPUTS}
         clash = sorted(set(hp) & set(_COMMON_HPARAMS))
         if clash:
             raise ValueError(f"{name!r}: {clash} are applied by the core for every method; do not declare them")
@@ -137,7 +145,7 @@ def register_method(
             raise ValueError(f"bounds given for {stray}, which are not hyperparameters of {name!r}")
         for k, (default, kind, interval) in _COMMON_HPARAMS.items():
             hp[k], kinds[k], parsed[k] = default, kind, interval
-        _REGISTRY[name] = _Method(fn, default_loss_agg_mode, rollout_correction, hp, kinds, parsed, check)
+        _REGISTRY[name] = _Method(fn, default_loss_agg_mode, rollout_correction, inputs, hp, kinds, parsed, check)
         return fn
 
     return decorator
@@ -278,35 +286,34 @@ def policy_loss_terms(
             f"{method!r} folds the rollout IS weight into its sequence weight W and must know whether the weights "
             "are per 'token' or per 'sequence': set rollout_is_level"
         )
-    valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0  # (B, T)
-    if validate:
-        _check_values(
-            log_prob, old_log_prob, advantages, response_mask, valid, rollout_log_prob, rollout_is_weights,
-            allow_empty_rows=allow_empty_rows, sequence_weights=fold and rollout_is_level == "sequence",
-        )  # fmt: skip
-        lp, old = _clean(log_prob, valid, dtype), _clean(old_log_prob.detach(), valid, dtype)
-        rollout = None if rollout_log_prob is None else _clean(rollout_log_prob.detach(), valid, dtype)
-    else:
-        lp, old = log_prob.to(dtype), old_log_prob.detach().to(dtype)
-        rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
     mask = response_mask.to(dtype)  # (B, T) 0/1
-    adv = advantages.detach().to(dtype)
+    lp, old, adv = log_prob.to(dtype), old_log_prob.detach().to(dtype), advantages.detach().to(dtype)
+    rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
+    weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
+    if validate and _check_values(
+        lp, old, adv, mask, rollout, weights,
+        binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows,
+        sequence_weights=fold and rollout_is_level == "sequence",
+    ):  # fmt: skip
+        # NaN/inf in the padding (valid positions are fine): zero it so that 0 * NaN cannot reach a sum (slow path)
+        valid = mask > 0
+        lp, old, adv = (torch.where(valid, t, 0.0) if t.shape == valid.shape else t for t in (lp, old, adv))
+        rollout = None if rollout is None else torch.where(valid, rollout, 0.0)
+        weights = None if weights is None or weights.shape != valid.shape else torch.where(valid, weights, 0.0)
     if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
         adv = adv.reshape(-1, 1).expand(lp.shape)
-    elif validate:
-        adv = torch.where(valid, adv, 0.0)
 
-    weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
+    log_ratio = _token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
+    shared = {"log_ratio": log_ratio, "seq_log_ratio": _row_sum(log_ratio, mask)}
     if fold:
-        rollout_log_w, ro_metrics = _fold_log_weight(old, rollout, weights, rollout_is_level, mask, threshold)
-        loss_mat, metrics = spec.fn(lp, old, adv, mask, rollout_log_w=rollout_log_w, **hp)
-    else:
-        loss_mat, metrics = spec.fn(lp, old, adv, mask, **hp)
+        shared["rollout_log_w"], ro_metrics = _fold_log_weight(old, rollout, weights, rollout_is_level, mask, threshold)
+    loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
+    if not fold:
         factor, ro_metrics = _is_factor(old, rollout, weights, mask, spec.rollout_correction, threshold)
         if factor is not None:
             loss_mat = loss_mat * factor  # (B, T) or (B, 1), detached
     metrics.update(ro_metrics)
-    metrics.update(_ratio_metrics(lp.detach(), old, adv, mask))
+    metrics.update(_ratio_metrics(shared["seq_log_ratio"], adv, mask))
     return loss_mat, metrics
 
 
@@ -323,6 +330,7 @@ def compute_policy_loss(
     loss_agg_mode: str | None = None,
     global_num_tokens: float | Tensor | None = None,
     global_num_seqs: float | Tensor | None = None,
+    allow_empty_rows: bool = False,
     validate: bool = True,
     **hparams: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -332,8 +340,8 @@ def compute_policy_loss(
     Shapes: `log_prob`, `old_log_prob`, `rollout_log_prob`, `response_mask` are (B, T); `advantages` is (B,) or
     (B, T). `loss_agg_mode=None` uses the method's own default (`default_loss_agg_mode`). `global_num_tokens` /
     `global_num_seqs` (> 0) normalise by the whole mini-batch when this call sees one micro-batch. Hyperparameters
-    are keyword arguments with the paper defaults (`method_hparams(method)`); rollout correction and `validate` as
-    in `policy_loss_terms`.
+    are keyword arguments with the paper defaults (`method_hparams(method)`); rollout correction,
+    `allow_empty_rows` and `validate` as in `policy_loss_terms`.
     """
     mode = default_loss_agg_mode(method) if loss_agg_mode is None else loss_agg_mode
     if mode not in LOSS_AGG_MODES:
@@ -350,6 +358,7 @@ def compute_policy_loss(
         rollout_log_prob=rollout_log_prob,
         rollout_is_weights=rollout_is_weights,
         rollout_is_level=rollout_is_level,
+        allow_empty_rows=allow_empty_rows,
         validate=validate,
         **hparams,
     )
@@ -427,91 +436,81 @@ def _check_values(
     old_log_prob: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    valid: Tensor,
     rollout_log_prob: Tensor | None,
     rollout_is_weights: Tensor | None,
     *,
+    binary: bool,
     allow_empty_rows: bool,
     sequence_weights: bool,
-) -> None:
-    """One fused test of every value condition (one host sync); only on failure is the culprit looked up and named.
+) -> bool:
+    """One fused test of every value condition (one host sync); returns whether the padding needs zeroing.
 
     At valid positions: log-probs finite and <= LOG_PROB_MAX, advantages finite, IS weights finite and >= 0 (and
-    constant along a row when they are per sequence); the mask binary; every row non-empty unless allowed.
+    constant along a row when they are per sequence); the mask binary; every row non-empty unless allowed. The fast
+    test looks at all positions with cheap reductions; only if it fails are valid and padding positions told apart
+    (a bad valid value raises a one-line ValueError naming the input; NaN/inf only in the padding returns True).
     """
-    row_valid = valid.any(-1)  # (B,)
-    checks: list[tuple[Tensor, Callable[[], str]]] = []  # (ok flag, message built only on failure)
-
-    for name, t in (("log_prob", log_prob), ("old_log_prob", old_log_prob), ("rollout_log_prob", rollout_log_prob)):
+    lengths = mask.sum(-1)  # (B,)
+    logps = {"log_prob": log_prob, "old_log_prob": old_log_prob, "rollout_log_prob": rollout_log_prob}
+    flags = []
+    for t in logps.values():
         if t is not None:
-            lo, hi = torch.aminmax(torch.where(valid, t.detach(), 0.0))
-            ok = (lo > -math.inf) & (hi <= LOG_PROB_MAX)  # NaN fails both comparisons
-            checks.append((ok, lambda name=name, lo=lo, hi=hi: _log_prob_problem(name, lo, hi)))
-    a = advantages.detach().reshape(advantages.shape[0], -1)
-    sel = valid if a.shape == valid.shape else row_valid.unsqueeze(-1)
-    checks.append(
-        (
-            torch.isfinite(torch.where(sel, a, 0.0).sum()),  # a NaN/inf anywhere makes the sum non-finite
-            lambda: "advantages contain NaN or inf at valid (masked-in) positions",
-        )
-    )
+            lo, hi = torch.aminmax(t.detach())
+            flags.append((lo > -math.inf) & (hi <= LOG_PROB_MAX))  # NaN fails both comparisons
+    flags.append(torch.isfinite(advantages.sum()))  # overflow of a finite sum only sends us to the exact check
     if rollout_is_weights is not None:
-        w = rollout_is_weights.detach()
-        sel = valid if w.shape == valid.shape else row_valid.unsqueeze(-1)
-        lo, hi = torch.aminmax(torch.where(sel, w, 1.0))
-        checks.append(
-            (
-                (lo >= 0) & (hi < math.inf),
-                lambda lo=lo, hi=hi: (
-                    "rollout_is_weights must be finite and >= 0 at valid positions, "
-                    f"got values in [{lo.item():.4g}, {hi.item():.4g}]"
-                ),
-            )
-        )
-        if sequence_weights and w.shape == valid.shape:
-            first = w.gather(1, valid.to(torch.uint8).argmax(-1, keepdim=True))  # (B, 1) first valid token
-            spread = torch.where(valid, (w - first).abs(), 0.0).amax()
-            checks.append(
-                (
-                    spread <= 1e-6 * first.abs().amax().clamp(min=1.0),
-                    lambda: (
-                        "rollout_is_level is 'sequence' but rollout_is_weights vary along a sequence: they are "
-                        "token-level weights, set rollout_is_level='token'"
-                    ),
-                )
-            )
-    if mask.dtype != torch.bool:
-        lo, hi = torch.aminmax(mask)
-        ok = (lo >= 0) & (hi <= 1)
-        if mask.is_floating_point():  # within [0, 1], m * m == m exactly when m is 0 or 1; row sums are exact
-            m = mask.unsqueeze(1)  # (B, 1, T)
-            ok = ok & (torch.bmm(m, m.transpose(1, 2)).view(-1) == mask.sum(-1)).all()
-        checks.append((ok, lambda: "response_mask must be binary (0/1 or bool)"))
+        lo, hi = torch.aminmax(rollout_is_weights)
+        flags.append((lo >= 0) & (hi < math.inf))
+        if sequence_weights and rollout_is_weights.shape == mask.shape:
+            flags.append(_row_spread(rollout_is_weights, mask) <= 1e-6)
+    lo, hi = torch.aminmax(mask)
+    flags.append((lo >= 0) & (hi <= 1))
+    if not binary:  # within [0, 1], m * m == m exactly when m is 0 or 1; row sums of 0/1 are exact
+        flags.append((torch.linalg.vecdot(mask, mask) == lengths).all())
     if not allow_empty_rows:
-        checks.append(
-            (
-                row_valid.all(),
-                lambda: (
-                    f"response_mask has rows with no valid token: {torch.nonzero(~row_valid).flatten()[:10].tolist()}"
-                    " (pass allow_empty_rows=True to skip them)"
-                ),
-            )
-        )
-    if not bool(torch.stack([ok.reshape(()) for ok, _ in checks]).all()):  # the one host sync
-        for ok, message in checks:
-            if not bool(ok):
-                raise ValueError(message())
+        flags.append((lengths > 0).all())
+    if bool(torch.stack(flags).all()):  # the one host sync
+        return False
+
+    # Slow path (something is off somewhere): find it, or conclude that only the padding is non-finite.
+    valid = mask > 0
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("response_mask must be binary (0/1 or bool)")
+    if not allow_empty_rows and not bool((lengths > 0).all()):
+        rows = torch.nonzero(lengths == 0).flatten()[:10].tolist()
+        raise ValueError(f"response_mask has rows with no valid token: {rows} (allow_empty_rows=True skips them)")
+    for name, t in logps.items():
+        if t is None:
+            continue
+        at_valid = t.detach()[valid]
+        if not bool(torch.isfinite(at_valid).all()):
+            raise ValueError(f"{name} contains NaN or inf at valid (masked-in) positions")
+        top = at_valid.max().item() if at_valid.numel() else 0.0
+        if top > LOG_PROB_MAX:
+            raise ValueError(f"{name} has values up to {top:.4g} at valid positions: log-probabilities must be <= 0")
+    a = advantages if advantages.shape == mask.shape else advantages.reshape(-1, 1).expand(mask.shape)
+    if not bool(torch.isfinite(a[valid]).all()):
+        raise ValueError("advantages contain NaN or inf at valid (masked-in) positions")
+    if rollout_is_weights is not None:
+        w = rollout_is_weights if rollout_is_weights.shape == mask.shape else rollout_is_weights.expand(mask.shape)
+        w = w[valid]
+        if not bool((torch.isfinite(w) & (w >= 0)).all()):
+            raise ValueError("rollout_is_weights must be finite and >= 0 at valid positions")
+        if sequence_weights and rollout_is_weights.shape == mask.shape:
+            clean = torch.where(valid, rollout_is_weights, 0.0)
+            if not bool(_row_spread(clean, mask) <= 1e-6):
+                raise ValueError(
+                    "rollout_is_level is 'sequence' but rollout_is_weights vary along a sequence: they are "
+                    "token-level weights, set rollout_is_level='token'"
+                )
+    full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
+    return any(t.shape == mask.shape and not bool(torch.isfinite(t.detach()).all()) for t in full)
 
 
-def _log_prob_problem(name: str, lo: Tensor, hi: Tensor) -> str:
-    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
-        return f"{name} contains NaN or inf at valid (masked-in) positions"
-    return f"{name} has values up to {hi.item():.4g} at valid positions: log-probabilities must be <= 0"
-
-
-def _clean(t: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
-    """`t` in `dtype` with padding set to 0, so garbage there (even NaN) cannot leak through 0 * NaN into sums."""
-    return torch.where(valid, t.to(dtype), 0.0)
+def _row_spread(w: Tensor, mask: Tensor) -> Tensor:
+    """Largest relative deviation of `w` (B, T) from its row's first valid value, over valid positions."""
+    first = w.gather(1, (mask > 0).to(torch.uint8).argmax(-1, keepdim=True))  # (B, 1)
+    return ((w - first).abs() * mask).amax() / first.abs().amax().clamp(min=1.0)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -519,8 +518,8 @@ def _clean(t: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _row_sum(x: Tensor, mask: Tensor) -> Tensor:
-    """Masked sum over each row, (B, T) x (B, T) -> (B,), as one batched dot product (one pass, no temporary)."""
-    return torch.bmm(x.unsqueeze(1), mask.unsqueeze(2)).view(x.shape[0])
+    """Masked sum over each row, (B, T) x (B, T) -> (B,), as a row-wise dot product (one pass, no temporary)."""
+    return torch.linalg.vecdot(x, mask)
 
 
 def _compact(adv: Tensor) -> Tensor:
@@ -542,7 +541,10 @@ def _select(cond: Tensor, if_true: float, if_false: float, like: Tensor) -> Tens
 
 def _token_log_ratio(log_prob: Tensor, old_log_prob: Tensor) -> Tensor:
     """log(pi/mu) per token, clamped to [-20, 20] (the veRL / VESPO / TRL guard against exp overflow)."""
-    return torch.clamp(log_prob - old_log_prob, -_TOKEN_LOG_RATIO_CLAMP, _TOKEN_LOG_RATIO_CLAMP)
+    diff = log_prob - old_log_prob
+    if diff.requires_grad:
+        return diff.clamp(-_TOKEN_LOG_RATIO_CLAMP, _TOKEN_LOG_RATIO_CLAMP)
+    return diff.clamp_(-_TOKEN_LOG_RATIO_CLAMP, _TOKEN_LOG_RATIO_CLAMP)  # in place on the fresh temporary
 
 
 def kl_k3(log_ratio: Tensor, clamp: float | None = None) -> Tensor:
@@ -658,30 +660,33 @@ def _weight_metrics(prefix: str, weight: Tensor, adv: Tensor, valid: Tensor) -> 
 
 
 def _token_weight_metrics(weight: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """`_weight_metrics` of a per-token weight (B, T), by row reductions when advantages are one per sequence."""
-    if adv.stride(-1) != 0:
-        return _weight_metrics("weight", weight, adv, mask)
+    """Mean and max of a per-token weight (B, T) >= 0 per advantage sign, and its Kish ESS over tokens.
+
+    Computed from row reductions (a few passes over (B, T)); no min: for clipped methods it is 0 whenever one
+    token is clipped, and a masked min costs more than the loss itself.
+    """
     w = weight.detach()
-    a = adv[:, 0]  # (B,)
-    lengths = mask.sum(-1)  # (B,)
-    sums, sq_sums = _row_sum(w, mask), _row_sum(w * w, mask)  # (B,)
-    row_max = (w * mask).amax(-1)  # weights are >= 0, so padding (0) never wins unless the row is empty
-    row_min = torch.where(mask > 0, w, math.inf).amin(-1)
+    sums: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # sign -> (sum of w, count, max of w)
+    if adv.stride(-1) != 0:  # token-level advantages: select tokens by sign
+        for sign, sel in (("pos", mask * (adv >= 0)), ("neg", mask * (adv < 0))):
+            sums[sign] = (_row_sum(w, sel).sum(), sel.sum(), (w * sel).amax())
+    else:
+        a = adv[:, 0]  # (B,)
+        lengths, row_sums, row_max = mask.sum(-1), _row_sum(w, mask), (w * mask).amax(-1)  # (B,) each
+        for sign, sel in (("pos", a >= 0), ("neg", a < 0)):
+            sums[sign] = ((row_sums * sel).sum(), (lengths * sel).sum(), (row_max * sel).amax())
     out: dict[str, Tensor] = {}
-    zero = torch.zeros((), dtype=w.dtype, device=w.device)
-    for sign, sel in (("pos", (a >= 0) & (lengths > 0)), ("neg", (a < 0) & (lengths > 0))):
-        n = (lengths * sel).sum()
-        out[f"weight/mean_{sign}"] = (sums * sel).sum() / n.clamp(min=1.0)
-        out[f"weight/min_{sign}"] = torch.where(n > 0, torch.where(sel, row_min, math.inf).amin(), zero)
-        out[f"weight/max_{sign}"] = torch.where(n > 0, torch.where(sel, row_max, -math.inf).amax(), zero)
-    n, s, s2 = lengths.sum(), sums.sum(), sq_sums.sum()
-    out["weight/ess"] = torch.where(s2 > 0, s * s / (n * s2).clamp(min=1e-30), zero)  # Kish, (sum w)^2 / (n sum w^2)
+    for sign, (total, n, top) in sums.items():
+        out[f"weight/mean_{sign}"] = total / n.clamp(min=1.0)
+        out[f"weight/max_{sign}"] = top
+    total, sq_total = sums["pos"][0] + sums["neg"][0], _row_sum(w * w, mask).sum()
+    ess = total * total / (mask.sum() * sq_total).clamp(min=1e-30)  # Kish: (sum w)^2 / (n sum w^2)
+    out["weight/ess"] = torch.where(sq_total > 0, ess, torch.zeros_like(ess))
     return out
 
 
-def _ratio_metrics(log_prob: Tensor, old_log_prob: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Diagnostics of W = pi/mu common to all methods, from the unclamped sequence log W = sum_t log(pi/mu)."""
-    log_w = _row_sum(log_prob - old_log_prob, mask)  # (B,)
+def _ratio_metrics(log_w: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Diagnostics of W = pi/mu common to all methods, from log W = sum_t log(pi/mu) (tokens clamped at +-20), (B,)."""
     lengths = mask.sum(-1)
     seq_valid = lengths > 0
     a_seq = _seq_advantage(adv, mask)
@@ -724,6 +729,7 @@ def vespo(
     mask: Tensor,
     *,
     rollout_log_w: Tensor | None = None,
+    seq_log_ratio: Tensor | None = None,
     c1_pos: float = 2.0,
     c2_pos: float = 3.0,
     c1_neg: float = 3.0,
@@ -738,7 +744,9 @@ def vespo(
     "linear" divides log W by sqrt(T) / T: the paper's ablations (Sec. 4.7), not the method.
     Guards (as the official code and TRL): token log-ratios clamped to [-20, 20]; log W clamped to [log 1e-8, 20].
     """
-    log_w = _row_sum(_token_log_ratio(log_prob.detach(), old_log_prob), mask)  # (B,) log prod_t pi/mu
+    log_w = seq_log_ratio  # (B,) log prod_t pi/mu, computed by the core (or here when called directly)
+    if log_w is None:
+        log_w = _row_sum(_token_log_ratio(log_prob.detach(), old_log_prob), mask)
     if rollout_log_w is not None:
         log_w = log_w + rollout_log_w  # now log pi/pi_rollout, with the sampler part truncated
     if length_norm != "none":
@@ -896,7 +904,9 @@ def bapo(
     low, high = lows_t[idx], highs_t[idx]
     loss, active, clipped, dual = _ppo_clip_loss(ratio, _compact(advantages), low, high, clip_ratio_c)
     metrics = _token_clip_metrics(ratio, active, clipped, dual, advantages, mask)
-    metrics.update({"bapo/clip_low": low, "bapo/clip_high": high, "bapo/pos_neg_ratio": ratio_pn[idx]})
+    # the ratio is inf without negative mass; its finite form pos / (pos + neg + eps) = ratio / (1 + ratio) is logged
+    share = torch.where(neg <= 0, 1.0, pos / (pos + neg + _BAPO_EPS))[idx]
+    metrics.update({"bapo/clip_low": low, "bapo/clip_high": high, "bapo/positive_share": share})
     return loss, metrics
 
 
@@ -1014,6 +1024,7 @@ def cispo(
     advantages: Tensor,
     mask: Tensor,
     *,
+    log_ratio: Tensor | None = None,
     ratio_max: float = 5.0,
     ratio_min: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -1022,7 +1033,9 @@ def cispo(
     MiniMax-M1 sets no lower bound; the upper bound 5.0 is ScaleRL's recommendation (TRL's default for CISPO).
     Unlike PPO clipping, clipped tokens keep their gradient, only their weight is capped.
     """
-    ratio = torch.exp(_token_log_ratio(log_prob.detach(), old_log_prob))  # (B, T), detached
+    if log_ratio is None:
+        log_ratio = _token_log_ratio(log_prob.detach(), old_log_prob)
+    ratio = torch.exp(log_ratio)  # (B, T), detached
     weight = torch.clamp(ratio, min=ratio_min, max=ratio_max)
     clipped = ratio > ratio_max if ratio_min is None else (ratio > ratio_max) | (ratio < ratio_min)
     loss = log_prob * (-weight * _compact(advantages))
