@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vespo.rewards import SandboxLimits, grade_code, run_in_sandbox
-from vespo.rewards._sandbox_child import UID_BASE
+from vespo.rewards.sandbox import UID_BASE
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=6.0, test_timeout_s=3.0, memory_mb=256, file_size_mb=4, max_processes=16)
 TEST = [{"input": "", "output": "ok"}]
@@ -97,7 +97,8 @@ def test_hostile_programs_are_contained(host, monkeypatch, capsys):
         run = run_in_sandbox(program, [""], mode="stdio", limits=LIMITS) if name == "read_env" else None
         ok = grade.score == 0.0 and (check is None or check())
         if run is not None:
-            ok = ok and SECRET not in (run.outputs[0] or "") + run.stdout and "VESPO_SECRET_TOKEN" not in run.stdout
+            printed = run.outputs[0]
+            ok = ok and printed is not None and SECRET not in printed and "VESPO_SECRET_TOKEN" not in printed
         contained[name] = ok
     leftover = _live_sandbox_processes()
     with capsys.disabled():
