@@ -81,6 +81,9 @@ class SandboxRun:
     errors: list[str | None]
     timed_out: bool
     isolated: bool
+    """Namespaces and the interpreter-only root applied (root only)."""
+    cgroup: bool
+    """Memory and processes were capped per sandbox by a cgroup (else per process by setrlimit)."""
 
 
 def run_in_sandbox(
@@ -104,7 +107,7 @@ def run_in_sandbox(
         raise ValueError("mode='call' needs fn_name")
     limits = limits or SandboxLimits()
     end = time.monotonic() + limits.wall_s
-    outputs, errors, timed_out, isolated, session = [], [], False, False, None
+    outputs, errors, timed_out, isolated, cgroup, session = [], [], False, False, False, None
     try:
         for case in cases:
             output = error = None
@@ -114,7 +117,7 @@ def run_in_sandbox(
                 deadline = min(time.monotonic() + limits.test_timeout_s, end)
                 if session is None:
                     session = _Session(program, mode, fn_name, limits, deadline)
-                isolated = session.isolated
+                isolated, cgroup = session.isolated, session.cgroup is not None
                 output = session.ask(case, fn_name, deadline)
             except _CaseFailed as exc:
                 error = str(exc)
@@ -129,7 +132,7 @@ def run_in_sandbox(
     finally:
         if session is not None:
             session.close()
-    return SandboxRun(outputs=outputs, errors=errors, timed_out=timed_out, isolated=isolated)
+    return SandboxRun(outputs=outputs, errors=errors, timed_out=timed_out, isolated=isolated, cgroup=cgroup)
 
 
 class _CaseFailed(Exception):
@@ -140,11 +143,21 @@ class _Session:
     """One sandbox process (and, for assertion tests, one checker) serving the cases of one program."""
 
     def __init__(self, program: str, mode: str, fn_name: str | None, limits: SandboxLimits, deadline: float):
-        self.mode, self.limits, self.checker, self.cgroup, self.load_error = mode, limits, None, None, None
+        self.mode, self.limits, self.load_error = mode, limits, None
+        self.proc = self.checker = self.cgroup = self.reader = None
         self.workdir = tempfile.mkdtemp(prefix="vespo-sandbox-")  # cwd only without namespaces; else stays empty
+        self.request_w = -1
+        try:
+            self._start(program, limits, deadline)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, program: str, limits: SandboxLimits, deadline: float) -> None:
         request_r, self.request_w = os.pipe()
         response_r, response_w = os.pipe()
         try:
+            self.reader = _wire.Reader(response_r, limits.max_message_bytes)
             self.proc = subprocess.Popen(
                 [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child"],
                 stdin=request_r,
@@ -158,15 +171,13 @@ class _Session:
         finally:
             os.close(request_r)
             os.close(response_w)
-        self.uid = UID_BASE + self.proc.pid
         self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
-        self.reader = _wire.Reader(response_r, limits.max_message_bytes)
         os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
         spec = {
             "program": program,
-            "mode": mode,
+            "mode": self.mode,
             "limits": asdict(limits),
-            "uid": self.uid,
+            "uid": UID_BASE + self.proc.pid,
             "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
         }
         _wire.send(self.request_w, spec, deadline)
@@ -175,7 +186,7 @@ class _Session:
         if "ready" not in ready:
             self.load_error = str(ready.get("load_error", "sandbox failed to start"))[:500]
         self.names = [n for n in ready.get("names", []) if type(n) is str]
-        if mode == "assert" and self.load_error is None:
+        if self.mode == "assert" and self.load_error is None:
             self.checker = subprocess.Popen(
                 [
                     _PYTHON,
@@ -239,21 +250,18 @@ class _Session:
     def close(self) -> None:
         """Kill the checker and everything of the sandbox, release pipes, cgroup and workdir; never raises."""
         for proc in (self.checker, self.proc):
-            if proc is None:
-                continue
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait()
+            if proc is not None:
+                _quietly(os.killpg, proc.pid, signal.SIGKILL)
+                _quietly(proc.wait, 10)
         if self.checker is not None:
-            self.checker.stdin.close()
-            self.checker.stdout.close()
-        for fd in (self.request_w, self.reader.fd):
-            _close_quietly(fd)
+            _quietly(self.checker.stdin.close)
+            _quietly(self.checker.stdout.close)
+        for fd in (self.request_w, -1 if self.reader is None else self.reader.fd):
+            if fd >= 0:
+                _quietly(os.close, fd)
         emptied = self.cgroup is not None and self.cgroup.kill_and_remove()
-        if os.geteuid() == 0 and not emptied:
-            _kill_uid(self.uid)
+        if os.geteuid() == 0 and not emptied and self.proc is not None:
+            _kill_uid(UID_BASE + self.proc.pid)
         _remove_tree(self.workdir)
 
 
@@ -301,25 +309,23 @@ class _Cgroup:
                 (d / name).write_text(value)
 
     def kill_and_remove(self) -> bool:
-        """SIGKILL every member until none is left, then remove the group; True when it emptied."""
-        try:
-            if self.v2:
-                self._write("cgroup.kill", "1")
-            for _ in range(400):
-                pids = {int(p) for d in self.dirs for p in _read_small(d / "cgroup.procs").split()}
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                time.sleep(0.005)
-            for d in self.dirs:
-                os.rmdir(d)
-            return True
-        except OSError:
-            return False
+        """SIGKILL every member until the group can be removed (exiting tasks hold it briefly); True when removed."""
+        if self.v2:
+            _quietly(self._write, "cgroup.kill", "1")
+        left = list(self.dirs)
+        for _ in range(400):
+            for pid in {p for d in left for p in _read_small(d / "cgroup.procs").split()}:
+                _quietly(os.kill, int(pid), signal.SIGKILL)
+            for d in list(left):
+                try:
+                    os.rmdir(d)
+                    left.remove(d)
+                except OSError:
+                    pass
+            if not left:
+                return True
+            time.sleep(0.005)
+        return False
 
 
 def _kill_uid(uid: int) -> None:
@@ -368,10 +374,11 @@ def _read_small(path: Path, max_bytes: int = 1 << 16) -> str:
         os.close(fd)
 
 
-def _close_quietly(fd: int) -> None:
+def _quietly(fn, *args) -> None:
+    """Cleanup step that must not stop the next one (or the batch)."""
     try:
-        os.close(fd)
-    except OSError:
+        fn(*args)
+    except Exception:  # noqa: BLE001
         pass
 
 
