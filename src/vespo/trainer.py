@@ -205,7 +205,7 @@ def ppo_update(
         mini_mask = rollout.response_mask[rows]
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
         optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums: dict[str, Tensor | float] = {}
         micro = _micro_batches(rows, cfg.micro_batch_size)
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
@@ -229,7 +229,7 @@ def ppo_update(
                 kl = (delta.exp() - delta - 1).clamp(-10, 10)  # (b, T)
                 kl_loss = agg_loss(kl, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss + cfg.kl_coef * kl_loss
-                metrics["actor/kl_loss"] = kl_loss.item()
+                metrics["actor/kl_loss"] = kl_loss.detach()
             if entropy is not None:
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - cfg.entropy_coeff * ent_loss
@@ -238,7 +238,7 @@ def ppo_update(
                 sums[key] = sums.get(key, 0.0) + (value if key in _ADDITIVE else value / len(micro))
         sums["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         optimizer.step()
-        history.append(sums)
+        history.append({k: float(v) for k, v in sums.items()})  # metrics stay tensors until here: one sync per step
     return history
 
 
@@ -262,14 +262,16 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
     gen.set_state(state["sampler"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, gen: torch.Generator) -> None:
-    """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states."""
+def save_checkpoint(
+    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None
+) -> None:
+    """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states (and
+    `extra` entries, e.g. the async trainer's next batch id)."""
     path = run_dir / _CKPT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save(
-        {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _rng_state(gen)}, tmp
-    )
+    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _rng_state(gen)}
+    torch.save(state | (extra or {}), tmp)
     os.replace(tmp, path)
 
 
@@ -363,6 +365,10 @@ def evaluate(model, tokenizer, prompts: list[str], answers: list[str], reward_fn
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run RL training per `cfg`; returns the last step's metrics. Everything is validated before any compute."""
     cfg = resolve(cfg)
+    if cfg.mode == "async":
+        from vespo.async_trainer import train_async
+
+        return train_async(cfg)
     reward_fn = load_reward_fn(cfg.reward_fn)
     train_set, eval_set = load_data(cfg)
     if cfg.num_threads:
@@ -501,7 +507,11 @@ def cli(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"vespo train: error: {exc}")
         return 2
-    last = train(cfg)
+    try:
+        last = train(cfg)
+    except KeyboardInterrupt:
+        print(f"vespo train: interrupted; the last checkpoint in {cfg.run_dir} is kept (--resume continues)")
+        return 130
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
     print(f"run dir: {cfg.run_dir}")
     return 0
