@@ -7,7 +7,10 @@ Every method is a pure function registered with `register_method`:
 of float tensors of shape (B, T) (`advantages` is a (B, T) view, constant along a row, stride 0, when the caller
 gave one advantage per sequence; `mask` is float 0/1), returning the per-token loss matrix and a dict of 0-dim
 detached metric tensors. A method registered with `rollout_correction="fold"` also takes the keyword
-`rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W.
+`rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W. Any
+method may also declare the keywords `log_ratio` (B, T) (detached log(pi/mu), clamped to [-20, 20]) and
+`seq_log_ratio` (B,) (its masked row sum, log W): the core computes them once per call and passes them (default
+None: compute them yourself when called directly).
 Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments with the paper defaults; they are
 checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
 `vespo.aggregation`.
@@ -266,7 +269,8 @@ def policy_loss_terms(
     which need `rollout_is_level` ("token" / "sequence"; (B, 1) implies "sequence") to fold them into W.
     `allow_empty_rows=True` lets rows with no valid token through (they contribute exactly zero); by default such a
     row is an error, since it usually means a masking bug upstream. `validate=False` skips the value checks (one
-    fused test, one host sync): for engines that validated upstream; padding must then be finite.
+    fused test, one host sync): for engines that validated upstream; padding must then be finite. Padding entries of
+    the returned matrix are unspecified: aggregate with the mask.
     """
     spec = _get(method)
     hp = validate_hparams(method, **hparams)
@@ -666,20 +670,21 @@ def _token_weight_metrics(weight: Tensor, adv: Tensor, mask: Tensor) -> dict[str
     token is clipped, and a masked min costs more than the loss itself.
     """
     w = weight.detach()
+    wm = w * mask  # (B, T), 0 on padding
     sums: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # sign -> (sum of w, count, max of w)
     if adv.stride(-1) != 0:  # token-level advantages: select tokens by sign
-        for sign, sel in (("pos", mask * (adv >= 0)), ("neg", mask * (adv < 0))):
-            sums[sign] = (_row_sum(w, sel).sum(), sel.sum(), (w * sel).amax())
+        for sign, sel in (("pos", adv >= 0), ("neg", adv < 0)):
+            sums[sign] = ((wm * sel).sum(), (mask * sel).sum(), (wm * sel).amax())
     else:
         a = adv[:, 0]  # (B,)
-        lengths, row_sums, row_max = mask.sum(-1), _row_sum(w, mask), (w * mask).amax(-1)  # (B,) each
+        lengths, row_sums, row_max = mask.sum(-1), wm.sum(-1), wm.amax(-1)  # (B,) each; w >= 0
         for sign, sel in (("pos", a >= 0), ("neg", a < 0)):
             sums[sign] = ((row_sums * sel).sum(), (lengths * sel).sum(), (row_max * sel).amax())
     out: dict[str, Tensor] = {}
     for sign, (total, n, top) in sums.items():
         out[f"weight/mean_{sign}"] = total / n.clamp(min=1.0)
         out[f"weight/max_{sign}"] = top
-    total, sq_total = sums["pos"][0] + sums["neg"][0], _row_sum(w * w, mask).sum()
+    total, sq_total = sums["pos"][0] + sums["neg"][0], torch.dot(w.reshape(-1), wm.reshape(-1))
     ess = total * total / (mask.sum() * sq_total).clamp(min=1e-30)  # Kish: (sum w)^2 / (n sum w^2)
     out["weight/ess"] = torch.where(sq_total > 0, ess, torch.zeros_like(ess))
     return out
@@ -976,9 +981,10 @@ def sapo(
     adv = _compact(advantages)
     tau = _select(adv > 0, tau_pos, tau_neg, adv)  # (B, 1) or (B, T)
     gate = torch.sigmoid(tau * (ratio - 1.0))
-    loss = -(gate * (4.0 / tau)) * adv
+    loss = gate * (-4.0 / tau * adv)  # coefficient (B, 1) for one advantage per sequence
     g = gate.detach()
-    return loss, _token_weight_metrics(4.0 * g * (1.0 - g) * ratio.detach(), advantages, mask)
+    weight = torch.mul(g, 1.0 - g).mul_(ratio.detach()).mul_(4.0)  # in place on the temporaries
+    return loss, _token_weight_metrics(weight, advantages, mask)
 
 
 @register_method("topr", default_loss_agg_mode="seq-mean-token-sum", rollout_correction="sequence")
