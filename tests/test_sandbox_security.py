@@ -338,14 +338,16 @@ def test_honest_large_outputs_score():
 
 
 def test_cleanup_survives_a_deep_tree(tmp_path):
+    """Deeper than Python's recursion limit (shutil.rmtree raised RecursionError), with an unreadable dir and a FIFO."""
     root = tmp_path / "deep"
     root.mkdir()
     fd = os.open(root, os.O_RDONLY)
-    for _ in range(3000):
+    for _ in range(1500):
         os.mkdir("d", dir_fd=fd)
         fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
         os.close(old)
     os.close(fd)
     os.mkfifo(root / "fifo")
+    (root / "locked").mkdir(mode=0)
     sandbox_mod._remove_tree(str(root))
     assert not root.exists()
