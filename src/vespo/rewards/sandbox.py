@@ -389,7 +389,8 @@ def _remove_tree(path: str) -> None:
         return
     except OSError:
         pass
-    for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--one-file-system", "--", path]):
+    rm = ["rm", "-rf", "--one-file-system", "--", path]
+    for argv in (rm, ["chmod", "-R", "u+rwx", "--", path], rm):  # chmod only for dirs the program made unreadable
         try:
             subprocess.run(
                 argv,
@@ -401,3 +402,5 @@ def _remove_tree(path: str) -> None:
             )
         except (OSError, subprocess.SubprocessError):
             pass
+        if not os.path.lexists(path):
+            return
