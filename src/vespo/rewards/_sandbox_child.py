@@ -38,11 +38,21 @@ def _mount(source, target: str, fstype, flags: int, data=None) -> None:
     _check(libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def _enter_namespaces() -> bool:
-    """New PID, mount, network, IPC and UTS namespaces (False if the kernel refuses). Then fork: the child becomes
-    PID 1 and this process only waits for it, so killing this process kills the whole sandbox (PDEATHSIG on PID 1)."""
-    if libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
-        return False
+def _enter_namespaces(privileged: bool) -> bool:
+    """New PID, mount, network, IPC and UTS namespaces (False if the kernel refuses); without root inside a new user
+    namespace where only our own uid/gid exist (as 0). Then fork: the child becomes PID 1 and this process only
+    waits for it, so killing this process kills the whole sandbox (PDEATHSIG on PID 1)."""
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if privileged:
+        if libc.unshare(flags) != 0:
+            return False
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(CLONE_NEWUSER | flags) != 0:
+            return False
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
     pid = os.fork()
     if pid:
         for fd in (0, 1, 3, 4):
@@ -104,6 +114,11 @@ def _apply_limits(limits: dict, extra_procs: int) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"] + extra_procs,) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _drop_capabilities() -> None:
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    _check(libc.capset(header, bytes(24)), "capset")  # effective, permitted, inheritable = 0 (two 32-bit words)
 
 
 def _drop_privileges(uid: int) -> None:
@@ -221,18 +236,20 @@ def main() -> None:
     reader = _wire.Reader(requests, 1 << 30)
     spec = reader.read(None)
     limits = spec["limits"]
-    root = os.geteuid() == 0 and _enter_namespaces()
-    if root:
-        _build_root(spec["uid"], limits["disk_mb"])
-    if not root:
-        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
     privileged = os.geteuid() == 0
+    root = _enter_namespaces(privileged)
+    if root:
+        _build_root(spec["uid"] if privileged else 0, limits["disk_mb"])
+    else:
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
     _apply_limits(limits, extra_procs=0 if privileged else spec["user_procs"])
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     if privileged:  # also without namespaces: a fresh uid still cannot touch other users' files or processes
         if not root:
             os.chown(".", spec["uid"], spec["uid"])
         _drop_privileges(spec["uid"])
+    elif root:  # root of our own user namespace: give up its capabilities there too
+        _drop_capabilities()
     seccomp = _install_seccomp()
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):

@@ -171,6 +171,30 @@ class _Session:
         finally:
             os.close(request_r)
             os.close(response_w)
+        if self.mode == "assert":  # started alongside the sandbox: the two interpreters boot in parallel
+            self.checker = subprocess.Popen(
+                [
+                    _PYTHON,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _BOOT,
+                    _HERE,
+                    "_checker",
+                    str(self.request_w),
+                    str(self.reader.fd),
+                    str(limits.max_message_bytes),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=_SAFE_ENV,
+                start_new_session=True,
+                pass_fds=(self.request_w, self.reader.fd),
+            )
+            self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
+            os.set_blocking(self.checker.stdin.fileno(), False)
         self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
         os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
         spec = {
@@ -186,30 +210,6 @@ class _Session:
         if "ready" not in ready:
             self.load_error = str(ready.get("load_error", "sandbox failed to start"))[:500]
         self.names = [n for n in ready.get("names", []) if type(n) is str]
-        if self.mode == "assert" and self.load_error is None:
-            self.checker = subprocess.Popen(
-                [
-                    _PYTHON,
-                    "-I",
-                    "-S",
-                    "-c",
-                    _BOOT,
-                    _HERE,
-                    "_checker",
-                    str(self.request_w),
-                    str(response_r),
-                    str(limits.max_message_bytes),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env=_SAFE_ENV,
-                start_new_session=True,
-                pass_fds=(self.request_w, response_r),
-            )
-            self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
-            os.set_blocking(self.checker.stdin.fileno(), False)
 
     def ask(self, case, fn_name: str | None, deadline: float):
         """The program's output for one case; raises _CaseFailed (program error), TimeoutError or WireError."""
@@ -389,7 +389,8 @@ def _remove_tree(path: str) -> None:
         return
     except OSError:
         pass
-    for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--one-file-system", "--", path]):
+    rm = ["rm", "-rf", "--one-file-system", "--", path]
+    for argv in (rm, ["chmod", "-R", "u+rwx", "--", path], rm):  # chmod only for dirs the program made unreadable
         try:
             subprocess.run(
                 argv,
@@ -401,3 +402,5 @@ def _remove_tree(path: str) -> None:
             )
         except (OSError, subprocess.SubprocessError):
             pass
+        if not os.path.lexists(path):
+            return
