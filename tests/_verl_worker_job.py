@@ -36,11 +36,10 @@ SCENARIOS = [
 
 def compose(model_dir: str, loss_mode: str, hparams: dict, agg: str, rollout_is: str | None, world: int):
     """veRL's ppo_trainer config with the documented vespo lines and CPU settings, resolved as main_ppo does."""
+    import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
-
-    import verl
 
     overrides = [
         # the lines docs/integrations.md gives users
@@ -169,7 +168,9 @@ def run_scenario(model_dir, name, loss_mode, hparams, agg, level, rank, world):
     if level is not None:
         rollout = (old + 0.1 * torch.randn(B, R, generator=g)) * mask
         # veRL's own weights w = min(pi_old / pi_rollout, C); C large so that W = pi / pi_rollout exactly
-        w, _ = compute_rollout_correction_weights(old - rollout, mask.float(), rollout_is=level, rollout_is_threshold=1e6)
+        w, _ = compute_rollout_correction_weights(
+            old - rollout, mask.float(), rollout_is=level, rollout_is_threshold=1e6
+        )
         extra["rollout_is_weights"] = w
 
     # 3. spy on the registered loss: what each micro-batch call received (a pass-through wrapper)

@@ -21,7 +21,7 @@ require("uvicorn")  # imported by veRL's worker module (rollout server utilities
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _verl_worker_job import B, MICRO, SCENARIOS  # noqa: E402
+from _verl_worker_job import MICRO, SCENARIOS, B  # noqa: E402
 
 WORLD_SIZES = (1, 2)
 TIMEOUT = 900  # seconds, for both world sizes running side by side
@@ -57,7 +57,12 @@ def runs(tmp_path_factory):
         for rank in range(world):
             env = {**base_env, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_PORT": port}
             log = open(tmp / f"w{world}_r{rank}.log", "w")
-            cmd = [sys.executable, os.path.join(HERE, "_verl_worker_job.py"), str(model_dir), str(tmp / f"w{world}.json")]
+            cmd = [
+                sys.executable,
+                os.path.join(HERE, "_verl_worker_job.py"),
+                str(model_dir),
+                str(tmp / f"w{world}.json"),
+            ]
             procs.append((world, rank, log, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)))
     failed = []
     for world, rank, log, proc in procs:
