@@ -243,7 +243,7 @@ class _Session:
                     return _wire.decode(reply["value"])
                 except RecursionError:
                     raise _wire.WireError("value nested too deeply") from None
-        if set(reply) == {"error"} and type(reply["error"]) is str:
+        if set(reply) - {"type"} == {"error"} and type(reply["error"]) is str:
             raise _CaseFailed(reply["error"][:500])
         raise _wire.WireError("malformed reply")
 
