@@ -95,6 +95,8 @@ def test_parse_tests_rejects_bad_input():
         parse_tests([{"fn_name": "a", "input": [], "output": 1}, {"fn_name": "b", "input": [], "output": 1}])
     with pytest.raises(ValueError, match="stdio"):
         parse_tests([{"input": "1", "output": "1"}, {"assert": "pass"}])
+    with pytest.raises(ValueError, match="entry_point"):
+        parse_tests([{"assert": "pass", "entry_point": "not a name"}])
     with pytest.raises(ValueError, match="test lists"):
         score_code(["x"], [])
 
