@@ -77,6 +77,8 @@ class TrainConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step."""
+    log_update_norm: bool = False
+    """Log actor/update_norm, the size of each optimizer step (costs one copy of the weights per mini-batch)."""
 
     # --- rollout
     max_response_length: int = 16
@@ -91,6 +93,22 @@ class TrainConfig:
     """Simulated train-inference mismatch: std of Gaussian noise added to the sampler's logits (0 = none)."""
     use_rollout_log_prob: bool = True
     """Pass the sampler's log-probs to the loss as rollout_log_prob (mismatch correction); False ignores them."""
+
+    # --- asynchronous training (docs/training.md, "Asynchronous training")
+    mode: str = "sync"
+    """sync: generate, then train; async (`--async`): sampler processes generate while the learner trains."""
+    max_staleness: int = 4
+    """async: max optimizer steps a sample's policy version may lag the learner (TRL's max_staleness); staler samples
+    are not generated (admission, as AReaL's max_head_offpolicyness) or, if late anyway, dropped."""
+    sync_every: int = 1
+    """async: publish the learner's weights to the samplers every this many optimizer steps (TRL weight_sync_steps)."""
+    num_samplers: int = 1
+    """async: sampler processes, each with its own copy of the policy."""
+    use_decoupled_loss: bool = False
+    """async: AReaL's decoupled objective W = (pi/pi_prox)(pi_prox/mu): the learner's weights at the update are
+    old_log_prob (one extra forward) and mu enters as rollout_log_prob; otherwise mu is old_log_prob itself."""
+    sampler_engine: str = "hf"
+    """async: hf (the trainer's KV-cached sampler) | vllm (CUDA; weights pushed into the engine, not run on CPU)."""
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
     num_operands: int = 3
@@ -187,12 +205,39 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"sft_label_noise must be in [0, 1), got {cfg.sft_label_noise}")
     if cfg.sampler_dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"sampler_dtype must be float32, bfloat16 or float16, got {cfg.sampler_dtype!r}")
+    _validate_async(cfg)
     if ":" not in cfg.reward_fn:
         raise ValueError(f"reward_fn must look like 'module:function', got {cfg.reward_fn!r}")
     for name in ("dataset", "eval_dataset"):
         value = getattr(cfg, name)
         if value and value.endswith(".jsonl") and not Path(value).expanduser().is_file():
             raise ValueError(f"{name} file not found: {value}")
+
+
+def _validate_async(cfg: TrainConfig) -> None:
+    if cfg.mode not in ("sync", "async"):
+        raise ValueError(f"mode must be 'sync' or 'async', got {cfg.mode!r}")
+    if cfg.mode == "sync":
+        if cfg.use_decoupled_loss:
+            raise ValueError("use_decoupled_loss needs mode=async (in sync mode old_log_prob is already pi_prox)")
+        return
+    if cfg.sync_every < 1 or cfg.num_samplers < 1 or cfg.max_staleness < 0:
+        raise ValueError("async mode needs sync_every >= 1, num_samplers >= 1 and max_staleness >= 0")
+    need = cfg.num_mini_batches + cfg.sync_every - 2  # a batch of N mini-batches must fit in the window
+    if cfg.max_staleness < need:
+        raise ValueError(
+            f"max_staleness={cfg.max_staleness} is too small: a batch of N={cfg.num_mini_batches} mini-batches with "
+            f"sync_every={cfg.sync_every} needs max_staleness >= N + sync_every - 2 = {need}"
+        )
+    if cfg.sampler_engine not in ("hf", "vllm"):
+        raise ValueError(f"sampler_engine must be 'hf' or 'vllm', got {cfg.sampler_engine!r}")
+    if cfg.sampler_engine == "vllm":
+        import importlib.util
+
+        import torch
+
+        if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+            raise ValueError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
 
 
 def to_yaml(cfg: TrainConfig) -> str:
@@ -218,7 +263,7 @@ def load_yaml(path: str | Path) -> dict:
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """`[--config file.yaml] [flags]` -> resolved, validated TrainConfig; flags override the YAML file."""
-    argv = list(argv)
+    argv = [tok for a in argv for tok in (("--mode", "async") if a == "--async" else (a,))]  # `--async` shortcut
     defaults = TrainConfig()
     if "--config" in argv:
         i = argv.index("--config")

@@ -1,0 +1,441 @@
+"""Asynchronous training with bounded staleness: `vespo train --async` (config `mode: async`).
+
+`num_samplers` sampler processes (vespo.async_sampler) each hold their own copy of the policy, draw prompts, generate
+`rollout_n` responses per prompt recording their own log-probs mu, grade them and compute group advantages, and put
+the batch, tagged with its policy version, on a bounded queue. The learner (this module, `train_async`) reads top to
+bottom: take a mini-batch -> drop it if it lags more than `max_staleness` optimizer steps -> one optimizer step with
+the trainer's own `ppo_update` (mu into the loss as old_log_prob; or, with `use_decoupled_loss`, the learner's
+current weights as pi_prox and mu as rollout_log_prob) -> publish weights to shared memory every `sync_every` steps
+-> log, evaluate, checkpoint every `train_batch_size / ppo_mini_batch_size` steps (one "rollout step", as in sync).
+Design choices, metrics and what is not reproducible: docs/training.md, "Asynchronous training".
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vespo.async_sampler import SampledBatch, Schedule, WeightStore, sampler_main
+from vespo.config import EMBEDDED, TrainConfig, to_yaml
+from vespo.rollout import Rollout
+from vespo.trainer import (
+    _CKPT,
+    Logger,
+    _progress,
+    _step_metrics,
+    embedded_policy_path,
+    evaluate,
+    format_prompts,
+    load_data,
+    load_policy,
+    load_reward_fn,
+    plot_run,
+    policy_log_probs,
+    ppo_update,
+    save_checkpoint,
+)
+
+_MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
+_STARTUP_S = 600.0  # a sampler that is not ready (model loaded, weights pulled) after this long fails the run
+_STALL_S = 1800.0  # no batch from live samplers for this long = hung generation: fail instead of waiting forever
+_JOIN_S = 10.0  # grace period for samplers to exit on stop before they are terminated, then killed
+
+
+@dataclasses.dataclass
+class Unit:
+    """One mini-batch as the learner trains on it: rows of one sampled batch, all generated with `version`."""
+
+    batch: int
+    version: int
+    rollout: Rollout
+    rewards: torch.Tensor  # (b,)
+    advantages: torch.Tensor  # (b,)
+    busy_s: float  # this unit's share of the sampler's generation + reward time
+    gen_s: float  # this unit's share of generation time
+    queued_s: float  # seconds its batch sat in the queue
+
+
+class SamplerPool:
+    """The learner's handle on the samplers: spawn, feed weights, receive units, watch health, restart, stop."""
+
+    def __init__(self, cfg: TrainConfig, policy_path: str, problems: list, model, *, step: int, next_batch: int):
+        self.cfg, self.policy_path, self.problems = cfg, str(policy_path), problems
+        self.ctx = torch.multiprocessing.get_context("spawn")
+        self.store = WeightStore(model, self.ctx)
+        self.schedule = Schedule(
+            self.ctx,
+            units_per_batch=cfg.num_mini_batches,
+            max_staleness=cfg.max_staleness,
+            num_samplers=cfg.num_samplers,
+            step=step,
+            next_batch=next_batch,
+        )
+        # admission keeps at most max_staleness + 1 units in flight; the bound below never blocks admitted work
+        self.batches = self.ctx.Queue(maxsize=cfg.max_staleness // cfg.num_mini_batches + 1 + cfg.num_samplers)
+        self.events = self.ctx.Queue()
+        self.stop = self.ctx.Event()
+        self.procs: list = [None] * cfg.num_samplers
+        self.errors: dict[int, str] = {}
+        self.units: collections.deque[Unit] = collections.deque()
+        self.received: set[int] = set()
+        self.next_batch = next_batch  # 1 + the largest batch id received: where a resumed run continues
+        self.restarts = self.lost_batches = 0
+        self.busy_s = self.idle_s = 0.0  # sampler seconds generating + grading / waiting, summed over batches received
+        self._last_arrival = time.perf_counter()
+
+    # --- lifecycle
+    def start(self, model, version: int) -> None:
+        self.store.publish(model, version)
+        for rank in range(self.cfg.num_samplers):
+            self._spawn(rank)
+        self._wait_ready(set(range(self.cfg.num_samplers)))
+        self._last_arrival = time.perf_counter()
+
+    def _spawn(self, rank: int) -> None:
+        args = (rank, self.cfg, self.policy_path, self.problems, self.store, self.schedule, self.batches, self.events)
+        proc = self.ctx.Process(
+            target=sampler_main, args=(*args, self.stop, os.getpid()), name=f"vespo-sampler-{rank}", daemon=True
+        )
+        proc.start()
+        self.procs[rank] = proc
+
+    def _wait_ready(self, ranks: set[int]) -> None:
+        deadline = time.perf_counter() + _STARTUP_S
+        while ranks:
+            try:
+                kind, rank, payload = self.events.get(timeout=0.5)
+            except queue.Empty:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"sampler(s) {sorted(ranks)} not ready after {_STARTUP_S:.0f} s") from None
+                for rank in sorted(ranks):
+                    if self.procs[rank].exitcode is not None:
+                        self._handle_death(rank)
+                continue
+            if kind == "ready":
+                ranks.discard(rank)
+            else:
+                self.errors[rank] = payload
+
+    def close(self) -> None:
+        """Stop every sampler: ask, wait `_JOIN_S`, then SIGTERM, then SIGKILL. Idempotent."""
+        self.stop.set()
+        deadline = time.perf_counter() + _JOIN_S
+        for proc in self.procs:
+            if proc is not None:
+                proc.join(timeout=max(0.0, deadline - time.perf_counter()))
+        for proc in self.procs:
+            if proc is not None and proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        for q in (self.batches, self.events):
+            q.cancel_join_thread()
+            q.close()
+
+    # --- learner side
+    def next_unit(self) -> tuple[Unit, float]:
+        """The next mini-batch in arrival order, and the seconds the learner waited for it."""
+        t0 = time.perf_counter()
+        while not self.units:
+            try:
+                self._receive(self.batches.get(timeout=0.5))
+            except queue.Empty:
+                self._check_health()
+                if time.perf_counter() - self._last_arrival > _STALL_S:
+                    raise RuntimeError(
+                        f"no rollout batch for {_STALL_S:.0f} s although the samplers are alive (hung generation?)"
+                    ) from None
+        return self.units.popleft(), time.perf_counter() - t0
+
+    def _receive(self, item: SampledBatch) -> None:
+        self._last_arrival = time.perf_counter()
+        self.received.add(item.batch)
+        self.next_batch = max(self.next_batch, item.batch + 1)
+        self.busy_s += item.gen_s + item.reward_s
+        self.idle_s += item.idle_s
+        rollout = Rollout(**{k: torch.from_numpy(v) for k, v in item.rollout.items()})
+        rewards, advantages = torch.from_numpy(item.rewards), torch.from_numpy(item.advantages)
+        n_units, rows = self.cfg.num_mini_batches, self.cfg.ppo_mini_batch_size * self.cfg.rollout_n
+        queued = max(0.0, time.time() - item.created)
+        for j in range(n_units):
+            sl = slice(j * rows, (j + 1) * rows)
+            self.units.append(
+                Unit(
+                    batch=item.batch,
+                    version=item.version,
+                    rollout=rollout.select(sl),
+                    rewards=rewards[sl],
+                    advantages=advantages[sl],
+                    busy_s=(item.gen_s + item.reward_s) / n_units,
+                    gen_s=item.gen_s / n_units,
+                    queued_s=queued,
+                )
+            )
+
+    def _check_health(self) -> None:
+        while True:
+            try:
+                kind, rank, payload = self.events.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "error":
+                self.errors[rank] = payload
+        for rank, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                self._handle_death(rank)
+
+    def _handle_death(self, rank: int) -> None:
+        """Report a dead sampler, write off the batch it was generating, and restart it (or fail the run)."""
+        proc = self.procs[rank]
+        while True:  # batches it finished before dying are still good
+            try:
+                self._receive(self.batches.get_nowait())
+            except queue.Empty:
+                break
+        time.sleep(0.1)  # let its last error message arrive
+        with contextlib.suppress(queue.Empty):
+            while True:
+                kind, r, payload = self.events.get_nowait()
+                if kind == "error":
+                    self.errors[r] = payload
+        holding = self.schedule.holding[rank]
+        if holding >= 0 and holding not in self.received:
+            self.schedule.consume(self.cfg.num_mini_batches, trained=False)  # its units will never arrive
+            self.lost_batches += 1
+        self.schedule.release(rank)
+        error = self.errors.pop(rank, "").strip()
+        last = error.splitlines()[-1] if error else "no error message (killed?)"
+        message = f"sampler {rank} (pid {proc.pid}) died with exit code {proc.exitcode}: {last}"
+        if self.restarts >= _MAX_RESTARTS:
+            detail = f"\n{error}" if error else ""
+            raise RuntimeError(f"{message}; {self.restarts} restarts already, giving up{detail}")
+        self.restarts += 1
+        print(f"vespo train --async: {message}; restarting it ({self.restarts}/{_MAX_RESTARTS})", file=sys.stderr)
+        self._spawn(rank)
+        self._wait_ready({rank})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Lag statistics
+
+
+def lag_bucket(lag: int) -> str:
+    """Lag buckets for per-lag metrics: 0, 1, 2-3, 4-7, 8-15, ..."""
+    if lag < 2:
+        return str(lag)
+    lo = 1 << (lag.bit_length() - 1)
+    return f"{lo}-{2 * lo - 1}"
+
+
+class LagStats:
+    """Per-lag accumulators of one logging window and of the whole run (the run's go to async_summary.json)."""
+
+    def __init__(self):
+        self.window: dict[str, list[float]] = collections.defaultdict(list)
+        self.run: dict[str, list[float]] = collections.defaultdict(list)
+
+    def add(self, key: str, value: float) -> None:
+        self.window[key].append(value)
+        self.run[key].append(value)
+
+    def flush(self) -> dict[str, float]:
+        """Means over the window (counts for `lag_hist/*` and `dropped`), then reset it."""
+        out = {}
+        for key, vals in self.window.items():
+            counted = key.startswith("lag_hist/") or key == "units_dropped"
+            out[f"async/{key}"] = float(len(vals)) if counted else float(np.mean(vals))
+        self.window.clear()
+        return out
+
+    def summary(self) -> dict:
+        hist = {k.removeprefix("lag_hist/"): len(v) for k, v in self.run.items() if k.startswith("lag_hist/")}
+        buckets = sorted({k.split("/")[0] for k in self.run if k.startswith("lag_") and "/" in k} - {"lag_hist"})
+        return {
+            "lag_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+            "units_dropped": len(self.run.get("units_dropped", [])),
+            "per_lag_bucket": {
+                b.removeprefix("lag_"): {
+                    m: float(np.mean(self.run[f"{b}/{m}"]))
+                    for m in ("log_w_mean", "weight_ess")
+                    if f"{b}/{m}" in self.run
+                }
+                | {"units": len(self.run.get(f"{b}/log_w_mean", []))}
+                for b in buckets
+            },
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The learner loop
+
+
+def train_async(cfg: TrainConfig) -> dict[str, float]:
+    """Run asynchronous RL training per a resolved `cfg` (mode == "async"); returns the last step's metrics."""
+    reward_fn = load_reward_fn(cfg.reward_fn)
+    train_set, eval_set = load_data(cfg)
+    torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
+    run_dir = Path(cfg.run_dir)
+    ckpt_path = run_dir / _CKPT
+    if not cfg.resume and ckpt_path.exists():
+        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    # learner policy (+ reference), optimizer, RNG, resume
+    policy_path = embedded_policy_path(cfg, train_set) if cfg.model == EMBEDDED else cfg.model
+    model, tokenizer = load_policy(policy_path)
+    ref_model = load_policy(policy_path)[0].eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # unused by the learner; kept so checkpoints share one layout
+    start, next_batch = 0, 0
+    if cfg.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start, next_batch = ckpt["step"], ckpt["async"]["next_batch"]
+    logger = Logger(cfg, run_dir, start)
+    eval_prompts = format_prompts(tokenizer, eval_set, cfg.apply_chat_template) if eval_set else []
+    eval_answers = [p.answer for p in eval_set] if eval_set else []
+    do_eval = bool(eval_set) and cfg.eval_every > 0
+
+    n_mini = cfg.num_mini_batches
+    # ppo_update on one mini-batch; the sampler ratio enters the loss only in the decoupled form (see module doc)
+    unit_cfg = dataclasses.replace(
+        cfg, train_batch_size=cfg.ppo_mini_batch_size, use_rollout_log_prob=cfg.use_decoupled_loss
+    )
+    opt_step = start * n_mini  # = the policy version of the learner's current weights
+    pool = SamplerPool(cfg, policy_path, train_set, model, step=opt_step, next_batch=next_batch)
+    stats, metrics, bar = LagStats(), {}, None
+    t_loop, dropped_total = time.perf_counter(), 0
+    with _sigterm_as_interrupt(), contextlib.closing(pool):
+        pool.start(model, opt_step)
+        if do_eval and start == 0:
+            logger.log(evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg), 0)
+        bar = _progress(cfg, start)
+        for step in range(start + 1, cfg.total_training_steps + 1):
+            t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
+            per_unit: list[dict[str, float]] = []
+            rewards = []
+            while len(per_unit) < n_mini:
+                # 1. the next mini-batch off the queue; too stale -> dropped (counted, never trained on)
+                unit, wait_s = pool.next_unit()
+                waited += wait_s
+                lag = opt_step - unit.version
+                if lag > cfg.max_staleness:
+                    pool.schedule.consume(1, trained=False)
+                    stats.add("units_dropped", lag)
+                    dropped_total += unit.rollout.response_mask.shape[0]
+                    continue
+                # 2. old log-probs: mu as the sampler recorded it, or pi_prox = the learner's weights right now
+                rows = torch.arange(unit.rewards.numel())
+                model.eval()
+                with torch.no_grad():
+                    old_log_prob = unit.rollout.rollout_log_prob  # (b, T) mu, no recomputation pass
+                    if cfg.use_decoupled_loss:
+                        old_log_prob, _ = policy_log_probs(model, unit.rollout, rows, cfg, with_entropy=False)
+                    ref_log_prob = None
+                    if ref_model is not None:
+                        ref_log_prob, _ = policy_log_probs(ref_model, unit.rollout, rows, cfg, with_entropy=False)
+                # 3. one optimizer step on it with the trainer's update, then publish every sync_every steps
+                model.train()
+                history = ppo_update(
+                    model, optimizer, unit.rollout, unit.advantages, old_log_prob, ref_log_prob, unit_cfg
+                )
+                model.eval()
+                opt_step += 1
+                pool.schedule.consume(1, trained=True)
+                if opt_step % cfg.sync_every == 0:
+                    pool.store.publish(model, opt_step)
+                # 4. per-unit metrics, by lag
+                m = _step_metrics(unit.rewards, unit.rollout, old_log_prob, history)
+                m["time/gen_s"], m["async/queue_age_s"] = unit.gen_s, unit.queued_s
+                per_unit.append(m)
+                rewards.append(unit.rewards)
+                bucket = f"lag_{lag_bucket(lag)}"
+                log_w = m.get("is/log_w_mean", 0.0)
+                if cfg.use_decoupled_loss:  # the stale part of W is pi_prox / mu
+                    mask = unit.rollout.response_mask
+                    log_w = float(((old_log_prob - unit.rollout.rollout_log_prob) * mask).sum(-1).mean())
+                stats.add(f"lag_hist/{lag}", 1.0)
+                stats.add("lag_mean", float(lag))
+                stats.add(f"{bucket}/log_w_mean", log_w)
+                if "weight/ess" in m:
+                    stats.add(f"{bucket}/weight_ess", m["weight/ess"])
+            # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
+            step_s = time.perf_counter() - t0
+            metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
+            metrics["time/gen_s"] = float(np.sum([u["time/gen_s"] for u in per_unit]))
+            all_rewards = torch.cat(rewards)
+            metrics["reward/mean"] = float(all_rewards.mean())
+            metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
+            metrics["actor/num_mini_batches"] = float(n_mini)
+            metrics |= stats.flush()
+            metrics["async/lag_max"] = max(
+                float(k.removeprefix("async/lag_hist/")) for k in metrics if "lag_hist/" in k
+            )
+            metrics |= {
+                "time/step_s": step_s,
+                "async/queue_wait_s": waited,
+                "async/learner_util": 1.0 - waited / step_s,
+                "async/sampler_util": (pool.busy_s - busy0) / max(pool.busy_s - busy0 + pool.idle_s - idle0, 1e-9),
+                "async/policy_version": float(opt_step),
+                "async/samples_dropped_total": float(dropped_total),
+                "async/sampler_restarts": float(pool.restarts),
+            }
+            if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
+                metrics |= evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg)
+            logger.log(metrics, step)
+            if step % cfg.save_every == 0 or step == cfg.total_training_steps:
+                save_checkpoint(run_dir, step, model, optimizer, gen, extra={"async": {"next_batch": pool.next_batch}})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", lag=f"{metrics['async/lag_mean']:.1f}")
+    if bar is not None:
+        bar.close()
+    logger.close()
+    summary = stats.summary() | {
+        "loop_s": time.perf_counter() - t_loop,
+        "sampler_restarts": pool.restarts,
+        "lost_batches": pool.lost_batches,
+        "samples_dropped": dropped_total,
+    }
+    (run_dir / "async_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_run(run_dir)
+    model.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
+    return metrics
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Turn SIGTERM into KeyboardInterrupt in the learner, so both unwind through the same shutdown path."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
