@@ -217,7 +217,9 @@ def run_scenario(model_dir, name, loss_mode, hparams, agg, level, rank, world):
         # 4. reference: vespo's public loss on the full batch, the same hyperparameters, autograd gradient
         method = vespo_method(loss_mode)
         kw = dict(log_prob=lp_ref, old_log_prob=old, advantages=batch["advantages"], response_mask=mask.float())
-        ref_loss, _ = vespo.compute_policy_loss(method, rollout_log_prob=rollout, loss_agg_mode=agg, **kw, **hparams)
+        # veRL's weights were not truncated, so W = pi / pi_rollout: vespo with the rollout log-probs, untruncated
+        correction = {} if rollout is None else {"rollout_log_prob": rollout, "rollout_is_threshold": None}
+        ref_loss, _ = vespo.compute_policy_loss(method, loss_agg_mode=agg, **correction, **kw, **hparams)
         # the same loss without what the scenario configures (its hparams, its rollout correction)
         ablated_loss, _ = vespo.compute_policy_loss(method, loss_agg_mode=agg, **kw)
         ref_loss.backward()
