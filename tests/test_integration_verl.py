@@ -23,7 +23,7 @@ def _batch(seed: int, scale: float = 0.3, dtype=torch.float64):
     """Random veRL-style inputs: log-probs (B, T), token-broadcast advantages, right-padded bool mask."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g, dtype=dtype) * 2 - 0.05
-    lp = (old + scale * torch.randn(B, T, generator=g, dtype=dtype)).requires_grad_(True)
+    lp = (-(old + scale * torch.randn(B, T, generator=g, dtype=dtype)).abs()).requires_grad_(True)  # log-probs <= 0
     adv = torch.randn(B, 1, generator=g, dtype=dtype).expand(B, T).clone()
     lengths = torch.tensor([9, 7, 4, 1, 8, 5])
     mask = torch.arange(T)[None, :] < lengths[:, None]
@@ -82,7 +82,7 @@ def test_vespo_equals_compute_policy_loss(mode):
     torch.testing.assert_close(loss, ref, **tol)
     torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), **tol)
     for k in ("vespo/Z", "weight/mean_pos", "weight/ess", "is/log_w_mean"):
-        assert metrics[f"actor/{k}"] == pytest.approx(ref_metrics[k], rel=1e-12)
+        assert metrics[f"actor/{k}"] == pytest.approx(float(ref_metrics[k]), rel=1e-12)
     assert set(metrics) >= {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"}
     assert all(isinstance(v, float) for v in metrics.values())
     valid = mask.double()
@@ -179,7 +179,7 @@ def test_vespo_folds_verl_rollout_is_weights_into_w(level):
     """With veRL's rollout_is_weights w = min(mu/pi_rollout, C), vespo's W becomes pi/mu * w."""
     old, lp, adv, mask = _batch(4, scale=0.05)
     g = torch.Generator().manual_seed(11)
-    rollout = old + 0.05 * torch.randn(B, T, generator=g, dtype=old.dtype)
+    rollout = -(old + 0.05 * torch.randn(B, T, generator=g, dtype=old.dtype)).abs()
     fn = core_algos.get_policy_loss_fn("vespo")
     cfg = _actor(vverl.VespoPolicyLossConfig(rollout_is=level))
     # untruncated (huge threshold): exactly vespo with the rollout log-probs
@@ -208,6 +208,52 @@ def test_vespo_folds_verl_rollout_is_weights_into_w(level):
     assert bool((w[mask] < 1.02 - 1e-12).any()) and bool((w[mask] == 1.02).any())  # both regimes present
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_log_prob_is_truncated_as_verl_truncates_it(level, monkeypatch):
+    """Issue 11.1: from rollout log-probs, every method applies the weight veRL's compute_rollout_correction_weights
+    (threshold 2, its default) would hand it: folded into W for vespo, multiplying the loss for the others."""
+    old, lp, adv, mask = _batch(9, scale=0.3)
+    g = torch.Generator().manual_seed(12)
+    rollout = -(old - torch.randn(B, T, generator=g, dtype=old.dtype)).abs()  # 6-50% of tokens have mu/pi_ro > 2
+    w, _ = compute_rollout_correction_weights(old - rollout, mask.double(), rollout_is=level)
+    frac = float((((old - rollout).exp() > 2.0) & mask).sum() / mask.sum())
+    assert 0.06 < frac < 0.5, frac
+    methods = ["vespo"] + [m for m in vespo.available_methods() if vespo.losses.rollout_correction(m) == level]
+    for method in methods:
+        name = vverl.verl_loss_name(method)
+        cfg = _actor(vverl.VespoPolicyLossConfig(loss_mode=name, rollout_is=level))
+        theirs, _ = core_algos.get_policy_loss_fn(name)(old, lp, adv, mask, config=cfg, rollout_is_weights=w)
+        if method == "vespo" and level == "sequence":
+            continue  # the official code folds token-level weights; a sequence weight is checked above
+        kw = dict(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, loss_agg_mode="token-mean")
+        ours, _ = vespo.compute_policy_loss(method, rollout_log_prob=rollout, **kw)
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12, msg=method)
+        untruncated, _ = vespo.compute_policy_loss(method, rollout_log_prob=rollout, rollout_is_threshold=None, **kw)
+        assert abs(float(untruncated - ours)) > 1e-3 * abs(float(ours)), method  # the truncation matters here
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_agg_loss_matches_installed_verl(mode):
+    """vespo's loss_agg_mode meanings are the installed veRL's (0.9.1): a change in veRL fails here.
+
+    seq-mean-token-sum-norm is mean_i sum_t l_it / T (veRL 0.9.1, TRL's dr_grpo); veRL's main branch has since
+    redefined it as sum_i sum_t l_it / T (no division by the number of sequences).
+    """
+    g = torch.Generator().manual_seed(0)
+    loss_mat = torch.randn(B, T, generator=g, dtype=torch.float64)
+    _, _, _, mask = _batch(0)
+    mask = mask.double()
+    mask[3] = 0  # an empty row is not counted
+    for ours_kw, theirs_kw in (
+        ({}, {}),
+        ({"global_num_tokens": 100.0, "global_num_seqs": 12.0}, {"batch_num_tokens": 100, "global_batch_size": 12}),
+        ({"loss_scale_factor": 4096}, {"loss_scale_factor": 4096}),
+    ):
+        ours = vespo.agg_loss(loss_mat, mask, mode, **ours_kw)
+        theirs = core_algos.agg_loss(loss_mat, mask, mode, **theirs_kw)
+        torch.testing.assert_close(ours, theirs, rtol=1e-7 if mode == "seq-mean-token-mean" else 1e-12, atol=0)
+
+
 def test_rollout_is_level_is_required_and_checked():
     old, lp, adv, mask = _batch(5)
     rollout = old + 0.2 * torch.randn(B, T, generator=torch.Generator().manual_seed(3), dtype=old.dtype)
@@ -215,15 +261,6 @@ def test_rollout_is_level_is_required_and_checked():
     fn = core_algos.get_policy_loss_fn("vespo")
     with pytest.raises(ValueError, match="'token' or per 'sequence'"):
         fn(old, lp, adv, mask, config=_actor(), rollout_is_weights=w_tok)
-    with pytest.raises(ValueError, match="vary along a sequence"):
-        fn(
-            old,
-            lp,
-            adv,
-            mask,
-            config=_actor(vverl.VespoPolicyLossConfig(rollout_is="sequence")),
-            rollout_is_weights=w_tok,
-        )
     with pytest.raises(ValueError, match="rollout_is must be one of"):
         vverl.VespoPolicyLossConfig(rollout_is="seq")
 
@@ -242,8 +279,10 @@ def test_bypass_mode_is_refused():
 def test_bad_hparams_fail_when_the_config_is_built():
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         vverl.VespoPolicyLossConfig(hparams={"k_pos": 2.0})
-    with pytest.raises(ValueError, match="c1_pos > 0"):
+    with pytest.raises(ValueError, match=r"c1_pos must be in \(0, inf\)"):
         vverl.VespoPolicyLossConfig(hparams={"c1_pos": -1.0})
+    with pytest.raises(ValueError, match="c1_pos must be a finite real number, got 'abc'"):
+        vverl.VespoPolicyLossConfig(hparams={"c1_pos": "abc"})
     with pytest.raises(ValueError, match="not a vespo loss"):
         vverl.VespoPolicyLossConfig(loss_mode="vanilla", hparams={"c1_pos": 1.0})
 

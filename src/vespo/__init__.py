@@ -1,12 +1,19 @@
 """vespo: off-policy RL for LLMs with VESPO's sequence-level soft importance-weight kernel.
 
-Public API: `compute_policy_loss`, `available_methods`, `register_method`, `method_hparams`, and the `kernels`
-module (phi, K, phi_max, surrogate, ESS).
+Public API: `compute_policy_loss`, `policy_loss_terms`, `available_methods`, `register_method`, `method_hparams`,
+`validate_hparams`, and the `kernels` module (phi, K, phi_max, surrogate, ESS).
 """
 
 from vespo import kernels
 from vespo.aggregation import agg_loss
-from vespo.losses import available_methods, compute_policy_loss, method_hparams, policy_loss_terms, register_method
+from vespo.losses import (
+    available_methods,
+    compute_policy_loss,
+    method_hparams,
+    policy_loss_terms,
+    register_method,
+    validate_hparams,
+)
 
 __version__ = "0.1.0"
 
@@ -18,4 +25,5 @@ __all__ = [
     "method_hparams",
     "policy_loss_terms",
     "register_method",
+    "validate_hparams",
 ]

@@ -33,11 +33,12 @@ def agg_loss(
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
     mask = mask.to(loss_mat.dtype)
-    token_sums = (loss_mat * mask).sum(dim=-1)  # (B,)
     if loss_agg_mode == "token-mean":
         denom = mask.sum() if global_num_tokens is None else global_num_tokens
-        return token_sums.sum() / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
+        total = torch.dot(loss_mat.reshape(-1), mask.reshape(-1))  # masked sum in one pass
+        return total / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
 
+    token_sums = torch.linalg.vecdot(loss_mat, mask)  # (B,) masked row sums
     lengths = mask.sum(dim=-1)  # (B,)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_losses = token_sums / lengths.clamp(min=1.0)
@@ -47,3 +48,9 @@ def agg_loss(
         seq_losses = token_sums / float(loss_scale_factor if loss_scale_factor is not None else mask.shape[-1])
     denom = (lengths > 0).sum() if global_num_seqs is None else global_num_seqs
     return seq_losses.sum() / torch.clamp(torch.as_tensor(denom, dtype=loss_mat.dtype), min=1.0)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `x` over the valid entries of `mask` (0 when there are none); bool `x` gives a fraction."""
+    mask = mask.to(torch.promote_types(mask.dtype, torch.float32)) if not mask.is_floating_point() else mask
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)

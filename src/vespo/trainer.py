@@ -207,7 +207,7 @@ def ppo_update(
         mini_mask = rollout.response_mask[rows]
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
         optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums: dict[str, Tensor | float] = {}
         micro = _micro_batches(rows, cfg.micro_batch_size)
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
@@ -231,7 +231,7 @@ def ppo_update(
                 kl = (delta.exp() - delta - 1).clamp(-10, 10)  # (b, T)
                 kl_loss = agg_loss(kl, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss + cfg.kl_coef * kl_loss
-                metrics["actor/kl_loss"] = kl_loss.item()
+                metrics["actor/kl_loss"] = kl_loss.detach()
             if entropy is not None:
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - cfg.entropy_coeff * ent_loss
@@ -240,7 +240,7 @@ def ppo_update(
                 sums[key] = sums.get(key, 0.0) + (value if key in _ADDITIVE else value / len(micro))
         sums["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         optimizer.step()
-        history.append(sums)
+        history.append({k: float(v) for k, v in sums.items()})  # metrics stay tensors until here: one sync per step
     return history
 
 

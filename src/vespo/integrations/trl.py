@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from vespo.aggregation import LOSS_AGG_MODES, agg_loss
-from vespo.integrations._engine import engine_policy_loss_terms
-from vespo.losses import default_loss_agg_mode, policy_loss_terms
+from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
+from vespo.losses import default_loss_agg_mode, kl_k3, policy_loss_terms, validate_hparams
 
 Tensor = torch.Tensor
 
@@ -73,11 +72,7 @@ class VespoGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}"
             )
-        # Validate the method and its hyperparameters with the core's own checks, on a 1 x 1 batch.
-        x = torch.zeros(1, 1)
-        policy_loss_terms(
-            self.vespo_method, log_prob=x, old_log_prob=x, advantages=x[:, 0], response_mask=x + 1, **self.vespo_hparams
-        )
+        validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
 
 
 class VespoGRPOTrainer(GRPOTrainer):
@@ -85,8 +80,8 @@ class VespoGRPOTrainer(GRPOTrainer):
 
     Off-policy inputs: `old_per_token_logps` is the behaviour policy mu (TRL leaves it None when generation and
     optimisation are aligned; then mu = pi and W = 1). With vLLM importance-sampling correction, TRL's truncated ratio
-    mu / pi_vllm is folded into W for "vespo" and multiplies the per-token loss for the other methods
-    (`vespo.integrations._engine`). The KL term (`beta`) is added as TRL adds it. Metrics are vespo's names
+    mu / pi_vllm is handed to the core as `rollout_is_weights` (folded into W for "vespo", multiplying the per-token
+    loss for the other methods). The KL term (`beta`) is added as TRL adds it. Metrics are vespo's names
     ("is/log_w_mean", "weight/mean_pos", "vespo/Z", "clip/frac", "loss/pg", ...), averaged over processes, plus
     TRL's "entropy" and "kl".
     """
@@ -116,31 +111,31 @@ class VespoGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old  # None: generation and update aligned, mu = pi
 
-        is_weights = inputs.get("importance_sampling_ratio")  # vLLM: (B, T) token modes, (B, 1) sequence modes
         is_level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
-        loss_mat, metrics = engine_policy_loss_terms(
+        loss_mat, metrics = policy_loss_terms(
             self.args.vespo_method,
             log_prob=per_token_logps,
             old_log_prob=old,
             advantages=inputs["advantages"],
             response_mask=mask,
-            is_weights=is_weights,
-            is_level=is_level,
-            hparams=self.args.vespo_hparams,
+            rollout_is_weights=inputs.get("importance_sampling_ratio"),  # vLLM: (B, T) token modes, (B, 1) sequence
+            rollout_is_level=is_level,
+            allow_empty_rows=True,  # TRL pads micro-batches and masks tool tokens
+            validate=False,  # model log-probs; no host sync per micro-batch
+            **self.args.vespo_hparams,
         )
         mode = "train" if self.model.training else "eval"
         pg_loss = agg_loss(loss_mat, mask, self.vespo_loss_agg_mode, **self._global_counts(inputs, mask, mode))
         loss = pg_loss
         if self.beta != 0.0:  # k3 KL to the reference model, as TRL computes it
-            ref = inputs["ref_per_token_logps"]
-            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1  # (B, T)
+            per_token_kl = kl_k3(inputs["ref_per_token_logps"] - per_token_logps)  # (B, T) KL(pi || ref), as TRL
             if self.args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old)
             kl = agg_loss(per_token_kl, mask, self.vespo_loss_agg_mode, **self._global_counts(inputs, mask, mode))
             loss = loss + self.beta * kl
-            metrics["kl"] = self._local_mean(per_token_kl, mask)
+            metrics["kl"] = masked_mean(per_token_kl.detach(), mask)
         metrics["loss/pg"] = pg_loss.detach()
-        metrics["entropy"] = self._local_mean(entropies, mask)
+        metrics["entropy"] = masked_mean(entropies.detach(), mask)
         self._log_vespo_metrics(metrics, mode)
         return loss
 
@@ -161,11 +156,6 @@ class VespoGRPOTrainer(GRPOTrainer):
         if self.vespo_loss_agg_mode == "seq-mean-token-sum-norm":
             counts["loss_scale_factor"] = self.max_completion_length
         return counts
-
-    @staticmethod
-    def _local_mean(x: Tensor, mask: Tensor) -> Tensor:
-        mask = mask.to(x.dtype)
-        return ((x * mask).sum() / mask.sum().clamp(min=1.0)).detach()
 
     def _log_vespo_metrics(self, metrics: dict[str, Tensor], mode: str) -> None:
         """Append each metric, averaged over processes with one gather, to TRL's `self._metrics[mode]`."""

@@ -20,8 +20,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
-from vespo.integrations._engine import FOLDS_IS_INTO_W, IS_LEVELS, engine_policy_loss_terms
-from vespo.losses import available_methods, method_hparams, policy_loss_terms
+from vespo.losses import available_methods, method_hparams, policy_loss_terms, validate_hparams
 
 Tensor = torch.Tensor
 
@@ -81,8 +80,8 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
     ):
         raise ValueError(_BYPASS_MESSAGE)
     level = policy_loss.get("rollout_is")
-    if level is not None and level not in IS_LEVELS:
-        raise ValueError(f"policy_loss.rollout_is must be one of {IS_LEVELS} or null, got {level!r}")
+    if level not in (None, "token", "sequence"):
+        raise ValueError(f"policy_loss.rollout_is must be one of ('token', 'sequence') or null, got {level!r}")
     method = vespo_method(policy_loss.get("loss_mode", ""))
     hparams = dict(policy_loss.get("hparams") or {})
     if method is None:
@@ -92,9 +91,7 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
                 f"vespo's are {sorted(verl_loss_name(m) for m in available_methods())}"
             )
         return
-    # One tiny call validates names and values with the core's own checks (unknown keys, c > 0, ranges, ...).
-    x = torch.zeros(1, 1)
-    policy_loss_terms(method, log_prob=x, old_log_prob=x, advantages=x[:, 0], response_mask=x + 1, **hparams)
+    validate_hparams(method, **hparams)  # the core's one check of names, types and values
 
 
 def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, dict[str, Any]]:
@@ -110,18 +107,14 @@ def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, d
     )
 
 
-def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
 def make_policy_loss_fn(method: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
     """A function with veRL's `PolicyLossFn` signature computing vespo's `method`.
 
-    It reads the hyperparameters from `config.policy_loss.hparams`, converts `rollout_is_weights` (folded into W for
-    "vespo", multiplied into the per-token loss otherwise: `vespo.integrations._engine`), aggregates with veRL's
+    It reads the hyperparameters from `config.policy_loss.hparams`, hands `rollout_is_weights` to the core (folded
+    into W for "vespo", multiplied into the per-token loss otherwise), aggregates with veRL's
     `agg_loss(..., **config.global_batch_info)` and returns veRL's metric names ("actor/pg_clipfrac",
-    "actor/ppo_kl", "actor/pg_clipfrac_lower") plus vespo's own metrics under "actor/<name>".
+    "actor/ppo_kl", "actor/pg_clipfrac_lower") plus vespo's own metrics under "actor/<name>", as floats converted
+    with one host sync (veRL's metric convention).
     """
     method_hparams(method)  # unknown method -> ValueError now, not at the first training step
 
@@ -135,28 +128,30 @@ def make_policy_loss_fn(method: str) -> Callable[..., tuple[Tensor, dict[str, An
         rollout_is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         hparams, level, batch_info = _policy_loss_settings(config)
-        loss_mat, metrics = engine_policy_loss_terms(
+        loss_mat, metrics = policy_loss_terms(
             method,
             log_prob=log_prob,
             old_log_prob=old_log_prob,
             advantages=advantages,
             response_mask=response_mask,
-            is_weights=rollout_is_weights,
-            is_level=level,
-            hparams=hparams,
+            rollout_is_weights=rollout_is_weights,
+            rollout_is_level=level,
+            allow_empty_rows=True,  # veRL pads micro-batches and rejects sequences by masking them
+            validate=False,  # model log-probs; no host sync per micro-batch
+            **hparams,
         )
         pg_loss = agg_loss(
             loss_mat=loss_mat, loss_mask=response_mask.to(loss_mat.dtype), loss_agg_mode=loss_agg_mode, **batch_info
         )
-        zero = torch.zeros((), device=loss_mat.device)
-        log_ratio = torch.clamp(log_prob.detach() - old_log_prob, -20.0, 20.0)  # as veRL's built-ins
+        zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
         out = {
             "actor/pg_clipfrac": metrics.pop("clip/frac", zero),
             "actor/pg_clipfrac_lower": metrics.pop("clip/frac_lower", zero),
-            "actor/ppo_kl": _masked_mean(-log_ratio, response_mask),  # k1 estimate of KL(mu || pi), veRL's definition
+            "actor/ppo_kl": metrics["is/approx_kl"],  # k1 estimate of KL(mu || pi), veRL's definition
         }
         out.update({f"actor/{k}": v for k, v in metrics.items()})
-        return pg_loss, {k: float(v) for k, v in out.items()}
+        values = torch.stack([v.detach().to(torch.float64).reshape(()) for v in out.values()]).tolist()  # one sync
+        return pg_loss, dict(zip(out, values, strict=True))
 
     policy_loss_fn.__name__ = f"compute_policy_loss_{verl_loss_name(method)}"
     policy_loss_fn.__qualname__ = policy_loss_fn.__name__
@@ -185,7 +180,6 @@ def register_all() -> list[str]:
 REGISTERED = register_all()
 
 __all__ = [
-    "FOLDS_IS_INTO_W",
     "REGISTERED",
     "VespoPolicyLossConfig",
     "make_policy_loss_fn",
