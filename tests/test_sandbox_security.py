@@ -4,14 +4,17 @@ Every program runs under tight limits (2 s CPU, 6 s wall, 256 MiB, 16 processes)
 bomb cannot take down the machine. The test case asks for "ok", which no hostile program prints.
 """
 
+import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from vespo.rewards import SandboxLimits, grade_code, run_in_sandbox
-from vespo.rewards._sandbox_child import UID_BASE
+from vespo.rewards import SandboxLimits, grade_code, run_in_sandbox, score_code
+from vespo.rewards import sandbox as sandbox_mod
+from vespo.rewards.sandbox import UID_BASE
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=6.0, test_timeout_s=3.0, memory_mb=256, file_size_mb=4, max_processes=16)
 TEST = [{"input": "", "output": "ok"}]
@@ -97,7 +100,8 @@ def test_hostile_programs_are_contained(host, monkeypatch, capsys):
         run = run_in_sandbox(program, [""], mode="stdio", limits=LIMITS) if name == "read_env" else None
         ok = grade.score == 0.0 and (check is None or check())
         if run is not None:
-            ok = ok and SECRET not in (run.outputs[0] or "") + run.stdout and "VESPO_SECRET_TOKEN" not in run.stdout
+            printed = run.outputs[0]
+            ok = ok and printed is not None and SECRET not in printed and "VESPO_SECRET_TOKEN" not in printed
         contained[name] = ok
     leftover = _live_sandbox_processes()
     with capsys.disabled():
@@ -115,3 +119,235 @@ def test_sandbox_still_runs_honest_code_after_the_attacks():
 def test_infinite_loop_reports_wall_clock_timeout():
     run = run_in_sandbox("while True: pass", ["", ""], mode="stdio", limits=SandboxLimits(cpu_s=30, wall_s=1.0))
     assert run.timed_out and run.outputs == [None, None]
+
+
+# ---- Forgers: programs that try to make the grader say "pass" without solving the problem -------------------------
+
+SQUARE_ASSERT = [
+    {
+        "assert": "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(31607) == 999002449\n"
+        "\ncheck(square)\n",
+        "entry_point": "square",
+    }
+]
+SQUARE_CALL = [{"fn_name": "square", "input": [31607], "output": 999002449}]
+SQUARE_STDIO = [{"input": "31607\n", "output": "999002449\n"}]
+FORGE_LIMITS = SandboxLimits(cpu_s=4, wall_s=8.0, test_timeout_s=2.0, memory_mb=256, file_size_mb=4, disk_mb=16)
+ANSWER = "999002449"
+WRONG = "def square(x):\n    return 0\n"
+
+
+def _forgers(tmp: Path) -> dict[str, tuple[str, list]]:
+    """name -> (program, tests). Every one must score 0; honest behaviour would be ``return x * x``."""
+    planted = [tmp / "answers.txt", Path.home() / ".cache" / "vespo-forger-answers.txt"]
+    fd_forgery = b'{"passed": true}\n{"value": 999002449}\n{"output": "999002449\\n"}\n'
+    return {
+        # objects that compare equal to anything (the classic HumanEval forgery)
+        "eq_anything": (
+            "class Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+            "def square(x):\n    return Any()\n",
+            SQUARE_ASSERT,
+        ),
+        "int_subclass_eq": (
+            "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\n"
+            "def square(x):\n    return I(0)\n",
+            SQUARE_CALL,
+        ),
+        # write a verdict into every descriptor the harness might keep open
+        "forge_on_fds": (
+            f"import os\ndef square(x):\n    for fd in range(64):\n        try:\n"
+            f"            os.write(fd, {fd_forgery!r})\n        except OSError:\n            pass\n"
+            f"    return 0\n",
+            SQUARE_ASSERT,
+        ),
+        "forge_at_import": (
+            f"import os\nfor fd in range(64):\n    try:\n        os.write(fd, {fd_forgery!r})\n"
+            f"    except OSError:\n        pass\nos._exit(0)\n",
+            SQUARE_ASSERT,
+        ),
+        # patch the interpreter the test would run in
+        "patch_builtins": (
+            "import builtins, sys\nbuiltins.AssertionError = type('Q', (BaseException,), {})\n"
+            "builtins.isinstance = lambda *a: True\nsys.modules['json'] = None\n" + WRONG,
+            SQUARE_ASSERT,
+        ),
+        # special files where the old grader read its result: FIFOs, symlinks to secrets
+        "fifo_and_symlinks": (
+            "import os\nfor n in ('stdout', 'stderr', 'result.json'):\n    os.mkfifo(n)\n"
+            "os.symlink('/etc/shadow', 'shadow')\nos.symlink('/proc/1/environ', 'env')\n" + WRONG,
+            SQUARE_CALL,
+        ),
+        "deep_tree": ("import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n" + WRONG, SQUARE_CALL),
+        # garbage and forged messages on the reply channel
+        "garbage_reply": (
+            "import os\ndef square(x):\n    os.write(1, b'\\xff{not json\\n')\n"
+            "    os.write(4, b'[' * 200000 + b'\\n')\n    return 0\n",
+            SQUARE_CALL,
+        ),
+        "non_string_output": ("import os\nos.write(4, b'{\"output\": 999002449}\\n')\n", SQUARE_STDIO),
+        # numbers that are not the integer asked for, though float() would accept them
+        "near_integer": ("print(999002049)\n", SQUARE_STDIO),
+        "numeral_forms": ("print('999_002_449')\n", SQUARE_STDIO),
+        "arabic_indic_digits": (
+            "print('\\u0669\\u0669\\u0669\\u0660\\u0660\\u0662\\u0664\\u0664\\u0669')\n",
+            SQUARE_STDIO,
+        ),
+        "float_for_int": ("def square(x):\n    return 999002448.9999\n", SQUARE_CALL),
+        # disarm the per-test timer, then stall
+        "disarm_timer": (
+            "import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+            "signal.signal(signal.SIGALRM, signal.SIG_IGN)\ndef square(x):\n    while True:\n"
+            "        pass\n",
+            SQUARE_ASSERT,
+        ),
+        # look for the expected outputs on disk (project tree, caches, the grader's environment)
+        "read_answers_on_disk": (
+            "import os\ndef square(x):\n"
+            f"    for p in {[str(p) for p in planted]!r} + ['/proc/%d/environ' % i for i in range(1, 400)]:\n"
+            "        try:\n            t = open(p, errors='replace').read()\n        except OSError:\n"
+            "            continue\n"
+            f"        if {ANSWER!r} in t:\n            return x * x\n    return 0\n",
+            SQUARE_CALL,
+        ),
+        # leave the answer in System V shared memory for the next sandbox (written here, read by the next run)
+        "shm_channel": (
+            "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "shm = libc.shmget(0x5E5E, 4096, 0o1666)\nprint('shmget', shm, ctypes.get_errno())\n",
+            SQUARE_STDIO,
+        ),
+    }
+
+
+def _sysv_shm() -> list[str]:
+    return Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+
+
+def test_forgers_score_zero_and_leave_nothing_behind(tmp_path, capsys):
+    planted = [tmp_path / "answers.txt", Path.home() / ".cache" / "vespo-forger-answers.txt"]
+    for p in planted:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(ANSWER)
+    shm_before, dirs_before = _sysv_shm(), set(Path(tempfile.gettempdir()).glob("vespo-sandbox-*"))
+    try:
+        forgers = _forgers(tmp_path)
+        programs = [p for p, _ in forgers.values()] + ["def square(x):\n    return x * x\n"] * 2
+        tests = [t for _, t in forgers.values()] + [SQUARE_ASSERT, SQUARE_CALL]
+        grades = score_code(programs, tests, limits=FORGE_LIMITS, num_workers=2).grades
+    finally:
+        for p in planted:
+            p.unlink()
+    scores = dict(zip(forgers, (g.score for g in grades), strict=False))
+    with capsys.disabled():
+        print(f"\nforgers: {sum(s == 0 for s in scores.values())}/{len(scores)} score 0: {scores}")
+    assert len(forgers) >= 12
+    assert all(s == 0.0 for s in scores.values()), scores
+    assert [g.score for g in grades[-2:]] == [1.0, 1.0]  # honest programs in the same batch still pass
+    assert not _live_sandbox_processes()
+    assert _sysv_shm() == shm_before
+    assert set(Path(tempfile.gettempdir()).glob("vespo-sandbox-*")) == dirs_before
+    assert not [d for parent in _cgroup_parents() for d in parent.glob("vespo-*")]
+
+
+def _cgroup_parents() -> list[Path]:
+    own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
+    return [Path(f"/sys/fs/cgroup/{c}{own.get(c, '/')}") for c in ("memory", "pids")] + [Path("/sys/fs/cgroup")]
+
+
+PROBE = """
+import json, os, socket, time
+facts = {"pids": len([p for p in os.listdir("/proc") if p.isdigit()]), "root": sorted(os.listdir("/"))}
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+facts["no_new_privs"], facts["seccomp"] = int(status["NoNewPrivs"]), int(status["Seccomp"])
+facts["sockets"] = []
+for family in (socket.AF_INET, socket.AF_UNIX):
+    for make in (socket.socket, socket.SocketType):
+        try:
+            make(family, socket.SOCK_STREAM).close()
+            facts["sockets"].append(family)
+        except OSError:
+            pass
+written = 0
+try:
+    for i in range(64):
+        with open(f"fill{i}", "wb") as f:
+            for _ in range(4):
+                f.write(b"x" * (1 << 20))
+                written += 1
+except OSError:
+    pass
+facts["disk_mb"] = written
+alive = 0
+kids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            block = b"x" * (150 << 20)
+            time.sleep(1.0)
+            os._exit(0)
+        except MemoryError:
+            os._exit(3)
+    kids.append(pid)
+for pid in kids:
+    alive += os.waitpid(pid, 0)[1] == 0
+facts["memory_holders"] = alive
+print(json.dumps(facts))
+"""
+
+
+def test_containment_probe():
+    """What a program sees and can take: host processes, files, sockets, disk, memory across processes."""
+    limits = SandboxLimits(cpu_s=10, wall_s=20.0, test_timeout_s=15.0, memory_mb=256, file_size_mb=4, disk_mb=16)
+    run = run_in_sandbox(PROBE, [""], mode="stdio", limits=limits)
+    assert run.errors == [None], run.errors
+    facts = json.loads(run.outputs[0])
+    assert facts["no_new_privs"] == 1 and facts["seccomp"] == 2  # seccomp mode 2 = filter
+    assert facts["sockets"] == []  # socket.SocketType is the same class: no bypass
+    if not run.isolated:  # the kernel refused namespaces: rlimits, no_new_privs and seccomp only (docs/rewards.md)
+        return
+    assert facts["pids"] <= 2  # a fresh PID namespace: no host process, no command line to read
+    assert set(facts["root"]) <= {
+        "bin",
+        "dev",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "root",
+        "sbin",
+        "tmp",
+        "usr",
+        "work",
+    }
+    assert facts["disk_mb"] <= 16  # the workdir is a 16 MiB tmpfs
+    # 4 processes x 150 MB each fit under the 256 MiB per-process RLIMIT_AS; the cgroup caps their sum at 256 MiB
+    assert facts["memory_holders"] <= (1 if run.cgroup else 4)
+
+
+def test_honest_large_outputs_score():
+    """20 cases of 0.9 MB stdout, and a return value whose JSON escaping doubles its size, still pass."""
+    big = [{"input": f"{i}\n", "output": "y" * 900_000 + "\n"} for i in range(20)]
+    assert grade_code("input()\nprint('y' * 900_000)", big).score == 1.0
+    weird = '"\\\n\u2028😀' * 150_000
+    tests = [{"fn_name": "f", "input": [], "output": json.dumps(weird)}]  # call outputs are JSON text
+    assert grade_code(f"def f():\n    return {weird!r}", tests).score == 1.0
+    over = [{"fn_name": "f", "input": [], "output": '"z"'}]
+    grade = grade_code("def f():\n    return 'z' * 50_000_000", over, limits=SandboxLimits(max_output_chars=1000))
+    assert grade.score == 0.0 and "bytes" in grade.error
+
+
+def test_cleanup_survives_a_deep_tree(tmp_path):
+    """Deeper than Python's recursion limit (shutil.rmtree raised RecursionError), with an unreadable dir and a FIFO."""
+    root = tmp_path / "deep"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    os.mkfifo(root / "fifo")
+    (root / "locked").mkdir(mode=0)
+    sandbox_mod._remove_tree(str(root))
+    assert not root.exists()

@@ -80,6 +80,8 @@ class TrainConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step."""
+    log_update_norm: bool = False
+    """Log actor/update_norm, the size of each optimizer step (costs one copy of the weights per mini-batch)."""
 
     # --- rollout
     max_response_length: int = 16

@@ -1,79 +1,109 @@
-"""Runs inside the sandbox process: confine itself, then execute the candidate program on each test input.
+"""Runs inside the sandbox: confine itself, then serve run/call requests for the candidate program as data.
 
-Started by `vespo.rewards.sandbox.run_tests` as ``python -I _sandbox_child.py spec.json`` with the sandbox directory as
-working directory. Only the standard library is used. Order matters: namespaces and mounts need root, so they come
-first; resource limits next; the uid/gid drop last, after which nothing can be undone. Expected outputs never enter
-this process: it only reports what the program produced, and the grader compares.
+Started by `vespo.rewards.sandbox` as ``python -I -S _sandbox_child.py`` with a request pipe on fd 0 and a response pipe
+on fd 1 (one JSON message per line, see `_wire`). Only the standard library is used. Order matters: namespaces,
+mounts and the new root need root, so they come first; resource limits and ``no_new_privs`` next; the uid drop and
+the seccomp filter last, after which nothing can be undone. This process is untrusted once the candidate runs: it
+never sees expected outputs or test code, and whatever it sends back is only data for the grader to judge.
 """
 
+import builtins
 import ctypes
-import io
-import json
 import os
 import resource
 import signal
+import struct
 import sys
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+import _wire
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x04000000, 0x08000000, 0x20000000
+CLONE_NEWNET, CLONE_NEWUSER, CLONE_NEWCGROUP, CLONE_NEWTIME = 0x40000000, 0x10000000, 0x02000000, 0x80
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 1 << 12, 1 << 14, 1 << 18
-UID_BASE = 2_000_000_000  # one fresh uid per sandbox: RLIMIT_NPROC and kill() permissions become per-sandbox
-WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+NEW_ROOT = "/tmp"  # a tmpfs mounted here inside the private mount namespace becomes "/" (host /tmp is untouched)
+DEVICES = ("null", "zero", "random", "urandom")
+
+libc = ctypes.CDLL(None, use_errno=True)
 
 
-class TestTimeout(BaseException):
-    """Raised by SIGALRM when one test input runs past its time limit."""
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
-def _isolate_namespaces(tmpfs_mb: int) -> bool:
-    """New network + mount namespace; private tmpfs over world-writable dirs. True when it worked (needs root)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET | CLONE_NEWNS) != 0:
-        return False
-    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return False
-    opts = f"size={tmpfs_mb}m,mode=1777".encode()
-    for path in WORLD_WRITABLE:  # cwd keeps pointing at the sandbox dir even where /tmp is mounted over
-        if os.path.isdir(path) and libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0, opts) != 0:
+def _mount(source, target: str, fstype, flags: int, data=None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def _enter_namespaces(privileged: bool) -> bool:
+    """New PID, mount, network, IPC and UTS namespaces (False if the kernel refuses); without root inside a new user
+    namespace where only our own uid/gid exist (as 0). Then fork: the child becomes PID 1 and this process only
+    waits for it, so killing this process kills the whole sandbox (PDEATHSIG on PID 1)."""
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if privileged:
+        if libc.unshare(flags) != 0:
             return False
-    return _expose_python(libc)
-
-
-def _expose_python(libc) -> bool:
-    """Keep the interpreter's import path readable after the uid drop when it lives under a private dir.
-
-    E.g. pyenv under ``/root`` (mode 0700): an empty tmpfs goes over ``/root`` and only the needed child
-    (``/root/.pyenv``) is bind-mounted back, so the rest of the private directory stays hidden.
-    """
-    hidden: dict[str, set[str]] = {}  # blocking ancestor -> children that must be visible again
-    for entry in filter(os.path.isdir, sys.path):
-        parts = os.path.realpath(entry).split(os.sep)
-        for depth in range(2, len(parts)):
-            ancestor = os.sep.join(parts[:depth]) or os.sep
-            if not os.stat(ancestor).st_mode & 0o001:
-                hidden.setdefault(ancestor, set()).add(parts[depth])
-                break
-    for ancestor, children in hidden.items():
-        fds = {child: os.open(os.path.join(ancestor, child), os.O_RDONLY | os.O_DIRECTORY) for child in children}
-        if libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", 0, b"size=1m,mode=0755") != 0:
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(CLONE_NEWUSER | flags) != 0:
             return False
-        for child, fd in fds.items():
-            os.mkdir(os.path.join(ancestor, child))
-            source = f"/proc/self/fd/{fd}".encode()
-            if libc.mount(source, os.path.join(ancestor, child).encode(), None, MS_BIND | MS_REC, None) != 0:
-                return False
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    pid = os.fork()
+    if pid:
+        for fd in (0, 1, 3, 4):
             os.close(fd)
+        os.waitpid(pid, 0)
+        os._exit(0)
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
     return True
 
 
-def _block_sockets() -> None:
-    """Fallback without a network namespace: make socket creation raise (a ctypes call could still bypass it)."""
-    import _socket
-    import socket
+def _visible_dirs() -> list[str]:
+    """Host directories the interpreter needs: its prefix (stdlib, lib-dynload) and the system shared libraries."""
+    multiarch = sys.implementation._multiarch
+    dirs = [sys.base_prefix, f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/usr/lib64", "/lib64"]
+    return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
 
-    def refuse(*args, **kwargs):
-        raise PermissionError("network access is disabled in the vespo sandbox")
 
-    socket.socket = _socket.socket = socket.create_connection = refuse  # type: ignore[assignment]
+def _build_root(uid: int, disk_mb: int) -> None:
+    """A read-only tmpfs root with only the interpreter, the stdlib, shared libraries, four devices, a fresh /proc
+    and a size-limited tmpfs workdir at /work (also /tmp); then chroot into it."""
+    ro = MS_RDONLY | MS_NOSUID | MS_NODEV
+    _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for host_dir in _visible_dirs():
+        target = NEW_ROOT + host_dir
+        os.makedirs(target, exist_ok=True)
+        _mount(host_dir, target, None, MS_BIND | MS_REC)
+        _mount(None, target, None, MS_REMOUNT | MS_BIND | ro)
+    for site in {
+        os.path.join(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", n)
+        for n in ("site-packages", "dist-packages")
+    }:
+        if os.path.isdir(NEW_ROOT + site):  # third-party packages (and their caches) stay hidden
+            _mount("tmpfs", NEW_ROOT + site, "tmpfs", ro, "size=4k,mode=0555")
+    for name in os.listdir("/"):  # merged-/usr links such as /lib -> usr/lib, /lib64 -> usr/lib64
+        if os.path.islink("/" + name) and not os.path.lexists(f"{NEW_ROOT}/{name}"):
+            os.symlink(os.readlink("/" + name), f"{NEW_ROOT}/{name}")
+    os.mkdir(f"{NEW_ROOT}/dev")
+    for dev in DEVICES:
+        open(f"{NEW_ROOT}/dev/{dev}", "w").close()
+        _mount(f"/dev/{dev}", f"{NEW_ROOT}/dev/{dev}", None, MS_BIND)
+    os.mkdir(f"{NEW_ROOT}/proc")
+    _mount("proc", f"{NEW_ROOT}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(f"{NEW_ROOT}/work")
+    _mount("tmpfs", f"{NEW_ROOT}/work", "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=0700")
+    os.chown(f"{NEW_ROOT}/work", uid, uid)
+    os.symlink("/work", f"{NEW_ROOT}/tmp")
+    _mount(None, NEW_ROOT, None, MS_REMOUNT | ro, "size=1m,mode=0755")
+    os.chdir(NEW_ROOT)
+    os.chroot(".")
+    os.chdir("/work")
 
 
 def _apply_limits(limits: dict, extra_procs: int) -> None:
@@ -86,94 +116,183 @@ def _apply_limits(limits: dict, extra_procs: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _drop_privileges() -> None:
-    uid = UID_BASE + os.getpid()
-    os.chown(".", uid, uid)
+def _drop_capabilities() -> None:
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    _check(libc.capset(header, bytes(24)), "capset")  # effective, permitted, inheritable = 0 (two 32-bit words)
+
+
+def _drop_privileges(uid: int) -> None:
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
 
 
-def _run_one(fn, timeout_s: float) -> dict:
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+# Seccomp (x86_64): a classic-BPF deny list built with ctypes, no libseccomp. Denied calls fail with EPERM; a foreign
+# architecture or x32 ABI call kills the process. Numbers from the kernel's arch/x86/entry/syscalls/syscall_64.tbl.
+AUDIT_ARCH_X86_64 = 0xC000003E
+DENIED_SYSCALLS = {
+    "socket": 41,
+    "shmget": 29,
+    "semget": 64,
+    "msgget": 68,
+    "ptrace": 101,
+    "personality": 135,
+    "pivot_root": 155,
+    "chroot": 161,
+    "acct": 163,
+    "mount": 165,
+    "umount2": 166,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "init_module": 175,
+    "delete_module": 176,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "setns": 308,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "finit_module": 313,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "fsopen": 430,
+    "fsmount": 432,
+    "open_tree": 428,
+    "move_mount": 429,
+}
+NR_CLONE, NR_CLONE3 = 56, 435
+NAMESPACE_FLAGS = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUSER
+NAMESPACE_FLAGS |= CLONE_NEWCGROUP | CLONE_NEWTIME
+RET_ALLOW, RET_KILL, RET_EPERM, RET_ENOSYS = 0x7FFF0000, 0x80000000, 0x00050000 | 1, 0x00050000 | 38
+LD_ABS, JEQ, JSET, JGE, RET = 0x20, 0x15, 0x45, 0x35, 0x06
+
+
+def _seccomp_program() -> list[tuple[int, int, int, int]]:
+    """(code, jt, jf, k) instructions over struct seccomp_data {nr @0, arch @4, ip @8, args[6] @16}."""
+    prog = [(LD_ABS, 0, 0, 4), (JEQ, 1, 0, AUDIT_ARCH_X86_64), (RET, 0, 0, RET_KILL), (LD_ABS, 0, 0, 0)]
+    prog += [(JGE, 0, 1, 0x40000000), (RET, 0, 0, RET_KILL)]  # x32 ABI aliases
+    for nr in DENIED_SYSCALLS.values():
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, RET_EPERM)]
+    prog += [(JEQ, 0, 1, NR_CLONE3), (RET, 0, 0, RET_ENOSYS)]  # clone3 flags sit behind a pointer: libc falls back
+    prog += [(JEQ, 0, 3, NR_CLONE), (LD_ABS, 0, 0, 16), (JSET, 0, 1, NAMESPACE_FLAGS), (RET, 0, 0, RET_EPERM)]
+    return prog + [(RET, 0, 0, RET_ALLOW)]
+
+
+def _install_seccomp() -> bool:
+    """Install the filter (needs no_new_privs or root); False on another architecture."""
+    if os.uname().machine != "x86_64":
+        return False
+    prog = _seccomp_program()
+    filt = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in prog))
+    fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(filt))
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0), "prctl(SECCOMP)")
+    return True
+
+
+def _error(exc: BaseException) -> dict:
+    return {"error": f"{type(exc).__name__}: {exc}"[:500], "type": type(exc).__name__}
+
+
+def _run_stdio(code, stdin_text: str, max_chars: int) -> dict:
+    """Run the program with fds 0/1 on fresh memory files, so ``input()``, ``sys.stdin.buffer``, ``open(0)`` and
+    ``os.write(1, ...)`` all work; stdout is bounded by RLIMIT_FSIZE and read back up to the output cap."""
+    for fd, name in ((0, "stdin"), (1, "stdout")):
+        memfd = os.memfd_create(name)  # may itself be 0 or 1 if the last program closed that fd
+        if memfd != fd:
+            os.dup2(memfd, fd)
+            os.close(memfd)
+    os.write(0, stdin_text.encode())
+    os.lseek(0, 0, os.SEEK_SET)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     try:
-        return {"output": fn()}
-    except TestTimeout:
-        return {"error": "timeout"}
-    except SystemExit as exc:  # exit() inside a stdio program ends that test, not the harness
-        return {"error": f"SystemExit({exc.code})"} if exc.code not in (None, 0) else {"output": None}
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+        sys.stdout.flush()
+    except SystemExit as exc:  # exit() ends this test, not the server
+        if exc.code not in (None, 0):
+            return {"error": f"SystemExit({exc.code})"}
+        sys.stdout.flush()
     except BaseException as exc:  # noqa: BLE001 - any failure of untrusted code is one failed test
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        return _error(exc)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.stdout, sys.stdin = sys.__stdout__, sys.__stdin__
+    try:
+        data = os.pread(1, 4 * max_chars + 4, 0)
+    except OSError as exc:
+        return _error(exc)
+    text = data.decode("utf-8", "replace")
+    return {"output": text} if len(text) <= max_chars else {"error": f"output over {max_chars} characters"}
 
 
-def _stdio_runner(code, stdin_text: str, max_chars: int):
-    def run():
-        out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode()), encoding="utf-8")
-        sys.stdout = out
-        try:
-            exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-        except SystemExit as exc:
-            if exc.code not in (None, 0):
-                raise
-        finally:
-            sys.stdout, sys.stdin = sys.__stdout__, sys.__stdin__
-        return out.buffer.getvalue().decode("utf-8", "replace")[:max_chars]
-
-    return run
-
-
-def _call_runner(code, fn_name: str, args: list, max_chars: int):
-    def run():
-        env = {"__name__": "__main__", "__builtins__": __builtins__}
-        exec(code, env)
-        owner = env["Solution"]() if "Solution" in env and hasattr(env["Solution"], fn_name) else None
-        fn = getattr(owner, fn_name) if owner is not None else env[fn_name]
-        return json.dumps(fn(*args))[:max_chars]
-
-    return run
-
-
-def _assert_runner(code, test_code: str):
-    def run():
-        env = {"__name__": "__main__", "__builtins__": __builtins__}
-        exec(code, env)
-        exec(compile(test_code, "<test>", "exec"), env)
-        return "passed"
-
-    return run
+def _call(env: dict, request: dict) -> dict:
+    try:
+        name = request["name"]
+        owner = env.get("Solution")
+        fn = getattr(owner(), name) if isinstance(owner, type) and hasattr(owner, name) else env[name]
+        value = fn(*_wire.decode(request["args"]), **_wire.decode(request["kwargs"]))
+        return {"value": _wire.encode(value)}
+    except BaseException as exc:  # noqa: BLE001
+        return _error(exc)
 
 
 def main() -> None:
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
-    result = open("result.json", "w")  # opened before the drop; the program can only ever spoil its own result
-    isolated = os.geteuid() == 0 and _isolate_namespaces(spec["limits"]["file_size_mb"])
-    if not isolated:
-        _block_sockets()
-    _apply_limits(spec["limits"], extra_procs=0 if os.geteuid() == 0 else spec["user_procs"])
-    if os.geteuid() == 0:
-        _drop_privileges()
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TestTimeout()))
-    max_chars = spec["limits"]["max_output_chars"]
+    requests, responses = os.dup(0), os.dup(1)  # fds 3 and 4; 0-2 become /dev/null below
+    reader = _wire.Reader(requests, 1 << 30)
+    spec = reader.read(None)
+    limits = spec["limits"]
+    privileged = os.geteuid() == 0
+    root = _enter_namespaces(privileged)
+    if root:
+        _build_root(spec["uid"] if privileged else 0, limits["disk_mb"])
+    else:
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
+    _apply_limits(limits, extra_procs=0 if privileged else spec["user_procs"])
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    if privileged:  # also without namespaces: a fresh uid still cannot touch other users' files or processes
+        if not root:
+            os.chown(".", spec["uid"], spec["uid"])
+        _drop_privileges(spec["uid"])
+    elif root:  # root of our own user namespace: give up its capabilities there too
+        _drop_capabilities()
+    seccomp = _install_seccomp()
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    sys.path[:] = [p for p in sys.path if os.path.isdir(p)]
+    builtins.exit = builtins.quit = sys.exit  # what the site module (off under -S) would have provided
+    ready = {"ready": True, "isolated": root, "seccomp": seccomp}
+    env = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         code = compile(spec["program"], "<solution>", "exec")
-    except BaseException as exc:  # noqa: BLE001
-        result.write(json.dumps({"isolated": isolated, "compile_error": f"{type(exc).__name__}: {exc}"[:500]}))
-        return
-    runs = []
-    for case in spec["cases"]:
-        if spec["mode"] == "stdio":
-            fn = _stdio_runner(code, case, max_chars)
-        elif spec["mode"] == "call":
-            fn = _call_runner(code, spec["fn_name"], case, max_chars)
+        if spec["mode"] != "stdio":
+            exec(code, env)
+            ready["names"] = sorted(n for n, v in list(env.items()) if callable(v) and not n.startswith("__"))
+    except BaseException as exc:  # noqa: BLE001 - a program that does not load fails every case
+        ready = {"load_error": _error(exc)["error"]}
+    _wire.send(responses, ready)
+    while "ready" in ready:
+        try:
+            request = reader.read(None)
+        except _wire.WireError:
+            break
+        if request.get("op") == "run":
+            response = _run_stdio(code, request["stdin"], limits["max_output_chars"])
         else:
-            fn = _assert_runner(code, case)
-        runs.append(_run_one(fn, spec["limits"]["test_timeout_s"]))
-    result.write(json.dumps({"isolated": isolated, "runs": runs}))
-    result.flush()
+            response = _call(env, request)
+        try:
+            _wire.send(responses, response)
+        except (TypeError, ValueError) as exc:  # e.g. an int past the str-conversion limit
+            _wire.send(responses, _error(exc))
     os._exit(0)  # skip interpreter teardown that the program may have booby-trapped (atexit, __del__)
 
 

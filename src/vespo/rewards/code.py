@@ -5,7 +5,13 @@ Test cases (one homogeneous list per problem; JSON strings are decoded):
 * stdin/stdout: ``{"input": "1 2\\n", "output": "3\\n"}`` (LiveCodeBench stdin problems, Eurus/PRIME code data);
 * function call: ``{"fn_name": "twoSum", "input": [[2, 7], 9], "output": [0, 1]}`` — ``input`` is the argument
   list, or LiveCodeBench's newline-separated JSON arguments; ``Solution().fn_name`` is used when defined;
-* assertion code: ``{"assert": "def check(f): ...\\ncheck(add)"}`` (HumanEval+/MBPP+ ``test`` fields).
+* assertion code: ``{"assert": "def check(f): ...\\ncheck(add)"}`` (HumanEval+/MBPP+ ``test`` fields), optionally
+  with ``"entry_point"`` (the function under test) and ``"setup"`` (trusted helper code the test relies on, e.g.
+  HumanEval's prompt). The test runs in a trusted checker; the program's functions are called through a proxy.
+
+Comparison (stdio and call; assertion tests compare with their own Python code on plain data): integers exactly,
+floats within ``rel_tol``/``abs_tol`` 1e-6, everything else exactly. Stdout is compared token by token: an ASCII
+integer token only equals the same integer, a token is read as a float only when the expected token is one.
 
 The pass fraction is kept per completion for metrics (`CodeScores.metrics`).
 """
@@ -71,7 +77,14 @@ def parse_tests(tests) -> tuple[str, list, list, str | None]:
     if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
         raise ValueError("tests must be a non-empty list of test-case dicts (see vespo.rewards.code docstring)")
     if all("assert" in t for t in tests):
-        return "assert", [t["assert"] for t in tests], ["passed"] * len(tests), None
+        cases = [{"test": t["assert"], "setup": t.get("setup"), "entry_point": t.get("entry_point")} for t in tests]
+        if not all(isinstance(c["test"], str) and isinstance(c["setup"] or "", str) for c in cases) or not all(
+            c["entry_point"] is None or str(c["entry_point"]).isidentifier() for c in cases
+        ):
+            raise ValueError(
+                "assertion tests need a string 'assert', optional string 'setup' and identifier 'entry_point'"
+            )
+        return "assert", cases, ["passed"] * len(tests), None
     if all("fn_name" in t and "input" in t and "output" in t for t in tests):
         names = {t["fn_name"] for t in tests}
         if len(names) != 1:
@@ -94,26 +107,52 @@ def _json_value(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def stdout_matches(actual: str, expected: str, *, rel_tol: float = 1e-6) -> bool:
-    """Token-wise comparison ignoring whitespace layout; numeric tokens may differ by ``rel_tol``."""
+    """Token-wise comparison ignoring whitespace layout; see the module docstring for numbers."""
     got, want = actual.split(), expected.split()
-    return len(got) == len(want) and all(g == w or _close(g, w, rel_tol) for g, w in zip(got, want, strict=True))
+    return len(got) == len(want) and all(_token_matches(g, w, rel_tol) for g, w in zip(got, want, strict=True))
 
 
-def _close(a: str, b: str, rel_tol: float) -> bool:
-    try:
-        return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=rel_tol)
-    except ValueError:
-        return False
+def _token_matches(got: str, want: str, rel_tol: float) -> bool:
+    if got == want:
+        return True
+    if _INT.fullmatch(want):  # integers exactly: 999999437 is not 999999937, 1e9 is not 1000000000
+        return _INT.fullmatch(got) is not None and int(got) == int(want)
+    if _FLOAT.fullmatch(want) and _FLOAT.fullmatch(got):  # ASCII decimal notation only (no 1_000, no other digits)
+        return math.isclose(float(got), float(want), rel_tol=rel_tol, abs_tol=rel_tol)
+    return False
 
 
-def _output_matches(mode: str, actual: str | None, expected) -> bool:
+def values_match(got, want, *, rel_tol: float = 1e-6) -> bool:
+    """Structural equality of plain data: ints and bools exactly, floats within tolerance, tuples equal lists."""
+    if type(want) is float:
+        return type(got) in (int, float) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=rel_tol)
+    if type(want) in (list, tuple):
+        return (
+            type(got) in (list, tuple)
+            and len(got) == len(want)
+            and all(values_match(g, w, rel_tol=rel_tol) for g, w in zip(got, want, strict=True))
+        )
+    if type(want) is dict:
+        return (
+            type(got) is dict
+            and got.keys() == want.keys()
+            and all(values_match(got[k], want[k], rel_tol=rel_tol) for k in want)
+        )
+    return type(got) is type(want) and got == want
+
+
+def _output_matches(mode: str, actual, expected) -> bool:
     if actual is None:
         return False
     if mode == "stdio":
         return stdout_matches(actual, expected)
     if mode == "call":
-        return json.loads(actual) == json.loads(json.dumps(expected))  # tuples -> lists on both sides
+        return values_match(actual, expected)
     return actual == expected
 
 

@@ -1,26 +1,27 @@
-"""Run untrusted Python in a confined child process and report what it produced on each test input.
+"""Run untrusted Python in a confined process and collect, as plain data, what it produced on each test case.
 
-Confinement (strongest available is used; `isolation_report()` says which):
+The grader (this module) talks to the sandbox only through two pipes it created: requests in, one JSON line per
+response out (`_wire`), read non-blocking with a deadline and a byte cap per message, so a hostile program can make
+its own cases fail but can neither hang, crash nor mislead the grader. The grader never opens a file the sandbox could
+have touched. Assertion tests run in a separate trusted checker (`_checker`) that calls into the sandbox the same way.
 
-* a separate process in its own session, started with ``python -I`` and a scrubbed environment (no secrets, no
-  ``PYTHON*`` variables), working in a fresh temporary directory that is deleted afterwards;
-* resource limits (setrlimit): CPU time, address space, file size, process count, open files, no core dumps; a
-  wall-clock limit enforced by the grader, which kills the process group and every process of the sandbox uid;
-* as root: a new network namespace (no interfaces up, so no network at all) and a private mount namespace with empty
-  tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``; then a drop to a fresh unprivileged uid/gid per run,
-  so the program can neither write outside its directory, read other users' files, nor signal the grader, and
-  RLIMIT_NPROC (ignored for root) counts only this sandbox's processes;
-* without root: socket creation is blocked inside the interpreter (bypassable with ctypes) and RLIMIT_NPROC counts
-  all of the user's processes, so isolation is weaker; see docs/rewards.md.
+Confinement, strongest available first (`SandboxRun.isolated` says which applied):
 
-Test outputs are compared by the caller (`vespo.rewards.code`); expected outputs never enter the sandbox.
+* as root: new PID, mount, network, IPC and UTS namespaces; a read-only tmpfs root holding only the interpreter, its
+  standard library and the system shared libraries (no project tree, home, caches, /etc), a fresh /proc, a
+  size-limited tmpfs workdir; a fresh uid per sandbox; per-sandbox memory and process caps in a cgroup when one can
+  be created (v2, else v1 memory + pids controllers);
+* always: ``python -I -S`` with a scrubbed environment, setrlimit (CPU, address space, file size, processes, open
+  files, no core dumps), ``no_new_privs`` and a seccomp filter (x86_64) denying sockets, SysV IPC, ptrace, mounts,
+  namespaces, keyrings, BPF and similar; per-test and total wall-clock limits enforced here, outside the candidate.
+
+See docs/rewards.md for the threat model and what is not contained.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,42 +30,60 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vespo.rewards import _sandbox_child
+from vespo.rewards import _wire
 
-_CHILD = Path(_sandbox_child.__file__)
+_HERE = str(Path(__file__).resolve().parent)
+# Import the helper from this directory, then drop the directory from sys.path (its math.py would shadow the stdlib).
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); m = __import__(sys.argv[2]); del sys.path[0]; m.main()"
 _MODES = ("stdio", "call", "assert")
-_SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+_SAFE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "HOME": "/work",
+    "TMPDIR": "/work",
+}
+_PYTHON = os.path.realpath(sys.executable)  # the base interpreter: inside the sandbox root, a venv is not visible
+_serial = itertools.count()
+UID_BASE = 2_000_000_000  # one fresh uid per sandbox: kill() permissions and RLIMIT_NPROC become per-sandbox
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-run limits; defaults suit competitive-programming solutions (LiveCodeBench uses ~6 s per test)."""
+    """Per-program limits; defaults suit competitive-programming solutions (LiveCodeBench uses ~6 s per test)."""
 
     cpu_s: int = 10
     wall_s: float = 30.0
     test_timeout_s: float = 6.0
     memory_mb: int = 1024
     file_size_mb: int = 16
+    disk_mb: int = 64
     max_processes: int = 16
     max_open_files: int = 64
-    max_output_chars: int = 1_000_000
+    max_output_chars: int = 4_000_000
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if value <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {value}")
 
+    @property
+    def max_message_bytes(self) -> int:
+        """Cap on one response line: the output cap with worst-case JSON escaping (12 bytes per astral char)."""
+        return 12 * self.max_output_chars + 4096
+
 
 @dataclass(frozen=True)
 class SandboxRun:
-    """What the program produced: one output (or None) and one error (or None) per test case."""
+    """What the program produced: one output (plain data, or None) and one error (or None) per test case."""
 
-    outputs: list[str | None]
+    outputs: list
     errors: list[str | None]
     timed_out: bool
     isolated: bool
-    stdout: str
-    stderr: str
+    """Namespaces and the interpreter-only root applied (root only)."""
+    cgroup: bool
+    """Memory and processes were capped per sandbox by a cgroup (else per process by setrlimit)."""
 
 
 def run_in_sandbox(
@@ -75,89 +94,252 @@ def run_in_sandbox(
     fn_name: str | None = None,
     limits: SandboxLimits | None = None,
 ) -> SandboxRun:
-    """Execute ``program`` once per case in a confined child process.
+    """Run ``program`` on each case; never raises because of what the program does.
 
-    ``mode`` is ``"stdio"`` (cases are stdin strings; output is captured stdout), ``"call"`` (cases are argument
-    lists for ``fn_name``, a function or a ``Solution`` method; output is the JSON of its return value) or
-    ``"assert"`` (cases are test code run after the program; output is ``"passed"`` when nothing raised).
+    ``mode`` is ``"stdio"`` (cases are stdin strings; output is the captured stdout), ``"call"`` (cases are argument
+    lists for ``fn_name``, a function or a ``Solution`` method; output is its return value as plain data) or
+    ``"assert"`` (cases are ``{"test", "setup", "entry_point"}`` dicts run by the trusted checker; output is
+    ``"passed"``). After a timeout or a broken channel the sandbox is restarted for the next case.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if mode == "call" and not fn_name:
         raise ValueError("mode='call' needs fn_name")
     limits = limits or SandboxLimits()
-    workdir = tempfile.mkdtemp(prefix="vespo-sandbox-")
+    end = time.monotonic() + limits.wall_s
+    outputs, errors, timed_out, isolated, cgroup, session = [], [], False, False, False, None
     try:
-        return _run(program, cases, mode, fn_name, limits, workdir)
+        for case in cases:
+            output = error = None
+            try:
+                if time.monotonic() >= end:
+                    raise TimeoutError("wall-clock timeout")
+                deadline = min(time.monotonic() + limits.test_timeout_s, end)
+                if session is None:
+                    session = _Session(program, mode, fn_name, limits, deadline)
+                isolated, cgroup = session.isolated, session.cgroup is not None
+                output = session.ask(case, fn_name, deadline)
+            except _CaseFailed as exc:
+                error = str(exc)
+            except (TimeoutError, _wire.WireError, OSError) as exc:
+                error = str(exc) or type(exc).__name__
+                timed_out = timed_out or time.monotonic() >= end
+                if session is not None and session.load_error is None:
+                    session.close()
+                    session = None
+            outputs.append(output)
+            errors.append(error)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if session is not None:
+            session.close()
+    return SandboxRun(outputs=outputs, errors=errors, timed_out=timed_out, isolated=isolated, cgroup=cgroup)
 
 
-def _run(program: str, cases: list, mode: str, fn_name: str | None, limits: SandboxLimits, workdir: str) -> SandboxRun:
-    spec = {
-        "program": program,
-        "cases": cases,
-        "mode": mode,
-        "fn_name": fn_name,
-        "limits": asdict(limits),
-        "user_procs": _count_processes(os.getuid()),
-    }
-    Path(workdir, "spec.json").write_text(json.dumps(spec))
-    env = {**_SAFE_ENV, "HOME": workdir, "TMPDIR": workdir}
-    with open(Path(workdir, "stdout"), "wb") as out, open(Path(workdir, "stderr"), "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(_CHILD), "spec.json"],
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            close_fds=True,
-        )
-        timed_out = False
+class _CaseFailed(Exception):
+    """The program answered, with an error (the sandbox stays usable)."""
+
+
+class _Session:
+    """One sandbox process (and, for assertion tests, one checker) serving the cases of one program."""
+
+    def __init__(self, program: str, mode: str, fn_name: str | None, limits: SandboxLimits, deadline: float):
+        self.mode, self.limits, self.load_error = mode, limits, None
+        self.proc = self.checker = self.cgroup = self.reader = None
+        self.workdir = tempfile.mkdtemp(prefix="vespo-sandbox-")  # cwd only without namespaces; else stays empty
+        self.request_w = -1
         try:
-            proc.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            self._start(program, limits, deadline)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, program: str, limits: SandboxLimits, deadline: float) -> None:
+        request_r, self.request_w = os.pipe()
+        response_r, response_w = os.pipe()
+        try:
+            self.reader = _wire.Reader(response_r, limits.max_message_bytes)
+            self.proc = subprocess.Popen(
+                [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child"],
+                stdin=request_r,
+                stdout=response_w,
+                stderr=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=_SAFE_ENV,
+                start_new_session=True,
+                close_fds=True,
+            )
         finally:
-            _kill_all(proc)
-    result = _read_json(Path(workdir, "result.json"), limits.max_output_chars * (len(cases) + 1))
-    runs = result.get("runs") or []
-    if not isinstance(runs, list) or len(runs) != len(cases):
-        missing = result.get("compile_error") or ("wall-clock timeout" if timed_out else "sandbox produced no result")
-        runs = [{"error": missing}] * len(cases)
-    return SandboxRun(
-        outputs=[r.get("output") if isinstance(r, dict) and "error" not in r else None for r in runs],
-        errors=[str(r.get("error"))[:500] if isinstance(r, dict) and "error" in r else None for r in runs],
-        timed_out=timed_out,
-        isolated=bool(result.get("isolated", False)),
-        stdout=_read_text(Path(workdir, "stdout"), 10_000),
-        stderr=_read_text(Path(workdir, "stderr"), 10_000),
-    )
+            os.close(request_r)
+            os.close(response_w)
+        if self.mode == "assert":  # started alongside the sandbox: the two interpreters boot in parallel
+            self.checker = subprocess.Popen(
+                [
+                    _PYTHON,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _BOOT,
+                    _HERE,
+                    "_checker",
+                    str(self.request_w),
+                    str(self.reader.fd),
+                    str(limits.max_message_bytes),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=_SAFE_ENV,
+                start_new_session=True,
+                pass_fds=(self.request_w, self.reader.fd),
+            )
+            self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
+            os.set_blocking(self.checker.stdin.fileno(), False)
+        self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
+        os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
+        spec = {
+            "program": program,
+            "mode": self.mode,
+            "limits": asdict(limits),
+            "uid": UID_BASE + self.proc.pid,
+            "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
+        }
+        _wire.send(self.request_w, spec, deadline)
+        ready = self.reader.read(deadline)
+        self.isolated = ready.get("isolated") is True
+        if "ready" not in ready:
+            self.load_error = str(ready.get("load_error", "sandbox failed to start"))[:500]
+        self.names = [n for n in ready.get("names", []) if type(n) is str]
+
+    def ask(self, case, fn_name: str | None, deadline: float):
+        """The program's output for one case; raises _CaseFailed (program error), TimeoutError or WireError."""
+        if self.load_error is not None:
+            raise _CaseFailed(self.load_error)
+        if self.mode == "assert":
+            request = {
+                "test": case["test"],
+                "setup": case.get("setup"),
+                "entry_point": case.get("entry_point"),
+                "names": self.names,
+            }
+            _wire.send(self.checker.stdin.fileno(), request, deadline)
+            reply = self.verdicts.read(deadline)
+            if reply == {"passed": True}:
+                return "passed"
+        elif self.mode == "stdio":
+            _wire.send(self.request_w, {"op": "run", "stdin": case}, deadline)
+            reply = self.reader.read(deadline)
+            if set(reply) == {"output"} and type(reply["output"]) is str:
+                return reply["output"]
+        else:
+            _wire.send(
+                self.request_w,
+                {"op": "call", "name": fn_name, "args": _wire.encode(list(case)), "kwargs": {"dict": []}},
+                deadline,
+            )
+            reply = self.reader.read(deadline)
+            if set(reply) == {"value"}:
+                try:
+                    return _wire.decode(reply["value"])
+                except RecursionError:
+                    raise _wire.WireError("value nested too deeply") from None
+        if set(reply) - {"type"} == {"error"} and type(reply["error"]) is str:
+            raise _CaseFailed(reply["error"][:500])
+        raise _wire.WireError("malformed reply")
+
+    def close(self) -> None:
+        """Kill the checker and everything of the sandbox, release pipes, cgroup and workdir; never raises."""
+        for proc in (self.checker, self.proc):
+            if proc is not None:
+                _quietly(os.killpg, proc.pid, signal.SIGKILL)
+                _quietly(proc.wait, 10)
+        if self.checker is not None:
+            _quietly(self.checker.stdin.close)
+            _quietly(self.checker.stdout.close)
+        for fd in (self.request_w, -1 if self.reader is None else self.reader.fd):
+            if fd >= 0:
+                _quietly(os.close, fd)
+        emptied = self.cgroup is not None and self.cgroup.kill_and_remove()
+        if os.geteuid() == 0 and not emptied and self.proc is not None:
+            _kill_uid(UID_BASE + self.proc.pid)
+        _remove_tree(self.workdir)
 
 
-def _kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group, then (as root) every live process of the sandbox uid.
+class _Cgroup:
+    """Per-sandbox memory and process caps: cgroup v2 when memory and pids are delegated to us, else v1."""
 
-    Stragglers (e.g. a fork bomb that left its session) are killed by a helper that becomes the sandbox uid and
-    calls kill(-1, SIGKILL): the kernel signals all of that uid's processes atomically with respect to fork().
-    """
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    if os.geteuid() != 0:
-        return
-    uid = _sandbox_child.UID_BASE + proc.pid
+    def __init__(self, dirs: list[Path], v2: bool):
+        self.dirs, self.v2 = dirs, v2
+
+    @classmethod
+    def create(cls, name: str, limits: SandboxLimits, pid: int) -> _Cgroup | None:
+        if os.geteuid() != 0:
+            return None
+        memory, pids = limits.memory_mb << 20, str(limits.max_processes + 1)
+        try:
+            own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
+            for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                parent = Path(mount + own.get("", "/").rstrip("/"))
+                if {"memory", "pids"} <= set(_read_small(parent / "cgroup.subtree_control").split()):
+                    group = cls([parent / name], True)
+                    group.dirs[0].mkdir()
+                    group._write("memory.max", str(memory))
+                    group._write("memory.swap.max", "0")
+                    group._write("pids.max", pids)
+                    break
+            else:
+                mem = Path("/sys/fs/cgroup/memory" + own["memory"].rstrip("/")) / name
+                pid_dir = Path("/sys/fs/cgroup/pids" + own["pids"].rstrip("/")) / name
+                if not mem.parent.is_dir() or not pid_dir.parent.is_dir():
+                    return None
+                group = cls([mem, pid_dir], False)
+                mem.mkdir()
+                pid_dir.mkdir()
+                group._write("memory.limit_in_bytes", str(memory))
+                group._write("memory.memsw.limit_in_bytes", str(memory))
+                group._write("pids.max", pids)
+            group._write("cgroup.procs", str(pid))
+            return group
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def _write(self, name: str, value: str) -> None:
+        for d in self.dirs:
+            if (d / name).exists():
+                (d / name).write_text(value)
+
+    def kill_and_remove(self) -> bool:
+        """SIGKILL every member until the group can be removed (exiting tasks hold it briefly); True when removed."""
+        if self.v2:
+            _quietly(self._write, "cgroup.kill", "1")
+        left = list(self.dirs)
+        for _ in range(400):
+            for pid in {p for d in left for p in _read_small(d / "cgroup.procs").split()}:
+                _quietly(os.kill, int(pid), signal.SIGKILL)
+            for d in list(left):
+                try:
+                    os.rmdir(d)
+                    left.remove(d)
+                except OSError:
+                    pass
+            if not left:
+                return True
+            time.sleep(0.005)
+        return False
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every live process of the sandbox uid (e.g. a fork bomb that left the session), from a helper running
+    as that uid: kill(-1) is atomic with respect to fork(). Gives up quietly after ~1 s."""
+    reaper = f"import os, signal; os.setgid({uid}); os.setuid({uid}); os.kill(-1, signal.SIGKILL)"
     for _ in range(20):
         if not _pids_of_uid(uid):
             return
-        reaper = f"import os, signal; os.setgid({uid}); os.setuid({uid}); os.kill(-1, signal.SIGKILL)"
-        subprocess.run([sys.executable, "-I", "-S", "-c", reaper], env=_SAFE_ENV, check=False)
+        try:
+            subprocess.run([_PYTHON, "-I", "-S", "-c", reaper], env=_SAFE_ENV, check=False, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            pass
         time.sleep(0.05)
-    raise RuntimeError(f"could not kill the processes of sandbox uid {uid}")
 
 
 def _pids_of_uid(uid: int) -> list[int]:
@@ -166,10 +348,7 @@ def _pids_of_uid(uid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            status = Path("/proc", entry, "status").read_text()
-        except OSError:
-            continue
+        status = _read_small(Path("/proc", entry, "status"))
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get("State", "").strip().startswith("Z"):
             pids.append(int(entry))
@@ -178,20 +357,50 @@ def _pids_of_uid(uid: int) -> list[int]:
 
 def _count_processes(uid: int) -> int:
     """Processes (threads excluded) the user already runs: RLIMIT_NPROC headroom when we cannot switch uid."""
-    return 0 if os.geteuid() == 0 else len(_pids_of_uid(uid))
+    return len(_pids_of_uid(uid))
 
 
-def _read_text(path: Path, max_chars: int) -> str:
+def _read_small(path: Path, max_bytes: int = 1 << 16) -> str:
+    """A kernel or grader-owned file, opened without following links or blocking; '' on any error."""
     try:
-        with open(path, "rb") as f:
-            return f.read(max_chars).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
-
-
-def _read_json(path: Path, max_chars: int) -> dict:
     try:
-        data = json.loads(_read_text(path, max_chars))
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        return os.read(fd, max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _quietly(fn, *args) -> None:
+    """Cleanup step that must not stop the next one (or the batch)."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _remove_tree(path: str) -> None:
+    """Delete a directory however deep or odd the sandbox made it (``rm`` walks without recursion); never raises."""
+    try:
+        os.rmdir(path)  # the usual case: namespaces kept the sandbox's files on its own tmpfs
+        return
+    except OSError:
+        pass
+    rm = ["rm", "-rf", "--one-file-system", "--", path]
+    for argv in (rm, ["chmod", "-R", "u+rwx", "--", path], rm):  # chmod only for dirs the program made unreadable
+        try:
+            subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            pass
+        if not os.path.lexists(path):
+            return

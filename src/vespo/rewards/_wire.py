@@ -1,0 +1,114 @@
+"""The data-only wire format between the grader, the trusted checker and the sandbox (standard library only).
+
+Messages are JSON objects, one per line. Python values travel as tagged JSON so that tuples, sets and dicts with
+non-string keys survive: ``None``/bool/int/float/str/list are JSON itself; ``{"tuple": [...]}``, ``{"set": [...]}``,
+``{"frozenset": [...]}``, ``{"dict": [[k, v], ...]}``, ``{"complex": [re, im]}`` and ``{"bytes": "<latin-1>"}`` are the
+rest. `decode` only ever builds these plain types: a message from the sandbox can carry values, never behaviour.
+"""
+
+import json
+import os
+import select
+import time
+
+_CONTAINERS = {"tuple": tuple, "set": set, "frozenset": frozenset}
+
+
+class WireError(Exception):
+    """A peer sent something that is not a well-formed message within the limits (the case fails, nothing else)."""
+
+
+def encode(value):
+    """Plain Python data -> JSON-able tagged form; anything else (objects, functions, subclasses) raises TypeError."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind is list:
+        return [encode(v) for v in value]
+    if kind in (tuple, set, frozenset):
+        return {kind.__name__: [encode(v) for v in value]}
+    if kind is dict:
+        return {"dict": [[encode(k), encode(v)] for k, v in value.items()]}
+    if kind is complex:
+        return {"complex": [value.real, value.imag]}
+    if kind is bytes:
+        return {"bytes": value.decode("latin-1")}
+    raise TypeError(f"cannot pass a {kind.__name__} between the sandbox and the checker (plain data only)")
+
+
+def decode(data):
+    """Tagged JSON -> plain Python data; a malformed tree raises WireError."""
+    kind = type(data)
+    if data is None or kind in (bool, int, float, str):
+        return data
+    if kind is list:
+        return [decode(v) for v in data]
+    if kind is not dict or len(data) != 1:
+        raise WireError("malformed value")
+    ((tag, body),) = data.items()
+    try:
+        if tag in _CONTAINERS and type(body) is list:
+            return _CONTAINERS[tag](decode(v) for v in body)
+        if tag == "dict" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
+            return {decode(k): decode(v) for k, v in body}
+        if tag == "complex" and type(body) is list and len(body) == 2 and all(type(x) is float for x in body):
+            return complex(*body)
+        if tag == "bytes" and type(body) is str:
+            return body.encode("latin-1")
+    except (TypeError, UnicodeError) as exc:  # unhashable set element or dict key, non-latin-1 bytes
+        raise WireError(f"malformed {tag}: {exc}") from None
+    raise WireError(f"unknown value tag {tag!r}")
+
+
+def send(fd: int, message: dict, deadline: float | None = None) -> None:
+    """Write one message line; on a non-blocking pipe, TimeoutError if the reader stops reading past ``deadline``."""
+    view = memoryview((json.dumps(message) + "\n").encode())
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if wait == 0.0:
+                raise TimeoutError("timeout") from None
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.poll(None if wait is None else int(wait * 1000) + 1)
+
+
+class Reader:
+    """Reads message lines from a non-blocking pipe with a deadline and a per-message byte cap; never blocks past it."""
+
+    def __init__(self, fd: int, max_bytes: int):
+        os.set_blocking(fd, False)
+        self.fd, self.max_bytes, self.buf = fd, max_bytes, bytearray()
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+
+    def read(self, deadline: float | None) -> dict:
+        """The next message; TimeoutError past ``deadline`` (monotonic), WireError on EOF, garbage or size cap."""
+        while True:
+            end = self.buf.find(b"\n")
+            if end > self.max_bytes or (end < 0 and len(self.buf) > self.max_bytes):
+                raise WireError(f"message over {self.max_bytes} bytes")
+            if end >= 0:
+                line = bytes(self.buf[:end])
+                del self.buf[: end + 1]
+                try:
+                    message = json.loads(line)
+                except (ValueError, RecursionError) as exc:
+                    raise WireError(f"malformed message: {type(exc).__name__}") from None
+                if type(message) is not dict:
+                    raise WireError("malformed message: not an object")
+                return message
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if wait == 0.0:
+                raise TimeoutError("timeout")
+            if not self.poller.poll(None if wait is None else int(wait * 1000) + 1):
+                continue
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise WireError("peer closed the channel")
+            self.buf += chunk
