@@ -301,9 +301,14 @@ def policy_loss_terms(
     ):  # fmt: skip
         # NaN/inf in the padding (valid positions are fine): zero it so that 0 * NaN cannot reach a sum (slow path)
         valid = mask > 0
-        lp, old, adv = (torch.where(valid, t, 0.0) if t.shape == valid.shape else t for t in (lp, old, adv))
-        rollout = None if rollout is None else torch.where(valid, rollout, 0.0)
-        weights = None if weights is None or weights.shape != valid.shape else torch.where(valid, weights, 0.0)
+        row_valid = valid.any(-1, keepdim=True)  # (B, 1), for per-sequence inputs of empty rows
+
+        def clean(t: Tensor) -> Tensor:
+            return torch.where(valid if t.shape == valid.shape else row_valid.reshape(t.shape), t, 0.0)
+
+        lp, old, adv = clean(lp), clean(old), clean(adv)
+        rollout = None if rollout is None else clean(rollout)
+        weights = None if weights is None else clean(weights)
     if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
         adv = adv.reshape(-1, 1).expand(lp.shape)
 
@@ -508,7 +513,7 @@ def _check_values(
                     "token-level weights, set rollout_is_level='token'"
                 )
     full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
-    return any(t.shape == mask.shape and not bool(torch.isfinite(t.detach()).all()) for t in full)
+    return any(not bool(torch.isfinite(t.detach()).all()) for t in full)
 
 
 def _row_spread(w: Tensor, mask: Tensor) -> Tensor:
