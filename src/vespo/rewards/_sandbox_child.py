@@ -251,7 +251,7 @@ def main() -> None:
     spec = reader.read(None)
     limits = spec["limits"]
     privileged = os.geteuid() == 0
-    root = _enter_namespaces(privileged)
+    root = spec["namespaces"] and _enter_namespaces(privileged)
     if root:
         _build_root(spec["uid"] if privileged else 0, limits["disk_mb"])
     else:
