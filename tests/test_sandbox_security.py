@@ -351,3 +351,21 @@ def test_cleanup_survives_a_deep_tree(tmp_path):
     (root / "locked").mkdir(mode=0)
     sandbox_mod._remove_tree(str(root))
     assert not root.exists()
+
+
+def test_last_resort_mode_without_namespaces(monkeypatch):
+    """Where the kernel refuses namespaces: programs still grade, forgers still fail, seccomp and no_new_privs hold,
+    and as root the program still runs under a fresh uid."""
+    monkeypatch.setattr(sandbox_mod, "namespaces_work", lambda: False)
+    # only modules the sandbox loaded before dropping root: a fresh uid may not read an interpreter under /root
+    probe = (
+        "import ctypes, os\nstatus = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+        "sock = 'open' if ctypes.CDLL(None).socket(1, 1, 0) >= 0 else 'refused'\n"
+        "print(int(status['NoNewPrivs']), int(status['Seccomp']), sock, os.getuid() == 0)\n"
+    )
+    run = run_in_sandbox(probe, [""], mode="stdio", limits=LIMITS)
+    assert not run.isolated and run.outputs == ["1 2 refused False\n"], (run.outputs, run.errors)
+    forgers = _forgers(Path(tempfile.gettempdir()))
+    programs = [forgers["eq_anything"][0], forgers["forge_on_fds"][0], "def square(x):\n    return x * x\n"]
+    assert score_code(programs, [SQUARE_ASSERT] * 3, limits=FORGE_LIMITS).scores == [0.0, 0.0, 1.0]
+    assert not _live_sandbox_processes()

@@ -166,7 +166,7 @@ def ppo_update(
     ref_log_prob: Tensor | None,
     cfg: TrainConfig,
 ) -> list[dict[str, float]]:
-    """One optimizer step per mini-batch, in order; returns each mini-batch's metrics.
+    """One optimizer step per mini-batch, in order (rows shuffled first with `cfg.shuffle`); returns their metrics.
 
     Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
     importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
@@ -176,9 +176,11 @@ def ppo_update(
     seqs_per_mini = cfg.ppo_mini_batch_size * cfg.rollout_n
     mode = cfg.loss_agg_mode or default_loss_agg_mode(cfg.method)
     rollout_lp = rollout.rollout_log_prob if cfg.use_rollout_log_prob else None
+    n_rows = advantages.shape[0]
+    order = torch.randperm(n_rows) if cfg.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
     history = []
     for k in range(cfg.num_mini_batches):
-        rows = torch.arange(k * seqs_per_mini, (k + 1) * seqs_per_mini)
+        rows = order[k * seqs_per_mini : (k + 1) * seqs_per_mini]
         mini_mask = rollout.response_mask[rows]
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
         optimizer.zero_grad(set_to_none=True)
