@@ -28,14 +28,16 @@ import transformers
 from vespo.advantages import group_advantages
 from vespo.aggregation import agg_loss
 from vespo.config import EMBEDDED, TrainConfig, parse_args, resolve, to_yaml
+from vespo.kernels import effective_sample_size
 from vespo.losses import compute_policy_loss, default_loss_agg_mode
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
-from vespo.task import Problem, arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
+from vespo.task import Problem, build_tiny_model, build_tokenizer, embedded_split, sft_warm_start
 
 Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CKPT = "checkpoints/last.pt"
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
+_PER_K = ("actor/grad_norm", "actor/update_norm", "is/ess", "actor/top1pct_grad_share", "is/log_w_mean", "vespo/Z")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -54,7 +56,8 @@ def _sft_cache_key(cfg: TrainConfig) -> str:
         "sft_label_noise",
         "eval_size",
     )
-    blob = json.dumps({k: getattr(cfg, k) for k in keys} | {"v": 1}, sort_keys=True)
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task}  # arithmetic keeps its existing cache entries
+    blob = json.dumps({k: getattr(cfg, k) for k in keys} | task | {"v": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -64,7 +67,8 @@ def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
     if (path / "config.json").is_file():
         return path
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=cfg.sft_seed)
+    positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
+    model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
     with torch.random.fork_rng(devices=[]):
         sft_warm_start(
             model,
@@ -122,8 +126,8 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem] | None]:
     """(train problems, held-out problems or None)."""
     train_set = eval_set = None
     if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
-        emb_train, emb_eval = arithmetic_split(
-            num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
+        emb_train, emb_eval = embedded_split(
+            cfg.task, num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
         )
         if cfg.dataset == EMBEDDED:
             train_set, eval_set = emb_train, emb_eval
@@ -207,6 +211,7 @@ def ppo_update(
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor | float] = {}
         micro = _micro_batches(rows, cfg.micro_batch_size)
+        seq_log_w, seq_coef = [], []  # per sequence: log W = log pi/mu and |d loss / d log pi| (mechanism metrics)
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
             log_prob, entropy = response_log_probs(
@@ -233,13 +238,31 @@ def ppo_update(
             if entropy is not None:
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - cfg.entropy_coeff * ent_loss
+            log_prob.retain_grad()
             loss.backward()
+            seq_log_w.append(((log_prob.detach() - old_log_prob[mb]) * mask).sum(-1))
+            seq_coef.append((log_prob.grad * mask).sum(-1).abs())
             for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
                 sums[key] = sums.get(key, 0.0) + (value if key in _ADDITIVE else value / len(micro))
-        sums["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        sums["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)  # before clipping
+        before = [p.detach().clone() for p in model.parameters()]
         optimizer.step()
+        sums |= _mechanism_metrics(model, before, torch.cat(seq_log_w), torch.cat(seq_coef))
         history.append({k: float(v) for k, v in sums.items()})  # metrics stay tensors until here: one sync per step
     return history
+
+
+def _mechanism_metrics(model, before: list[Tensor], log_w: Tensor, coef: Tensor) -> dict[str, Tensor]:
+    """What a mini-batch step did (docs/results.md): the parameter update's norm (Adam rescales the clipped
+    gradient per parameter), the Kish ESS of the sequence weights W = pi/mu, and the share of the gradient carried by
+    the top 1% of sequences (at least one), measured by each sequence's |sum_t d loss / d log pi_t|."""
+    update = torch.stack([(p.detach() - b).norm() for p, b in zip(model.parameters(), before, strict=True)]).norm()
+    top = max(1, -(-coef.numel() // 100))
+    return {
+        "actor/update_norm": update,
+        "is/ess": effective_sample_size(log_w),
+        "actor/top1pct_grad_share": coef.topk(top).values.sum() / coef.sum().clamp_min(1e-30),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -489,6 +512,12 @@ def _step_metrics(rewards: Tensor, rollout: Rollout, old_log_prob: Tensor, histo
     for key in ("is/log_w_mean", "is/log_w_max", "is/log_w_min"):
         if key in history[0]:
             out[f"{key}/last_mini_batch"] = history[-1][key]
+    # per mini-batch index k (k steps stale) at k = 0, 1, 3, 7, ..., N-1: where along the staleness a collapse starts
+    ks = sorted({k for k in (2**i - 1 for i in range(7)) if k < len(history)} | {len(history) - 1})
+    for key in _PER_K if len(history) > 1 else ():
+        for k in ks:
+            if key in history[k]:
+                out[f"{key}/k{k}"] = history[k][key]
     return out
 
 
