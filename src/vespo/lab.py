@@ -113,7 +113,7 @@ class LabCell:
 @dataclass
 class LabConfig:
     out_dir: str = "sweeps/lab"
-    """Output directory: results.csv, results.md, mechanism.csv, figures (cells are not kept)."""
+    """Output directory: results.csv, results.md, mechanism.csv, figures; cells/ holds per-cell JSON (for resuming)."""
     methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "topr")
     """Registered policy-loss methods to compare (`vespo.available_methods()`)."""
     length: tuple[int, ...] = (64, 1024)
@@ -148,6 +148,8 @@ class LabConfig:
     """Std of seeded Gaussian noise on the sampler's logits (train-inference mismatch; its KL is reported)."""
     loss_agg_mode: str | None = None
     """Aggregation for every method; None = each method's own default."""
+    eval_points: int = 8
+    """Exact expected-reward evaluations per cell besides step 0 (the training reward is logged every step)."""
     jobs: int = 2
     """Cells run in parallel processes (one torch thread each)."""
     collapse_ratio: float = 0.5
@@ -225,7 +227,8 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
             for key, value in stats.items():
                 per_k[key][k] += float(value) / rollout_steps
         finite = finite and bool(torch.isfinite(theta).all())
-        curve.append(((r + 1) * n, expected_reward(theta, threshold), float(rewards.mean())))
+        exact = (r + 1) % max(1, rollout_steps // cfg.eval_points) == 0 or r + 1 == rollout_steps
+        curve.append(((r + 1) * n, expected_reward(theta, threshold) if exact else float("nan"), float(rewards.mean())))
     final = curve[-1][1]
     tail = [c[2] for c in curve[1:]][-max(1, rollout_steps // 4) :]
     return {
@@ -397,10 +400,19 @@ def lab(cfg: LabConfig) -> list[dict]:
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
+    done = out / "cells"  # one JSON per finished cell: an interrupted grid resumes where it stopped
+    done.mkdir(exist_ok=True)
+    todo = [c for c in grid if not (done / f"{c.name.replace('/', '_')}.json").is_file()]
     with ProcessPoolExecutor(cfg.jobs) as pool:
-        results = list(tqdm(pool.map(run_cell, [cfg] * len(grid), grid), total=len(grid), desc="vespo lab"))
+        for result in tqdm(
+            pool.map(run_cell, [cfg] * len(todo), todo),
+            total=len(grid),
+            initial=len(grid) - len(todo),
+            desc="vespo lab",
+        ):
+            (done / f"{result['name'].replace('/', '_')}.json").write_text(json.dumps(result))
+    results = [json.loads((done / f"{c.name.replace('/', '_')}.json").read_text()) for c in grid]
     write_tables(out, results)
-    (out / "curves.json").write_text(json.dumps({r["name"]: r["curve"] for r in results}))
     plot(out, results)
     print(f"{len(grid)} cells in {time.perf_counter() - t0:.0f} s -> {out}/results.md")
     return results

@@ -1,10 +1,9 @@
-"""`vespo sweep`: tasks x learning rates x methods x staleness N x seeds on the embedded tasks; parallel, resumable.
+"""`vespo sweep`: methods x staleness N x seeds on the embedded task, in parallel processes, resumable.
 
 Every cell uses the same mini-batch (`mini_batch_size` prompts x `rollout_n` responses) and the same total number of
 optimizer steps, hence the same number of samples; only the rollout batch (N mini-batches) changes with N, as in the
 paper (fixed mini-batch 256, varying global batch; Sec. 4.1). Outputs: results.csv (one row per cell), results.md
-(mean +- std over seeds), fig3_training_reward.png and fig4_dynamics.png in the style of the paper's Figures 3 and 4
-(one pair per task and learning rate when there are several), and robustness.png (held-out accuracy vs N).
+(mean +- std over seeds), fig3_training_reward.png and fig4_dynamics.png in the style of the paper's Figures 3 and 4.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ PRESETS: dict[str, dict[str, tuple[str, dict]]] = {
         "vespo-sym32": ("vespo", {"c1_pos": 3.0, "c2_pos": 2.0}),
     },
 }
-_MECHANISM = ("actor/grad_norm", "actor/update_norm", "is/ess", "actor/top1pct_grad_share", "is/log_w_mean")
 FIG4_COLUMNS = (
     ("reward/mean", "training reward"),
     ("eval/accuracy", "held-out accuracy"),
@@ -68,9 +66,10 @@ class SweepConfig:
     optimizer_steps: int = 192
     """Optimizer steps per cell, fixed across N (must be a multiple of every N): equal samples per cell."""
     lr: tuple[float, ...] = (3e-4,)
-    """Learning rates (a grid axis), e.g. `--lr 1e-4 3e-4 9e-4` for 1/3, 1 and 3 x the trainer's default."""
+    """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     task: tuple[str, ...] = ("arithmetic",)
-    """Embedded tasks (a grid axis): arithmetic (~11-token answers) | chain (running sums, `chain_operands` long)."""
+    """Embedded tasks (a grid axis when several are given: rows `method@<task>`): arithmetic (~11-token answers) |
+    chain (running sums of `chain_operands` digits)."""
     chain_operands: int = 29
     """Chain task: digits per problem; responses are 2 * chain_operands + 6 tokens (29 -> 64, 125 -> 256)."""
     eval_points: int = 4
@@ -94,12 +93,12 @@ class Cell:
     hparams: dict
     n: int
     seed: int
-    task: str = "arithmetic"
     lr: float = 3e-4
+    task: str = "arithmetic"
 
     @property
     def name(self) -> str:
-        return f"{self.task}/lr{self.lr:g}/{self.variant}/N{self.n}/seed{self.seed}"
+        return f"{self.variant}/N{self.n}/seed{self.seed}"
 
 
 def variants(cfg: SweepConfig) -> dict[str, tuple[str, dict]]:
@@ -116,11 +115,18 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     bad = [n for n in cfg.staleness if n < 1 or cfg.optimizer_steps % n]
     if bad:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
+    bad_lr = [lr for lr in cfg.lr if not 0 < lr < float("inf")]
+    if bad_lr or not cfg.lr:
+        raise ValueError(f"lr must be one or more finite numbers > 0, got {list(cfg.lr)}")
+
+    def label(variant: str, lr: float, task: str) -> str:  # lr and task axes are extra rows: tables stay 2-D
+        return variant + ("" if len(cfg.lr) == 1 else f"@lr{lr:g}") + ("" if len(cfg.task) == 1 else f"@{task}")
+
     out = [
-        Cell(v, m, h, n, s, task, lr)
+        Cell(label(v, lr, task), m, h, n, s, lr, task)
         for task in cfg.task
-        for lr in cfg.lr
         for v, (m, h) in variants(cfg).items()
+        for lr in cfg.lr
         for n in cfg.staleness
         for s in cfg.seeds
     ]
@@ -193,15 +199,8 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
-    mechanism = {}  # run means of the per-mini-batch-index metrics at the freshest (k=0) and stalest (k=N-1) index
-    for key in _MECHANISM:
-        for tag, k in (("k0", 0), ("klast", cell.n - 1)):
-            vals = [r[f"{key}/k{k}"] for r in rows if f"{key}/k{k}" in r]
-            if vals:
-                mechanism[f"{key}/{tag}"] = float(np.mean(vals))
     return {
         "task": cell.task,
-        "lr": cell.lr,
         "variant": cell.variant,
         "method": cell.method,
         "N": cell.n,
@@ -210,27 +209,22 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "initial_eval_acc": evals[0],
         "final_eval_acc": evals[-1],
         "collapsed": bool(evals[-1] < collapse_ratio * evals[0]),
-    } | mechanism
+    }
 
 
 def write_tables(out_dir: Path, summaries: list[dict]) -> None:
     """results.csv (per cell) and results.md (mean +- std over seeds, one row per variant, one column per N)."""
-    keys = list(dict.fromkeys(k for s in summaries for k in s))
+    keys = list(summaries[0])
     with (out_dir / "results.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(summaries)
     ns = sorted({s["N"] for s in summaries})
     names = list(dict.fromkeys(s["variant"] for s in summaries))
-    groups = list(dict.fromkeys((s.get("task", "arithmetic"), s.get("lr")) for s in summaries))
     lines = []
-    for (task, lr), metric, title in (
-        (g, m, t)
-        for g in groups
-        for m, t in (("final_train_reward", "Final training reward"), ("final_eval_acc", "Held-out accuracy"))
-    ):
+    for metric, title in (("final_train_reward", "Final training reward"), ("final_eval_acc", "Held-out accuracy")):
         lines += [
-            f"### {title}, task {task}, lr {lr:g} (mean ± std over seeds; ✗ = collapsed seeds)",
+            f"### {title} (mean ± std over seeds; ✗ = collapsed seeds)",
             "",
             "| method | " + " | ".join(f"N={n}" for n in ns) + " |",
             "|---" * (len(ns) + 1) + "|",
@@ -238,11 +232,7 @@ def write_tables(out_dir: Path, summaries: list[dict]) -> None:
         for v in names:
             cells_ = []
             for n in ns:
-                sel = [
-                    s
-                    for s in summaries
-                    if (s["variant"], s["N"], s.get("task", "arithmetic"), s.get("lr")) == (v, n, task, lr)
-                ]
+                sel = [s for s in summaries if s["variant"] == v and s["N"] == n]
                 vals = [s[metric] for s in sel]
                 mark = " ✗" * sum(s["collapsed"] for s in sel)
                 cells_.append(f"{np.mean(vals):.3f} ± {np.std(vals):.3f}{mark}" if vals else "–")
@@ -267,40 +257,18 @@ def _seed_mean(out_dir: Path, group: list[Cell], key: str) -> tuple[np.ndarray, 
     return curves[0][0][:length], np.mean([y[:length] for _, y in curves], axis=0)
 
 
-def plot(cfg: SweepConfig, grid: list[Cell], summaries: list[dict]) -> None:
-    """Per task and lr: fig3_training_reward (a panel per method, a curve per N) and fig4_dynamics (rows N, metric
-    columns), suffixed `_<task>_lr<lr>` when the grid has several; robustness.png: held-out accuracy vs N."""
+def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
+    """fig3_training_reward.png (a panel per method, a curve per N) and fig4_dynamics.png (rows N, metric columns)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir = Path(cfg.out_dir)
-    names = list(variants(cfg))
-    colors = dict(zip(names, plt.cm.tab10.colors, strict=False))
+    names = list(dict.fromkeys(c.variant for c in grid))
+    colors = {v: plt.cm.tab20(i % 20) for i, v in enumerate(names)}
     ns = list(cfg.staleness)
-    groups = [(t, lr) for t in cfg.task for lr in cfg.lr]
-    for task, lr in groups:
-        suffix = "" if len(groups) == 1 else f"_{task}_lr{lr:g}"
-        _plot_group(out_dir, [c for c in grid if (c.task, c.lr) == (task, lr)], names, colors, ns, suffix, plt)
 
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3), sharey=True, squeeze=False)
-    for ax, (task, lr) in zip(axes[0], groups, strict=True):
-        for v in names:
-            sel = [s for s in summaries if (s["task"], s["lr"], s["variant"]) == (task, lr, v)]
-            xs = sorted({s["N"] for s in sel})
-            ax.plot(xs, [np.mean([s["final_eval_acc"] for s in sel if s["N"] == n]) for n in xs], "o-", label=v)
-        ax.axhline(np.mean([s["initial_eval_acc"] for s in summaries if s["task"] == task]), color="grey", ls=":")
-        ax.set(title=f"{task}, lr {lr:g}", xlabel="staleness N", xscale="log")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final held-out accuracy")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "robustness.png", dpi=110)
-    plt.close(fig)
-
-
-def _plot_group(out_dir: Path, grid: list[Cell], names, colors, ns, suffix: str, plt) -> None:
     def group(v, n):
         return [c for c in grid if c.variant == v and c.n == n]
 
@@ -315,7 +283,7 @@ def _plot_group(out_dir: Path, grid: list[Cell], names, colors, ns, suffix: str,
     axes[0][0].set_ylabel("training reward")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / f"fig3_training_reward{suffix}.png", dpi=110)
+    fig.savefig(out_dir / "fig3_training_reward.png", dpi=110)
     plt.close(fig)
 
     fig, axes = plt.subplots(len(ns), len(FIG4_COLUMNS), figsize=(3 * len(FIG4_COLUMNS), 2.2 * len(ns)), squeeze=False)
@@ -333,7 +301,7 @@ def _plot_group(out_dir: Path, grid: list[Cell], names, colors, ns, suffix: str,
             ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / f"fig4_dynamics{suffix}.png", dpi=100)
+    fig.savefig(out_dir / "fig4_dynamics.png", dpi=100)
     plt.close(fig)
 
 
@@ -357,7 +325,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
             summaries.append(fut.result())
             bar.update(1)
     write_tables(out_dir, summaries)
-    plot(cfg, grid, summaries)
+    plot(cfg, grid)
     return summaries
 
 
@@ -367,7 +335,7 @@ def cli(argv: list[str]) -> int:
         SweepConfig,
         args=argv,
         prog="vespo sweep",
-        description="Tasks x lr x methods x staleness N x seeds on the embedded tasks; resumable; tables + figures.",
+        description="Methods x staleness N x seeds on the embedded task; resumable; tables + figures.",
     )
     try:
         cells(cfg)

@@ -20,6 +20,13 @@ class CandidateError(Exception):
     """The candidate's function raised (its type and message are in the text)."""
 
 
+def _exception(name) -> type[Exception]:
+    """The builtin exception class the candidate raised (a test may expect e.g. ValueError), else CandidateError.
+    Only a name crosses the wire; only builtin ``Exception`` subclasses are raised for it."""
+    kind = getattr(builtins, name, None) if type(name) is str else None
+    return kind if isinstance(kind, type) and issubclass(kind, Exception) else CandidateError
+
+
 class Checker:
     def __init__(self, request_fd: int, response_fd: int, max_bytes: int):
         self.request_fd, self.reader, self.broken = request_fd, _wire.Reader(response_fd, max_bytes), None
@@ -36,12 +43,12 @@ class Checker:
                 reply = self.reader.read(None)
                 if set(reply) == {"value"}:
                     return _wire.decode(reply["value"])
-                if set(reply) == {"error"} and type(reply["error"]) is str:
-                    raise CandidateError(reply["error"][:500])
-                raise _wire.WireError("malformed reply")
+                if not (set(reply) - {"type"} == {"error"} and type(reply["error"]) is str):
+                    raise _wire.WireError("malformed reply")
             except (_wire.WireError, OSError, RecursionError, MemoryError, ValueError) as exc:
                 self.broken = self.broken or f"{type(exc).__name__}: {exc}"[:500]  # a caught one still fails
                 raise
+            raise _exception(reply.get("type"))(reply["error"][:500])
 
         call.__name__ = call.__qualname__ = name
         return call
