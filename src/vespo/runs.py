@@ -43,7 +43,8 @@ def _sft_cache_key(cfg: TrainConfig) -> str:
         "sft_label_noise",
         "eval_size",
     )
-    blob = json.dumps({k: getattr(cfg, k) for k in keys} | {"v": 1}, sort_keys=True)
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task}  # arithmetic keeps its existing cache entries
+    blob = json.dumps({k: getattr(cfg, k) for k in keys} | task | {"v": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -53,7 +54,8 @@ def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
     if (path / "config.json").is_file():
         return path
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=cfg.sft_seed)
+    positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
+    model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
     with torch.random.fork_rng(devices=[]):
         sft_warm_start(
             model,

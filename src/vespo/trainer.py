@@ -36,7 +36,7 @@ from vespo.runs import (
     save_checkpoint,
     seed_everything,
 )
-from vespo.task import Problem, arithmetic_split
+from vespo.task import Problem, embedded_split
 
 Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -93,8 +93,8 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem] | None]:
     """(train problems, held-out problems or None)."""
     train_set = eval_set = None
     if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
-        emb_train, emb_eval = arithmetic_split(
-            num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
+        emb_train, emb_eval = embedded_split(
+            cfg.task, num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
         )
         if cfg.dataset == EMBEDDED:
             train_set, eval_set = emb_train, emb_eval
