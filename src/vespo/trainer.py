@@ -31,7 +31,7 @@ from vespo.aggregation import agg_loss
 from vespo.config import EMBEDDED, TrainConfig, parse_args, resolve, to_yaml
 from vespo.losses import compute_policy_loss, default_loss_agg_mode
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
-from vespo.task import Problem, arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
+from vespo.task import Problem, build_tiny_model, build_tokenizer, embedded_split, sft_warm_start
 
 Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,7 +65,8 @@ def _sft_cache_key(cfg: TrainConfig) -> str:
         "sft_label_noise",
         "eval_size",
     )
-    blob = json.dumps({k: getattr(cfg, k) for k in keys} | {"v": 1}, sort_keys=True)
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task}  # arithmetic keeps its existing cache entries
+    blob = json.dumps({k: getattr(cfg, k) for k in keys} | task | {"v": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -75,7 +76,8 @@ def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
     if (path / "config.json").is_file():
         return path
     tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=cfg.sft_seed)
+    positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
+    model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
     with torch.random.fork_rng(devices=[]):
         sft_warm_start(
             model,
@@ -133,8 +135,8 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem] | None]:
     """(train problems, held-out problems or None)."""
     train_set = eval_set = None
     if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
-        emb_train, emb_eval = arithmetic_split(
-            num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
+        emb_train, emb_eval = embedded_split(
+            cfg.task, num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
         )
         if cfg.dataset == EMBEDDED:
             train_set, eval_set = emb_train, emb_eval
