@@ -323,11 +323,8 @@ def prepare_model(work_dir: Path) -> str:
     """The SFT-warm-started embedded model + tokenizer (built once by vespo and cached), copied to a temp dir."""
     from vespo.config import TrainConfig
     from vespo.runs import embedded_policy_path
-    from vespo.task import arithmetic_split
 
-    cfg = TrainConfig()
-    train_set, _ = arithmetic_split(num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size)
-    src = embedded_policy_path(cfg, train_set)
+    src = embedded_policy_path(TrainConfig())
     dst = work_dir / "model"
     shutil.copytree(src, dst)
     return str(dst)

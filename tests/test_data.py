@@ -26,18 +26,46 @@ def test_load_jsonl_math_and_code(tmp_path):
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
-        (["{not json"], "not valid JSON"),
-        ([json.dumps({"answer": "1"})], "string 'prompt'"),
-        ([json.dumps({"prompt": "p"})], "exactly one of"),
-        ([json.dumps({"prompt": "p", "answer": "1"}), json.dumps({"prompt": "q", "tests": []})], "mixes"),
-        ([], "no records"),
+        (["{not json"], "bad.jsonl:1: not valid JSON"),
+        ([json.dumps({"answer": "1"})], "bad.jsonl:1: 'prompt' must be a non-empty string, got None"),
+        (["", json.dumps({"prompt": " ", "answer": "1"})], "bad.jsonl:2: 'prompt' must be a non-empty string"),
+        ([json.dumps({"prompt": "p"})], "bad.jsonl:1: need exactly one of 'answer' .math. or 'tests' .code."),
+        ([json.dumps({"prompt": "p", "answer": None})], "bad.jsonl:1: 'answer' must be a non-empty string or a number"),
+        ([json.dumps({"prompt": "p", "answer": [6]})], "bad.jsonl:1: 'answer' must be .* got \\[6\\]"),
+        ([json.dumps({"prompt": "p", "answer": True})], "bad.jsonl:1: 'answer' must be .* got True"),
+        ([json.dumps({"prompt": "p", "answer": ""})], "bad.jsonl:1: 'answer' must be"),
+        ([json.dumps({"prompt": "p", "tests": []})], "bad.jsonl:1: 'tests' must be a non-empty list"),
+        (["[1, 2]"], "bad.jsonl:1: expected an object"),
+        ([json.dumps({"prompt": "p", "answer": "1"}), json.dumps({"prompt": "q", "tests": [{}]})], "mixes"),
+        ([], "bad.jsonl: no records"),
+        (["", "  "], "bad.jsonl: no records"),
     ],
 )
-def test_load_jsonl_errors(tmp_path, lines, message):
+def test_load_jsonl_errors_name_file_and_line(tmp_path, lines, message):
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines))
     with pytest.raises(ValueError, match=message):
         data.load_jsonl(path)
+
+
+def test_bad_rows_can_be_skipped_with_a_count(tmp_path):
+    rows = [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": None}, {"prompt": "", "answer": "2"}]
+    path = _write_jsonl(tmp_path / "m.jsonl", rows)
+    with pytest.warns(UserWarning, match="skipped 2 row"):
+        assert data.load_jsonl(path, skip_bad=True) == [{"prompt": "a", "answer": "1"}]
+
+
+def test_load_records_renames_keys_reads_json_arrays_and_never_sends_files_to_the_hub(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_load_hub", lambda *a, **k: pytest.fail("a local file name went to the Hub"))
+    rows = [{"question": "1+1?", "solution": 2, "id": 7}]
+    (tmp_path / "x.json").write_text(json.dumps(rows))
+    got = data.load_records(str(tmp_path / "x.json"), prompt_key="question", answer_key="solution")
+    assert got == [{"id": 7, "prompt": "1+1?", "answer": "2"}]
+    with pytest.raises(ValueError, match="data file not found: x.json"):
+        data.load_records("x.json")
+    (tmp_path / "y.json").write_text('[{"prompt": "p", "answer": 1},\n {"prompt": ')
+    with pytest.raises(ValueError, match="y.json:2: not valid JSON"):
+        data.load_records(str(tmp_path / "y.json"))
 
 
 def test_dapo_rows_are_rewritten_and_deduplicated():

@@ -62,3 +62,33 @@ def test_vespo_eval_end_to_end_on_a_tiny_local_model(tmp_path, capsys):
     assert (result["benchmark"], result["num_problems"], result["k"]) == ("toy", 3, 2)
     assert 0.0 <= result["avg_at_k"] <= result["pass_at_k"] <= 100.0
     assert "| toy | 3 | 2 |" in capsys.readouterr().out
+
+
+def test_one_prompt_format_plain_unless_chat_is_asked_for():
+    from vespo.task import build_tokenizer
+
+    tok = build_tokenizer()
+    with pytest.raises(ValueError, match="no chat template"):
+        evaluation.format_prompts(tok, ["1+2="], chat=True)
+    tok.chat_template = (
+        "{% for m in messages %}<u>{{ m['content'] }}</u>{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    )
+    assert evaluation.format_prompts(tok, ["1+2="], chat=False) == ["1+2="]  # a plain-trained model stays plain
+    assert evaluation.format_prompts(tok, ["1+2="], chat=True) == ["<u>1+2=</u>A:"]
+
+
+def test_trainer_held_out_evaluation_is_the_shared_evaluator(monkeypatch):
+    """`vespo.trainer.evaluate` goes through `evaluate_records` (same prompts, same verifier) and reports avg@1."""
+    from vespo.config import TrainConfig
+    from vespo.trainer import evaluate
+
+    seen = {}
+
+    def fake_generate(model, tok, prompts, *, n, **kw):
+        seen.setdefault("prompts", []).extend(prompts)
+        return [["\\boxed{3}"] for _ in prompts]
+
+    monkeypatch.setattr("vespo.rollout.generate_texts", fake_generate)
+    records = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
+    assert evaluate(None, object(), records, TrainConfig()) == {"eval/accuracy": 0.5}
+    assert seen["prompts"] == ["1+2=", "2+2="]

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from vespo.advantages import group_advantages
-from vespo.config import TrainConfig, parse_args
+from vespo.config import ConfigError, TrainConfig, parse_args
 from vespo.rollout import sample
 from vespo.runs import embedded_policy_path, read_metrics
 from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import _top_share, policy_log_probs, ppo_update, train
+from vespo.trainer import _top_share, load_data, policy_log_probs, ppo_update, train
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +72,8 @@ def _cfg(root, run_dir, **kw) -> TrainConfig:
     [
         (["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "must divide"),
         (["--method", "ppo2"], "known methods: \\['bapo'"),
-        (["--method", "grpo", "--hparams", "c1_pos", "2"], "has no hyperparameter"),
-        (["--loss-agg-mode", "sum"], "unknown loss_agg_mode"),
-        (["--dataset", "/nonexistent/x.jsonl"], "dataset file not found"),
-        (["--sampler-dtype", "int8"], "sampler_dtype"),
+        (["--method", "grpo", "--hparams", "c1_pos", "2"], "unknown hyperparameter"),
+        (["--dataset", "/nonexistent/x.jsonl"], "dataset: file not found"),
     ],
 )
 def test_bad_config_fails_at_parse(argv, message):
@@ -85,7 +83,7 @@ def test_bad_config_fails_at_parse(argv, message):
 
 def test_missing_dataset_field_fails_before_training(local_model_and_data, tmp_path):
     cfg = _cfg(local_model_and_data, tmp_path / "run", prompt_key="prompt")
-    with pytest.raises(ValueError, match=r"no field\(s\) \['prompt'\]"):
+    with pytest.raises(ConfigError, match=r"train.jsonl:1: 'prompt' must be a non-empty string, got None"):
         train(cfg)
     assert not (tmp_path / "run").exists()  # nothing was created or computed
 
@@ -266,6 +264,8 @@ def test_run_on_local_model_and_jsonl_then_resume_after_kill_matches(local_model
     assert proc.returncode == -signal.SIGKILL
     done_before_kill = len(read_metrics(run_dir)) - 1
     assert 3 <= done_before_kill < steps, "the run must have been killed mid-way"
+    with (run_dir / "metrics.jsonl").open("a") as f:  # as if the kill had landed mid-write: a torn last line
+        f.write('{"step": 99, "reward/me')
 
     train(
         dataclasses.replace(
@@ -286,19 +286,17 @@ def test_existing_run_dir_needs_resume(local_model_and_data, tmp_path):
 
 def test_embedded_warm_start_is_cached(tmp_path):
     cfg = TrainConfig(cache_dir=str(tmp_path), sft_steps=2, sft_batch_size=4, num_operands=2, eval_size=10)
-    train_set, _ = arithmetic_split(num_operands=2, max_operand=9, eval_size=10)
-    path = embedded_policy_path(cfg, train_set)
+    path = embedded_policy_path(cfg)
     stamp = (path / "config.json").stat().st_mtime_ns
-    assert embedded_policy_path(cfg, train_set) == path and (path / "config.json").stat().st_mtime_ns == stamp
-    other = embedded_policy_path(dataclasses.replace(cfg, sft_steps=3), train_set)
+    assert embedded_policy_path(cfg) == path and (path / "config.json").stat().st_mtime_ns == stamp
+    other = embedded_policy_path(dataclasses.replace(cfg, sft_steps=3))
     assert other != path and (other / "tokenizer.json").is_file()
 
 
 def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
     """`--dataset BytedTsinghua-SIA/DAPO-Math-17k` is deduplicated and reformatted; `--eval-dataset math500` loads the
-    benchmark in the paper's prompt format; other names stay generic (here: a Hub id without the fields -> error)."""
+    benchmark in the paper's prompt format; both as the trainer's records."""
     from vespo import data
-    from vespo.trainer import load_problems
 
     def fake_hub(hub_id, split, **kwargs):
         if hub_id == data.DAPO_MATH_HUB_ID:
@@ -308,7 +306,37 @@ def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
         return [{"problem": "Find x.", "answer": "7"}]
 
     monkeypatch.setattr(data, "_load_hub", fake_hub)
-    train = load_problems(data.DAPO_MATH_HUB_ID, split="train", prompt_key="prompt", answer_key="answer")
-    assert [(p.prompt, p.answer) for p in train] == [("What is 2+3? " + data.PROMPT_SUFFIX, "5")]
-    held_out = load_problems("math500", split="test", prompt_key="prompt", answer_key="answer")
-    assert [(p.prompt, p.answer) for p in held_out] == [("Find x. " + data.PROMPT_SUFFIX, "7")]
+    cfg = TrainConfig(dataset=data.DAPO_MATH_HUB_ID, eval_dataset="math500", train_batch_size=1)
+    train_set, held_out = load_data(cfg)
+    assert train_set == [{"prompt": "What is 2+3? " + data.PROMPT_SUFFIX, "answer": "5"}]
+    assert held_out == [{"prompt": "Find x. " + data.PROMPT_SUFFIX, "answer": "7"}]
+
+
+def test_trains_on_code_records_with_code_reward_and_refuses_math_reward_for_them(local_model_and_data, tmp_path):
+    """The project's code format {"prompt", "tests"} goes through vespo.data and code_reward(completions, tests=...);
+    with the default math reward it is refused before the model loads, naming the reward function."""
+    tests = [{"input": "", "output": "7\n"}]
+    rows = [{"prompt": f"print {i}", "tests": tests, "id": i} for i in range(4)]
+    (tmp_path / "code.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg(local_model_and_data, tmp_path / "run", dataset=str(tmp_path / "code.jsonl"), eval_dataset=None)
+    cfg = dataclasses.replace(cfg, prompt_key="prompt", total_training_steps=1, eval_every=0)
+    with pytest.raises(ConfigError, match="reward_fn vespo.rewards:math_reward .*vespo.rewards:code_reward"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+    last = train(dataclasses.replace(cfg, reward_fn="vespo.rewards:code_reward"))
+    assert last["reward/mean"] == 0.0  # an untrained character model does not print 7; graded, not crashed
+    assert read_metrics(tmp_path / "run")[-1]["step"] == 1
+
+
+def test_reward_function_gets_trl_keyword_columns(monkeypatch):
+    from vespo.trainer import grade
+
+    seen = {}
+
+    def reward(completions, **columns):
+        seen.update(columns)
+        return [float(c == a) for c, a in zip(completions, columns["answer"], strict=True)]
+
+    records = [{"prompt": "p", "answer": "1", "level": 3}, {"prompt": "q", "answer": "2", "level": 5}]
+    assert grade(reward, ["1", "0", "0", "2"], records, n=2).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert seen == {"answer": ["1", "1", "2", "2"], "level": [3, 3, 5, 5]}

@@ -283,8 +283,10 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
     import transformers
 
     from vespo.advantages import group_advantages
+    from vespo.config import load_reward_fn
+    from vespo.evaluation import format_prompts
     from vespo.rollout import decode_responses
-    from vespo.trainer import format_prompts, load_reward_fn
+    from vespo.trainer import grade
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
@@ -303,10 +305,10 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         seed = batch_seed(cfg.seed, batch)
         order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed))
         chosen = [problems[i] for i in order[: cfg.train_batch_size].tolist()]
-        rollout = engine.generate(format_prompts(engine.tokenizer, chosen, cfg.apply_chat_template), seed)
+        prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in chosen], chat=cfg.apply_chat_template)
+        rollout = engine.generate(prompts, seed)
         t1 = time.perf_counter()
-        answers = [p.answer for p in chosen for _ in range(cfg.rollout_n)]
-        rewards = torch.tensor(reward_fn(decode_responses(engine.tokenizer, rollout), answers), dtype=torch.float32)
+        rewards = grade(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         t2 = time.perf_counter()
         item = SampledBatch(

@@ -23,30 +23,27 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from vespo.async_sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
-from vespo.config import EMBEDDED, TrainConfig, to_yaml
+from vespo.config import EMBEDDED, TrainConfig
 from vespo.rollout import Rollout
 from vespo.runs import (
-    CHECKPOINT,
     Logger,
+    check_run,
     embedded_policy_path,
-    load_checkpoint,
     plot_run,
     progress_bar,
     save_checkpoint,
+    start_run,
 )
 from vespo.trainer import (
     _step_metrics,
     evaluate,
-    format_prompts,
     load_data,
     load_policy,
-    load_reward_fn,
     policy_log_probs,
     ppo_update,
 )
@@ -306,18 +303,13 @@ class LagStats:
 
 def train_async(cfg: TrainConfig) -> dict[str, float]:
     """Run asynchronous RL training per a resolved `cfg` (mode == "async"); returns the last step's metrics."""
-    reward_fn = load_reward_fn(cfg.reward_fn)
+    ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
     train_set, eval_set = load_data(cfg)
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
-    run_dir = Path(cfg.run_dir)
-    ckpt_path = run_dir / CHECKPOINT
-    if not cfg.resume and ckpt_path.exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    run_dir = start_run(cfg)
 
     # learner policy (+ reference), optimizer, RNG, resume
-    policy_path = embedded_policy_path(cfg, train_set) if cfg.model == EMBEDDED else cfg.model
+    policy_path = embedded_policy_path(cfg) if cfg.model == EMBEDDED else cfg.model
     model, tokenizer = load_policy(policy_path)
     ref_model = load_policy(policy_path)[0].eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
@@ -326,14 +318,11 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     np.random.seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # unused by the learner; kept so checkpoints share one layout
     start, next_batch = 0, 0
-    if cfg.resume and ckpt_path.exists():
-        ckpt = load_checkpoint(run_dir)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start, next_batch = ckpt["step"], ckpt["async"]["next_batch"]
     logger = Logger(cfg, run_dir, start)
-    eval_prompts = format_prompts(tokenizer, eval_set, cfg.apply_chat_template) if eval_set else []
-    eval_answers = [p.answer for p in eval_set] if eval_set else []
     do_eval = bool(eval_set) and cfg.eval_every > 0
 
     n_mini = cfg.num_mini_batches
@@ -348,7 +337,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     with _sigterm_as_interrupt(), contextlib.closing(pool):
         pool.start(model, opt_step)
         if do_eval and start == 0:
-            logger.log(evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg), 0)
+            logger.log(evaluate(model, tokenizer, eval_set, cfg), 0)
         bar = progress_bar(cfg, start)
         for step in range(start + 1, cfg.total_training_steps + 1):
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
@@ -422,7 +411,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 "async/sampler_restarts": float(pool.restarts),
             }
             if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-                metrics |= evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg)
+                metrics |= evaluate(model, tokenizer, eval_set, cfg)
             logger.log(metrics, step)
             if step % cfg.save_every == 0 or step == cfg.total_training_steps:
                 save_checkpoint(run_dir, step, model, optimizer, gen, extra={"async": {"next_batch": pool.next_batch}})

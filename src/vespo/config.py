@@ -8,16 +8,28 @@ defaults; command-line flags override it. `validate` checks everything that can 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
+import math
+import re
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import tyro
 import yaml
 
-from vespo.aggregation import LOSS_AGG_MODES
-from vespo.losses import available_methods, method_hparams
+from vespo.losses import available_methods, validate_hparams
 
 EMBEDDED = "embedded"
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+class ConfigError(ValueError):
+    """A bad input found before any compute: `vespo train` prints its one-line message and exits with code 2."""
 
 
 @dataclass
@@ -26,27 +38,33 @@ class TrainConfig:
     model: str = EMBEDDED
     """Hub id or local path of a causal LM; "embedded" builds the tiny local model with an SFT warm start."""
     dataset: str = EMBEDDED
-    """Hub id or .jsonl path with prompt/answer fields; "embedded" is the built-in arithmetic task."""
+    """Training records: a local .json/.jsonl file ({"prompt", "answer"} math or {"prompt", "tests"} code), a Hub id,
+    or a set vespo knows by name (DAPO-Math-17k's Hub id); "embedded" is the built-in arithmetic task."""
     eval_dataset: str | None = None
-    """Held-out set (Hub id or .jsonl); None uses the embedded task's held-out split, or no evaluation otherwise."""
+    """Held-out records (as `dataset`, or a benchmark name such as math500); None uses the embedded task's held-out
+    split, or no evaluation otherwise."""
     dataset_split: str = "train"
     """Split of a Hub dataset."""
     prompt_key: str = "prompt"
     """Dataset field holding the prompt text."""
     answer_key: str = "answer"
-    """Dataset field holding the ground-truth answer."""
+    """Dataset field holding the ground-truth answer (math); code records carry `tests` instead."""
+    skip_bad_records: bool = False
+    """Skip dataset rows that cannot be graded (missing/null/list answer, empty prompt), with a count, instead of
+    failing on the first one with its file and line."""
     apply_chat_template: bool = False
     """Wrap prompts in the tokenizer's chat template (instruct models); plain text otherwise."""
     reward_fn: str = "vespo.rewards:math_reward"
-    """`module:function` with the TRL reward signature fn(completions, answer, **kw) -> list[float]."""
+    """`module:function` with TRL's reward signature fn(completions, **columns) -> list[float]; the record's other
+    fields arrive as keyword lists (math: `answer`; code: `tests`, with `vespo.rewards:code_reward`)."""
 
     # --- algorithm
     method: str = "vespo"
     """Policy-loss method from the registry (`vespo.available_methods()`)."""
     hparams: dict[str, float | int | str] = field(default_factory=dict)
     """Method hyperparameters passed to the loss, e.g. `--hparams c1_pos 2 length_norm sqrt` (paper defaults)."""
-    loss_agg_mode: str | None = None
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm; None = the method's default."""
+    loss_agg_mode: LossAggMode | None = None
+    """How the per-token loss is normalised (`vespo.aggregation.agg_loss`); None = the method's default."""
     norm_adv_by_std: bool = True
     """Divide group-centred rewards by the group std (GRPO); False gives Dr. GRPO-style A = R - mean."""
     kl_coef: float = 0.0
@@ -65,7 +83,7 @@ class TrainConfig:
     staleness: int | None = None
     """Shortcut: if set, train_batch_size = staleness * ppo_mini_batch_size."""
     rollout_n: int = 8
-    """Responses sampled per prompt (the GRPO group size)."""
+    """Responses sampled per prompt (the GRPO group size; >= 2, since advantages are relative to the group)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass (gradient accumulation; does not change the result)."""
     total_training_steps: int = 100
@@ -90,15 +108,15 @@ class TrainConfig:
     """Sampling temperature (the trainer's log-probs use the same temperature)."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
-    sampler_dtype: str = "float32"
-    """Sampler weights dtype: float32 | bfloat16 | float16. Another dtype than the trainer's creates a real mismatch."""
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Sampler weights dtype. Another dtype than the trainer's (float32) creates a real train-inference mismatch."""
     rollout_logit_noise: float = 0.0
     """Simulated train-inference mismatch: std of Gaussian noise added to the sampler's logits (0 = none)."""
     use_rollout_log_prob: bool = True
     """Pass the sampler's log-probs to the loss as rollout_log_prob (mismatch correction); False ignores them."""
 
     # --- asynchronous training (docs/training.md, "Asynchronous training")
-    mode: str = "sync"
+    mode: Literal["sync", "async"] = "sync"
     """sync: generate, then train; async (`--async`): sampler processes generate while the learner trains."""
     max_staleness: int = 4
     """async: max optimizer steps a sample's policy version may lag the learner (TRL's max_staleness); staler samples
@@ -110,11 +128,11 @@ class TrainConfig:
     use_decoupled_loss: bool = False
     """async: AReaL's decoupled objective W = (pi/pi_prox)(pi_prox/mu): the learner's weights at the update are
     old_log_prob (one extra forward) and mu enters as rollout_log_prob; otherwise mu is old_log_prob itself."""
-    sampler_engine: str = "hf"
+    sampler_engine: Literal["hf", "vllm"] = "hf"
     """async: hf (the trainer's KV-cached sampler) | vllm (CUDA; weights pushed into the engine, not run on CPU)."""
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
-    task: str = "arithmetic"
+    task: Literal["arithmetic", "chain"] = "arithmetic"
     """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (last digit of a sum of
     num_operands digits, the running sum written after every digit: responses of 2 * num_operands + 6 tokens)."""
     num_operands: int = 3
@@ -140,7 +158,10 @@ class TrainConfig:
     cache_dir: str = "~/.cache/vespo"
     """Where warm-started embedded models are cached."""
     resume: bool = False
-    """Continue from run_dir's last checkpoint (same result as an uninterrupted run)."""
+    """Continue from run_dir's last checkpoint (same result as an uninterrupted run); the config must match the saved
+    run_dir/config.yaml except for bookkeeping fields (logging, progress, threads, save/eval frequency)."""
+    allow_change: tuple[Literal["total_training_steps"], ...] = ()
+    """On --resume, fields allowed to differ from the saved config; only total_training_steps (to train longer)."""
     save_every: int = 25
     """Checkpoint every this many rollout steps (and at the end)."""
     eval_every: int = 20
@@ -164,121 +185,288 @@ class TrainConfig:
         return self.train_batch_size // self.ppo_mini_batch_size
 
 
+_HINTS = typing.get_type_hints(TrainConfig, include_extras=False)
+
+
 def resolve(cfg: TrainConfig) -> TrainConfig:
     """Apply the `staleness` shortcut, then `validate`."""
+    check_types(cfg)
     if cfg.staleness is not None:
+        _check_range("staleness", cfg.staleness, 1, None)
         cfg = dataclasses.replace(cfg, train_batch_size=cfg.staleness * cfg.ppo_mini_batch_size, staleness=None)
     validate(cfg)
     return cfg
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Types: every field against its annotation (YAML values and API callers; tyro checks the command line itself)
+
+
+def _describe(hint: object) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return f"one of {list(args)}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is tuple:
+        return "a list" if args[-1] is Ellipsis else f"a list of {len(args)} {_describe(args[0])}s"
+    if origin is dict:
+        return "a mapping of names to values"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def _conforms(value: object, hint: object) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        if args[-1] is Ellipsis:
+            return all(_conforms(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_conforms(v, a) for v, a in zip(value, args, strict=True))
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and _conforms(v, args[1]) for k, v in value.items())
+    raise TypeError(f"no type check for {hint}")
+
+
+def check_types(cfg: TrainConfig) -> None:
+    """Raise ConfigError naming the first field whose value does not have its annotated type (a YAML "false" is a
+    string, not a boolean)."""
+    for name, hint in _HINTS.items():
+        value = getattr(cfg, name)
+        if not _conforms(value, hint):
+            raise ConfigError(f"{name} must be {_describe(hint)}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Values: ranges, registry hyperparameters, reward function, paths
+
+
+def _check_range(name: str, value: float, lo: float | None, hi: float | None, *, open_lo=False, open_hi=False) -> None:
+    """`value` is finite and inside [lo, hi] (or open at either end)."""
+    bad = not math.isfinite(value)
+    bad = bad or (lo is not None and (value <= lo if open_lo else value < lo))
+    bad = bad or (hi is not None and (value >= hi if open_hi else value > hi))
+    if bad and isinstance(value, int) and hi is None:
+        raise ConfigError(f"{name} must be an integer >= {lo + open_lo:g}, got {value}")
+    if bad:
+        left = "-inf" if lo is None else f"{lo:g}"
+        right = "inf" if hi is None else f"{hi:g}"
+        interval = f"{'(' if open_lo or lo is None else '['}{left}, {right}{')' if open_hi or hi is None else ']'}"
+        raise ConfigError(f"{name} must be a finite number in {interval}, got {value!r}")
+
+
+# name -> (lo, hi, open_lo, open_hi); None fields are skipped
+_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "kl_coef": (0, None, False, False),
+    "entropy_coeff": (0, None, False, False),
+    "train_batch_size": (1, None, False, False),
+    "ppo_mini_batch_size": (1, None, False, False),
+    "micro_batch_size": (1, None, False, False),
+    "total_training_steps": (1, None, False, False),
+    "lr": (0, None, True, False),
+    "weight_decay": (0, None, False, False),
+    "grad_clip": (0, None, True, False),
+    "max_response_length": (1, None, False, False),
+    "temperature": (0, None, True, False),
+    "top_p": (0, 1, True, False),
+    "rollout_logit_noise": (0, None, False, False),
+    "max_staleness": (0, None, False, False),
+    "sync_every": (1, None, False, False),
+    "num_samplers": (1, None, False, False),
+    "num_operands": (2, None, False, False),
+    "max_operand": (1, None, False, False),
+    "sft_steps": (0, None, False, False),
+    "sft_lr": (0, None, True, False),
+    "sft_batch_size": (1, None, False, False),
+    "sft_label_noise": (0, 1, False, True),
+    "save_every": (1, None, False, False),
+    "eval_every": (0, None, False, False),
+    "eval_size": (1, None, False, False),
+    "num_threads": (1, None, False, False),
+}
+
+
 def validate(cfg: TrainConfig) -> None:
-    """Raise ValueError naming the problem for any configuration that cannot run (checked before any compute)."""
-    if cfg.method not in available_methods():
-        raise ValueError(f"unknown method {cfg.method!r}; known methods: {available_methods()}")
-    known = method_hparams(cfg.method)
-    unknown = sorted(set(cfg.hparams) - set(known))
-    if unknown:
-        raise ValueError(f"method {cfg.method!r} has no hyperparameter(s) {unknown}; it accepts {sorted(known)}")
-    if cfg.loss_agg_mode is not None and cfg.loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {cfg.loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
-    positive = (
-        "train_batch_size",
-        "ppo_mini_batch_size",
-        "rollout_n",
-        "micro_batch_size",
-        "total_training_steps",
-        "max_response_length",
-        "save_every",
-        "eval_size",
-        "sft_batch_size",
-    )
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.staleness is not None and cfg.staleness < 1:
-        raise ValueError(f"staleness must be >= 1, got {cfg.staleness}")
+    """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
+    wrong; everything here is checked before any model or dataset is loaded."""
+    check_types(cfg)
+    for name, (lo, hi, open_lo, open_hi) in _RANGES.items():
+        if getattr(cfg, name) is not None:
+            _check_range(name, getattr(cfg, name), lo, hi, open_lo=open_lo, open_hi=open_hi)
+    for i, beta in enumerate(cfg.betas):
+        _check_range(f"betas[{i}]", beta, 0, 1, open_hi=True)
+    if cfg.rollout_n < 2:
+        raise ConfigError(
+            f"rollout_n must be >= 2, got {cfg.rollout_n}: advantages are relative to the group of responses to one "
+            "prompt (R - mean R), so a group of 1 gives every advantage 0 and nothing is learned"
+        )
     if cfg.train_batch_size % cfg.ppo_mini_batch_size:
-        raise ValueError(
+        raise ConfigError(
             f"ppo_mini_batch_size={cfg.ppo_mini_batch_size} must divide "
             f"train_batch_size={cfg.train_batch_size} (staleness N = train_batch_size / mini-batch)"
         )
-    if cfg.lr <= 0 or cfg.temperature <= 0 or not 0 < cfg.top_p <= 1 or cfg.grad_clip <= 0:
-        raise ValueError("need lr > 0, temperature > 0, 0 < top_p <= 1 and grad_clip > 0")
-    if min(cfg.kl_coef, cfg.entropy_coeff, cfg.rollout_logit_noise, cfg.eval_every, cfg.sft_steps) < 0:
-        raise ValueError("kl_coef, entropy_coeff, rollout_logit_noise, eval_every and sft_steps must be >= 0")
-    if not 0 <= cfg.sft_label_noise < 1:
-        raise ValueError(f"sft_label_noise must be in [0, 1), got {cfg.sft_label_noise}")
-    if cfg.sampler_dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"sampler_dtype must be float32, bfloat16 or float16, got {cfg.sampler_dtype!r}")
+    if cfg.method not in available_methods():
+        raise ConfigError(f"method: unknown method {cfg.method!r}; known methods: {available_methods()}")
+    try:
+        validate_hparams(cfg.method, **cfg.hparams)
+    except ValueError as exc:
+        raise ConfigError(f"hparams: {exc}") from None
     _validate_task(cfg)
     _validate_async(cfg)
-    if ":" not in cfg.reward_fn:
-        raise ValueError(f"reward_fn must look like 'module:function', got {cfg.reward_fn!r}")
+    check_model(cfg.model)
     for name in ("dataset", "eval_dataset"):
-        value = getattr(cfg, name)
-        if value and value.endswith(".jsonl") and not Path(value).expanduser().is_file():
-            raise ValueError(f"{name} file not found: {value}")
+        check_dataset(name, getattr(cfg, name))
+    load_reward_fn(cfg.reward_fn)
+
+
+def _looks_local(value: str) -> bool:
+    """A path rather than a Hub id ("org/name"): absolute, relative with ./ or ~, or more than one slash."""
+    return value.startswith(("/", ".", "~")) or value.count("/") > 1 or "\\" in value
+
+
+def check_model(value: str) -> None:
+    """`model` is "embedded", an existing model directory, or a Hub id (only checkable by downloading it)."""
+    if value == EMBEDDED:
+        return
+    path = Path(value).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model: {value} exists but is not a model directory (no config.json in it)")
+    elif _looks_local(value):
+        raise ConfigError(f"model: no such directory {value} (a Hub id looks like 'org/name')")
+
+
+def check_dataset(name: str, value: str | None) -> None:
+    """A local data file (.json / .jsonl, or any existing path) must exist; other names are Hub ids or named sets."""
+    if value is None or value == EMBEDDED:
+        return
+    if value.endswith((".json", ".jsonl")) or _looks_local(value):
+        if not Path(value).expanduser().is_file():
+            raise ConfigError(f"{name}: file not found: {value}")
+
+
+def load_reward_fn(spec: str) -> Callable[..., list[float]]:
+    """Import the `module:function` reward and check it can be called as fn(completions, **columns)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"reward_fn must look like 'module:function', got {spec!r}")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"reward_fn: cannot import module {module!r} ({exc})") from None
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ConfigError(f"reward_fn: module {module!r} has no function {name!r}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return fn  # builtins without a signature: trust the caller
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if not positional:
+        raise ConfigError(f"reward_fn: {spec} is not a reward function fn(completions, **columns) -> list[float]")
+    return fn
+
+
+def check_reward_columns(spec: str, columns: list[str]) -> None:
+    """The reward function can be called as fn(completions, **columns) with the dataset's columns."""
+    fn = load_reward_fn(spec)
+    try:
+        inspect.signature(fn).bind([], **dict.fromkeys(columns))
+    except TypeError as exc:
+        code = "tests" in columns
+        hint = " (code records {prompt, tests} need --reward-fn vespo.rewards:code_reward)" if code else ""
+        raise ConfigError(
+            f"reward_fn {spec} cannot be called as fn(completions, **columns) with the dataset's columns {columns}: "
+            f"{exc}{hint}"
+        ) from None
+    except ValueError:  # no signature to check
+        pass
 
 
 def _validate_task(cfg: TrainConfig) -> None:
-    if cfg.task not in ("arithmetic", "chain"):
-        raise ValueError(f"task must be 'arithmetic' or 'chain', got {cfg.task!r}")
     if cfg.task == "chain" and cfg.dataset == EMBEDDED:
         from vespo.task import chain_response_tokens
 
         need = chain_response_tokens(cfg.num_operands)
         if cfg.num_operands < 2 or cfg.max_response_length < need:
-            raise ValueError(
+            raise ConfigError(
                 f"task=chain with num_operands={cfg.num_operands} needs num_operands >= 2 and "
                 f"max_response_length >= {need} (2 * num_operands + 6), got {cfg.max_response_length}"
             )
 
 
 def _validate_async(cfg: TrainConfig) -> None:
-    if cfg.mode not in ("sync", "async"):
-        raise ValueError(f"mode must be 'sync' or 'async', got {cfg.mode!r}")
     if cfg.mode == "sync":
         if cfg.use_decoupled_loss:
-            raise ValueError("use_decoupled_loss needs mode=async (in sync mode old_log_prob is already pi_prox)")
+            raise ConfigError("use_decoupled_loss needs mode=async (in sync mode old_log_prob is already pi_prox)")
         return
-    if cfg.sync_every < 1 or cfg.num_samplers < 1 or cfg.max_staleness < 0:
-        raise ValueError("async mode needs sync_every >= 1, num_samplers >= 1 and max_staleness >= 0")
     need = cfg.num_mini_batches + cfg.sync_every - 2  # a batch of N mini-batches must fit in the window
     if cfg.max_staleness < need:
-        raise ValueError(
+        raise ConfigError(
             f"max_staleness={cfg.max_staleness} is too small: a batch of N={cfg.num_mini_batches} mini-batches with "
             f"sync_every={cfg.sync_every} needs max_staleness >= N + sync_every - 2 = {need}"
         )
-    if cfg.sampler_engine not in ("hf", "vllm"):
-        raise ValueError(f"sampler_engine must be 'hf' or 'vllm', got {cfg.sampler_engine!r}")
     if cfg.sampler_engine == "vllm":
-        import importlib.util
-
         import torch
 
         if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
-            raise ValueError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
+            raise ConfigError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# YAML and the command line
 
 
 def to_yaml(cfg: TrainConfig) -> str:
     """The config as YAML (the run dir's config.yaml; loadable with `--config`)."""
     data = dataclasses.asdict(cfg)
-    data["betas"] = list(cfg.betas)
+    data["betas"], data["allow_change"] = list(cfg.betas), list(cfg.allow_change)
     return yaml.safe_dump(data, sort_keys=False)
 
 
+_YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # PyYAML reads `1e-3` (no dot) as a string
+
+
 def load_yaml(path: str | Path) -> dict:
-    """Read a YAML config and check its keys are TrainConfig fields."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    """Read a YAML config: keys must be TrainConfig fields and values of the field's type (ConfigError otherwise)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path} ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"--config {path}:{where}: YAML syntax error: {problem}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of TrainConfig fields")
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(data) - names)
+        raise ConfigError(f"--config {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_HINTS), key=str)
     if unknown:
-        raise ValueError(f"{path}: unknown config key(s) {unknown}")
-    if "betas" in data:
-        data["betas"] = tuple(data["betas"])
+        raise ConfigError(f"--config {path}: unknown config key(s) {unknown}")
+    for name, value in data.items():
+        hint = _HINTS[name]
+        if isinstance(value, str) and _YAML_FLOAT.match(value) and _conforms(1.0, hint):
+            value = data[name] = float(value)
+        if not _conforms(value, hint):
+            raise ConfigError(f"--config {path}: {name} must be {_describe(hint)}, got {value!r}")
+        if isinstance(value, list):
+            data[name] = tuple(value)
     return data
 
 
@@ -289,7 +477,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):
-            raise ValueError("--config needs a YAML file path")
+            raise ConfigError("--config needs a YAML file path")
         defaults = TrainConfig(**load_yaml(argv[i + 1]))
         del argv[i : i + 2]
     cfg = tyro.cli(

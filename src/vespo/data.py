@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import pickle
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,32 +142,104 @@ def load_livecodebench(release: int = 6) -> list[dict]:
     return livecodebench_records(_load_hub("livecodebench/code_generation_lite", "train", data_files=files))
 
 
-def load_jsonl(path: str | Path) -> list[dict]:
-    """Local records, one JSON object a line: ``{"prompt", "answer"}`` (math) or ``{"prompt", "tests"}`` (code).
+def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_key: str = "answer") -> dict:
+    """One row as a gradable record ``{"prompt", "answer"}`` or ``{"prompt", "tests"}`` (other columns kept), or a
+    ValueError starting with ``where``. Numbers are answers ("6"); null, lists, booleans and empty strings are not."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or 'tests'")
+    prompt = row.get(prompt_key)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: '{prompt_key}' must be a non-empty string, got {prompt!r}")
+    has_answer, has_tests = answer_key in row, "tests" in row
+    if has_answer == has_tests:
+        raise ValueError(f"{where}: need exactly one of '{answer_key}' (math) or 'tests' (code)")
+    record = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)} | {"prompt": prompt}
+    if has_answer:
+        answer = row[answer_key]
+        number = isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer)
+        if not (number or (isinstance(answer, str) and answer.strip())):
+            raise ValueError(f"{where}: '{answer_key}' must be a non-empty string or a number, got {answer!r}")
+        record["answer"] = str(answer)
+    elif not isinstance(row["tests"], list) or not row["tests"] or not all(isinstance(t, dict) for t in row["tests"]):
+        raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/rewards.md)")
+    return record
 
-    Prompts are used verbatim (add `math_prompt`'s instruction yourself if you want it); other keys are kept.
-    """
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise ValueError(f"{path}:{lineno}: each line must be an object with a string 'prompt'")
-            if ("answer" in record) == ("tests" in record):
-                raise ValueError(f"{path}:{lineno}: need exactly one of 'answer' (math) or 'tests' (code)")
-            if "answer" in record:
-                record["answer"] = str(record["answer"])
-            records.append(record)
+
+def check_records(
+    rows, source: str, *, where: Callable[[int], str] | None = None, skip_bad: bool = False, **keys: str
+) -> list[dict]:
+    """`check_record` over rows; with ``skip_bad`` bad rows are dropped and counted in a warning instead."""
+    where = where or (lambda i: f"{source} row {i}")
+    records, bad = [], []
+    for i, row in enumerate(rows):
+        try:
+            records.append(check_record(row, where(i), **keys))
+        except ValueError as exc:
+            if not skip_bad:
+                raise
+            bad.append(str(exc))
+    if bad:
+        warnings.warn(f"{source}: skipped {len(bad)} row(s) that cannot be graded; first: {bad[0]}", stacklevel=2)
     if not records:
-        raise ValueError(f"{path}: no records")
+        raise ValueError(f"{source}: no records" + (f" ({len(bad)} bad rows skipped)" if bad else ""))
     if len({"answer" in r for r in records}) != 1:
-        raise ValueError(f"{path}: mixes math ('answer') and code ('tests') records")
+        raise ValueError(f"{source}: mixes math ('answer') and code ('tests') records")
     return records
+
+
+def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list[dict]:
+    """Local records, one JSON object a line (or one JSON array in a ``.json`` file): ``{"prompt", "answer"}``
+    (math) or ``{"prompt", "tests"}`` (code); `prompt_key` / `answer_key` rename other columns, the rest are kept.
+
+    Prompts are used verbatim (add `math_prompt`'s instruction yourself if you want it). Errors name the file and
+    line; with ``skip_bad`` rows that cannot be graded are skipped and counted instead.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc})") from None
+    if Path(path).suffix == ".json" and text.lstrip().startswith("["):  # one array of records
+        try:
+            rows = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        return check_records(rows, str(path), where=lambda i: f"{path} record {i}", skip_bad=skip_bad, **keys)
+    rows, lines = [], []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+        lines.append(lineno)
+    return check_records(rows, str(path), where=lambda i: f"{path}:{lines[i]}", skip_bad=skip_bad, **keys)
+
+
+def load_records(
+    source: str, *, split: str = "train", prompt_key: str = "prompt", answer_key: str = "answer", skip_bad=False
+) -> list[dict]:
+    """Training or held-out records by name: the paper's sets (DAPO-Math-17k deduplicated, aime24, math500, ...),
+    a local ``.json``/``.jsonl`` file (never a Hub id), or any Hub dataset through `datasets.load_dataset`."""
+    keys = {"prompt_key": prompt_key, "answer_key": answer_key}
+    named = load_named_math(source)
+    if named is not None:
+        return named
+    if source in BENCHMARKS:
+        return BENCHMARKS[source].load()
+    path = Path(source).expanduser()
+    if source.endswith((".json", ".jsonl")) or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"data file not found: {source}")
+        return load_jsonl(path, skip_bad=skip_bad, **keys)
+    rows = _load_hub(source, split)
+    missing = [k for k in (prompt_key,) if k not in rows.column_names]
+    if missing or (answer_key not in rows.column_names and "tests" not in rows.column_names):
+        raise ValueError(
+            f"dataset {source!r} has no field(s) {missing or [answer_key]}; its fields are {rows.column_names} "
+            f"(set --prompt-key / --answer-key)"
+        )
+    return check_records(rows, source, skip_bad=skip_bad, **keys)
 
 
 def record_kind(records: list[dict]) -> str:
@@ -214,8 +288,8 @@ def resolve_benchmark(name: str, *, k: int | None = None) -> Benchmark:
     if name in BENCHMARKS:
         bench = BENCHMARKS[name]
         return bench if k is None else Benchmark(bench.name, bench.kind, k, bench.metric, bench.load)
-    if name.endswith(".jsonl"):
+    if name.endswith((".json", ".jsonl")):
         kind = record_kind(load_jsonl(name))
         default_k, metric = (4, "avg") if kind == "math" else (10, "pass")
         return Benchmark(Path(name).stem, kind, k or default_k, metric, lambda: load_jsonl(name))
-    raise ValueError(f"unknown benchmark {name!r}: choose from {sorted(BENCHMARKS)} or give a .jsonl path")
+    raise ValueError(f"unknown benchmark {name!r}: choose from {sorted(BENCHMARKS)} or give a .json/.jsonl path")

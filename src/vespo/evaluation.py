@@ -93,33 +93,45 @@ def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[fl
     return out
 
 
-def format_prompt(tokenizer, text: str) -> str:
-    """The user turn through the tokenizer's chat template when it has one, else the raw text."""
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": text}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return text
+def format_prompts(tokenizer, prompts: list[str], *, chat: bool) -> list[str]:
+    """The one prompt format of training and evaluation: the text as is, or, with ``chat``, the user turn through
+    the tokenizer's chat template (instruct models). A model trained on plain prompts is evaluated on plain ones."""
+    if not chat:
+        return list(prompts)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat prompts were asked for (apply_chat_template) but the tokenizer has no chat template")
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
 
 
 def sample_completions(
-    model, tokenizer, records: list[dict], *, n: int, chunk: int = 8, desc: str = "", **gen_kwargs
+    model, tokenizer, records: list[dict], *, n: int, chat: bool = False, chunk: int = 8, desc: str = "", **gen_kwargs
 ) -> list[list[str]]:
     """``n`` completions per record via `vespo.rollout.generate_texts`, ``chunk`` prompts at a time (progress bar)."""
-    from vespo.rollout import generate_texts  # deferred: the trainer module imports this one
+    from vespo.rollout import generate_texts  # deferred: vespo.rollout imports transformers
 
-    prompts = [format_prompt(tokenizer, r["prompt"]) for r in records]
+    prompts = format_prompts(tokenizer, [r["prompt"] for r in records], chat=chat)
     seed = gen_kwargs.pop("seed", None)
+    progress = gen_kwargs.pop("progress", True)
     samples: list[list[str]] = []
-    for i in tqdm(range(0, len(prompts), chunk), desc=desc or "generate", unit="chunk", leave=False):
+    starts = range(0, len(prompts), chunk)
+    for i in tqdm(starts, desc=desc or "generate", unit="chunk", leave=False, disable=not progress):
         chunk_seed = None if seed is None else seed + i  # distinct streams per chunk, reproducible overall
         samples += generate_texts(model, tokenizer, prompts[i : i + chunk], n=n, seed=chunk_seed, **gen_kwargs)
     return samples
 
 
+def sample_scores(model, tokenizer, records: list[dict], *, n: int, **gen_kwargs) -> list[list[float]]:
+    """Per-problem scores of ``n`` sampled completions each (`sample_completions`, then `score_samples`)."""
+    return score_samples(records, sample_completions(model, tokenizer, records, n=n, **gen_kwargs))
+
+
 def evaluate_records(model, tokenizer, records: list[dict], *, n: int, name: str = "heldout", **gen_kwargs) -> dict:
-    """Score a held-out set (the trainer calls this every M steps): ``eval/<name>/avg@n`` and ``pass@n`` in [0, 1]."""
-    samples = sample_completions(model, tokenizer, records, n=n, desc=name, **gen_kwargs)
-    scores = score_samples(records, samples)
+    """Score a held-out set with the verifier of its kind (math or code): ``eval/<name>/avg@n`` and ``pass@n`` in
+    [0, 1]. The one evaluator: the trainer's held-out evaluation and `vespo eval` both come through here."""
+    scores = sample_scores(model, tokenizer, records, n=n, desc=name, **gen_kwargs)
     return {f"eval/{name}/avg@{n}": avg_at_k(scores), f"eval/{name}/pass@{n}": mean_pass_at_k(scores, n)}
 
 
@@ -131,8 +143,7 @@ def evaluate_benchmarks(
     for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
         start = time.perf_counter()
         records = bench.load()[:limit]
-        samples = sample_completions(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
-        scores = score_samples(records, samples)
+        scores = sample_scores(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
         results.append(summarize(bench.name, bench.kind, bench.k, scores, time.perf_counter() - start))
     return results
 
@@ -157,35 +168,61 @@ def write_report(results: list[BenchmarkResult], out_dir: str | Path, meta: dict
     return md, js
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vespo eval", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="local path or Hugging Face Hub id of a causal LM")
     p.add_argument(
         "--benchmarks",
         default="aime24,aime25,amc23,math500",
-        help="comma list of aime24, aime25, amc23, math500, humaneval+, mbpp+, livecodebench or .jsonl paths",
+        help="comma list of aime24, aime25, amc23, math500, humaneval+, mbpp+, livecodebench or .json/.jsonl paths",
     )
-    p.add_argument("--k", type=int, default=None, help="samples per problem for every benchmark (default: paper's k)")
-    p.add_argument("--max-new-tokens", type=int, default=8192)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--k", type=_positive_int, default=None, help="samples per problem (default: the paper's k)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=8192)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems of each benchmark")
+    p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N problems of each")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap prompts in the tokenizer's chat template (instruct models; as `vespo train --apply-chat-template`)",
+    )
     p.add_argument("--out", default="eval_results", help="directory for results.md and results.json")
     return p
 
 
 def cli(argv: list[str]) -> int:
-    """``vespo eval``: load the model, evaluate the benchmarks, print and write the table."""
-    args = _parser().parse_args(argv)
+    """``vespo eval``: check every input, load the model, evaluate the benchmarks, print and write the table."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    from vespo.config import ConfigError, check_model
+
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        parser.error(f"--temperature must be a finite number > 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    try:
+        check_model(args.model)
+        names = [name.strip() for name in args.benchmarks.split(",") if name.strip()]
+        if not names:
+            raise ValueError("--benchmarks: give at least one benchmark")
+        benchmarks = [resolve_benchmark(name, k=args.k) for name in names]
+    except (ConfigError, ValueError) as exc:
+        parser.error(str(exc))
     import transformers
 
-    benchmarks = [resolve_benchmark(name.strip(), k=args.k) for name in args.benchmarks.split(",") if name.strip()]
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model)
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
-    results = evaluate_benchmarks(model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, **gen)
-    md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, **gen})
+    results = evaluate_benchmarks(model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, **gen)
+    md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, "chat": args.chat, **gen})
     print(md.read_text(), end="")
     print(f"wrote {md} and {js}")
     return 0

@@ -169,12 +169,14 @@ def generate_texts(
     top_p: float = 1.0,
     seed: int | None = None,
     batch_size: int = 64,
+    use_vllm: bool | None = None,
 ) -> list[list[str]]:
     """Per prompt, `n` sampled completion strings. `model` is a loaded HF model or a local path / Hub id.
 
-    Uses vLLM when `vllm_available()`, the HF sampler otherwise (prompts are processed in chunks of `batch_size`).
+    Uses vLLM when `use_vllm` (default: when `vllm_available()`), the HF sampler otherwise (prompts are processed in
+    chunks of `batch_size`).
     """
-    if vllm_available():
+    if vllm_available() if use_vllm is None else use_vllm:
         return _generate_texts_vllm(
             model,
             tokenizer,

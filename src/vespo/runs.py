@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
-from vespo.config import TrainConfig, to_yaml
-from vespo.task import Problem, build_tiny_model, build_tokenizer, sft_warm_start
+from vespo.config import ConfigError, TrainConfig, to_yaml
+from vespo.task import build_tiny_model, build_tokenizer, embedded_split, sft_warm_start
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
@@ -48,11 +49,13 @@ def _sft_cache_key(cfg: TrainConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
+def embedded_policy_path(cfg: TrainConfig) -> Path:
     """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory."""
     path = Path(cfg.cache_dir).expanduser() / f"embedded-{_sft_cache_key(cfg)}"
     if (path / "config.json").is_file():
         return path
+    task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
+    train_set, _ = embedded_split(cfg.task, **task)
     tokenizer = build_tokenizer()
     positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
     model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
@@ -90,11 +93,13 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def rng_state(gen: torch.Generator) -> dict:
-    """Every RNG stream the run draws from."""
+    """Every RNG stream the run draws from, as tensors and plain Python values (loadable with weights_only=True)."""
+    np_name, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": random.getstate(),  # (version, tuple of ints, None)
+        "numpy": {"name": np_name, "key": torch.from_numpy(np_key.astype(np.int64)), "pos": int(np_pos)}
+        | {"has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
         "sampler": gen.get_state(),
     }
 
@@ -103,7 +108,8 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
     """Restore the streams saved by `rng_state`."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     gen.set_state(state["sampler"])
 
 
@@ -111,7 +117,7 @@ def save_checkpoint(
     run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None
 ) -> None:
     """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states (and
-    `extra` entries, e.g. the async trainer's next batch id)."""
+    `extra` entries, e.g. the async trainer's next batch id). Only tensors and plain containers: no pickled code."""
     path = Path(run_dir) / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -120,24 +126,108 @@ def save_checkpoint(
     os.replace(tmp, path)
 
 
-def load_checkpoint(run_dir: Path) -> dict:
-    """The run's last checkpoint as saved by `save_checkpoint`."""
-    return torch.load(Path(run_dir) / CHECKPOINT, weights_only=False)
+_CKPT_KEYS = ("step", "model", "optimizer", "rng")
 
 
-def open_run(cfg: TrainConfig) -> dict | None:
-    """Prepare `cfg.run_dir` and return the checkpoint to resume from (None for a fresh run); writes config.yaml.
+def load_checkpoint(run_dir: str | Path) -> dict:
+    """The run's last checkpoint, loaded with ``weights_only=True`` (a crafted pickle cannot run code).
 
-    Called before any model is loaded, so a run dir that cannot be used fails first.
+    Raises ConfigError naming the file when it is missing, truncated, not a torch file, or not a vespo checkpoint.
     """
-    run_dir = Path(cfg.run_dir)
-    exists = (run_dir / CHECKPOINT).exists()
-    if not cfg.resume and exists:
-        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another run_dir")
-    ckpt = load_checkpoint(run_dir) if cfg.resume and exists else None
+    path = Path(run_dir) / CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(f"resume: no checkpoint at {path} (drop --resume to start a new run)")
+    try:
+        ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # truncated zip, foreign format, or a pickle asking for globals weights_only refuses
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"resume: cannot load checkpoint {path}: {first}") from None
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in _CKPT_KEYS):
+        raise ConfigError(f"resume: {path} is not a vespo checkpoint (needs keys {list(_CKPT_KEYS)})")
+    return ckpt
+
+
+RESUME_ALWAYS_OK = (
+    "resume",
+    "allow_change",
+    "progress",
+    "tensorboard",
+    "wandb_project",
+    "trackio_project",
+    "num_threads",
+    "save_every",
+    "eval_every",
+    "log_update_norm",
+    "run_dir",
+    "cache_dir",
+)
+"""Fields that may differ on --resume: bookkeeping that does not change a trained number."""
+RESUME_OVERRIDABLE = ("total_training_steps",)
+"""Fields that may differ on --resume only when named in `--allow-change` (they extend, not alter, the run)."""
+
+
+def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
+    """Refuse a resume whose config differs from the saved one in anything that changes the run."""
+    bad = sorted(set(cfg.allow_change) - set(RESUME_OVERRIDABLE))
+    if bad:
+        raise ConfigError(f"allow_change: {bad} cannot be changed on resume; only {list(RESUME_OVERRIDABLE)} can")
+    now = dataclasses.asdict(cfg)
+    now["betas"], now["allow_change"] = list(cfg.betas), list(cfg.allow_change)
+    saved = dict(saved)
+    if "betas" in saved:
+        saved["betas"] = list(saved["betas"])
+    diff = [k for k in now if k not in RESUME_ALWAYS_OK and k in saved and now[k] != saved[k]]
+    blocked = [k for k in diff if k not in RESUME_OVERRIDABLE]
+    if blocked:
+        changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in blocked)
+        raise ConfigError(
+            f"resume: the config differs from the saved run in {changes}; these change the run, so resume with the "
+            f"saved values (run_dir/config.yaml) or start a new run_dir"
+        )
+    unapproved = [k for k in diff if k not in cfg.allow_change]
+    if unapproved:
+        changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in unapproved)
+        raise ConfigError(f"resume: {changes} differs from the saved run; pass --allow-change {' '.join(unapproved)}")
+    if cfg.total_training_steps < step:
+        raise ConfigError(
+            f"resume: total_training_steps={cfg.total_training_steps} is below the checkpoint's step {step}"
+        )
+
+
+def check_run(cfg: TrainConfig) -> dict | None:
+    """Everything about `cfg.run_dir` that can fail, checked before any compute and without writing anything:
+    the directory is writable, a fresh run does not reuse a run dir, and a resume has a loadable checkpoint and the
+    same config as the saved run. Returns the checkpoint to resume from (None for a fresh run)."""
+    run_dir = Path(cfg.run_dir).expanduser()
+    existing = run_dir / "config.yaml"
+    if not cfg.resume:
+        if existing.exists() or (run_dir / CHECKPOINT).exists():
+            raise ConfigError(f"run_dir {run_dir} already holds a run; pass --resume to continue it or choose another")
+        parent = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"run_dir {run_dir} is not writable ({parent} is not a writable directory)")
+        return None
+    ckpt = load_checkpoint(run_dir)
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir {run_dir} is not writable")
+    if not existing.is_file():
+        raise ConfigError(f"resume: {existing} is missing, so the run's config cannot be checked")
+    try:
+        saved = yaml.safe_load(existing.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"resume: {existing} is not valid YAML ({exc})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"resume: {existing} is not a config mapping")
+    check_resume(cfg, saved, int(ckpt["step"]))
+    return ckpt
+
+
+def start_run(cfg: TrainConfig) -> Path:
+    """Create the run dir and write config.yaml (after `check_run`, once the inputs have loaded)."""
+    run_dir = Path(cfg.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    return ckpt
+    return run_dir
 
 
 def restore(ckpt: dict, model, optimizer, gen: torch.Generator) -> int:
@@ -145,7 +235,7 @@ def restore(ckpt: dict, model, optimizer, gen: torch.Generator) -> int:
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     set_rng_state(ckpt["rng"], gen)
-    return ckpt["step"]
+    return int(ckpt["step"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -158,9 +248,8 @@ class Logger:
     def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int):
         self.path = Path(run_dir) / "metrics.jsonl"
         # on resume, drop lines logged after the checkpoint by a run that was killed, so history is not duplicated
-        lines = self.path.read_text().splitlines() if self.path.exists() else []
-        kept = [ln for ln in lines if json.loads(ln)["step"] <= start_step]
-        self.path.write_text("".join(ln + "\n" for ln in kept))
+        rows = read_metrics(run_dir) if self.path.exists() else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= start_step))
         self.sinks: list[Callable[[dict, int], None]] = []
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -188,8 +277,18 @@ class Logger:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The run's metrics.jsonl as a list of dicts."""
-    return [json.loads(ln) for ln in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    """The run's metrics.jsonl as a list of dicts; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i == len(lines) - 1:  # the write of the last step was interrupted; that step is redone on resume
+                break
+            raise ValueError(f"{path}:{i + 1}: not a JSON metrics line") from None
+    return rows
 
 
 def plot_run(run_dir: str | Path) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -21,8 +22,8 @@ import numpy as np
 import tyro
 
 from vespo.config import TrainConfig, parse_args
-from vespo.runs import embedded_policy_path, read_metrics
-from vespo.task import chain_response_tokens, embedded_split
+from vespo.runs import CHECKPOINT, embedded_policy_path, read_metrics
+from vespo.task import chain_response_tokens
 
 # preset -> {variant name: (method, hparams)}; the default preset is filled from `methods`
 PRESETS: dict[str, dict[str, tuple[str, dict]]] = {
@@ -180,7 +181,9 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     done = run_dir / "summary.json"
     if done.is_file():
         return json.loads(done.read_text())
-    resume = (run_dir / "checkpoints" / "last.pt").is_file()
+    resume = (run_dir / CHECKPOINT).is_file()
+    if not resume and run_dir.exists():  # killed before its first checkpoint: nothing to keep, start the cell over
+        shutil.rmtree(run_dir)
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -311,11 +314,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for task in cfg.task:  # warm start once per task, before the parallel cells race for it
-        base = train_config(cfg, next(c for c in grid if c.task == task))
-        train_set, _ = embedded_split(
-            task, num_operands=base.num_operands, max_operand=base.max_operand, eval_size=base.eval_size
-        )
-        embedded_policy_path(base, train_set)
+        embedded_policy_path(train_config(cfg, next(c for c in grid if c.task == task)))
     from tqdm.auto import tqdm
 
     with ThreadPoolExecutor(max_workers=cfg.jobs) as pool, tqdm(total=len(grid), desc="vespo sweep") as bar:

@@ -10,11 +10,11 @@ The policy loss is any registered method (`vespo.compute_policy_loss`); see docs
 from __future__ import annotations
 
 import copy
-import importlib
+import dataclasses
 import json
 import math
+import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +23,32 @@ import transformers
 
 from vespo.advantages import group_advantages
 from vespo.aggregation import agg_loss
-from vespo.config import EMBEDDED, TrainConfig, parse_args, resolve
+from vespo.config import (
+    EMBEDDED,
+    ConfigError,
+    TrainConfig,
+    check_reward_columns,
+    load_reward_fn,
+    parse_args,
+    resolve,
+)
+from vespo.data import load_records
+from vespo.evaluation import evaluate_records, format_prompts
 from vespo.losses import compute_policy_loss, default_loss_agg_mode
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
 from vespo.runs import (
     Logger,
+    check_run,
     embedded_policy_path,
-    open_run,
     plot_run,
     progress_bar,
+    read_metrics,
     restore,
     save_checkpoint,
     seed_everything,
+    start_run,
 )
-from vespo.task import Problem, embedded_split
+from vespo.task import embedded_split
 
 Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,70 +78,63 @@ def load_policy(path: str | Path) -> tuple[transformers.PreTrainedModel, transfo
     return model, tokenizer
 
 
-def load_problems(source: str, *, split: str, prompt_key: str, answer_key: str) -> list[Problem]:
-    """Prompt/answer records: the paper's sets by name through `vespo.data` (DAPO-Math-17k deduplicated, aime24,
-    math500, ...), else a .jsonl file or any Hub dataset through `datasets.load_dataset` with the given fields."""
-    import datasets
-
-    from vespo.data import load_named_math
-
-    named = load_named_math(source)
-    if named is not None:
-        return [Problem(prompt=r["prompt"], answer=r["answer"]) for r in named]
-    if source.endswith(".jsonl"):
-        rows = datasets.load_dataset("json", data_files=str(Path(source).expanduser()), split="train")
-    else:
-        rows = datasets.load_dataset(source, split=split)
-    missing = [k for k in (prompt_key, answer_key) if k not in rows.column_names]
-    if missing:
-        raise ValueError(
-            f"dataset {source!r} has no field(s) {missing}; its fields are {rows.column_names} "
-            f"(set --prompt-key / --answer-key)"
-        )
-    return [Problem(prompt=str(r[prompt_key]), answer=str(r[answer_key])) for r in rows]
-
-
-def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem] | None]:
-    """(train problems, held-out problems or None)."""
+def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
+    """(training records, held-out records or None) through `vespo.data`, checked against the reward function's
+    signature; any problem is a ConfigError naming the file (and line) before the model loads."""
+    keys = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "skip_bad": cfg.skip_bad_records}
     train_set = eval_set = None
-    if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
-        emb_train, emb_eval = embedded_split(
-            cfg.task, num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
-        )
-        if cfg.dataset == EMBEDDED:
-            train_set, eval_set = emb_train, emb_eval
-    if cfg.dataset != EMBEDDED:
-        train_set = load_problems(
-            cfg.dataset, split=cfg.dataset_split, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key
-        )
-    if cfg.eval_dataset is not None:
-        eval_set = load_problems(cfg.eval_dataset, split="test", prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)[
-            : cfg.eval_size
-        ]
+    try:
+        if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
+            task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
+            split = embedded_split(cfg.task, **task)
+            emb_train, emb_eval = ([dataclasses.asdict(p) for p in part] for part in split)
+            if cfg.dataset == EMBEDDED:
+                train_set, eval_set = emb_train, emb_eval
+        if cfg.dataset != EMBEDDED:
+            train_set = load_records(cfg.dataset, split=cfg.dataset_split, **keys)
+        if cfg.eval_dataset is not None:
+            eval_set = load_records(cfg.eval_dataset, split="test", **keys)[: cfg.eval_size]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if len(train_set) < cfg.train_batch_size:
-        raise ValueError(f"dataset has {len(train_set)} prompts, fewer than train_batch_size={cfg.train_batch_size}")
+        raise ConfigError(f"dataset has {len(train_set)} prompts, fewer than train_batch_size={cfg.train_batch_size}")
+    check_reward_columns(cfg.reward_fn, reward_columns(train_set))
     return train_set, eval_set
 
 
-def load_reward_fn(spec: str) -> Callable[..., list[float]]:
-    """Import `module:function`."""
-    module, _, name = spec.partition(":")
-    fn = getattr(importlib.import_module(module), name, None)
-    if not callable(fn):
-        raise ValueError(f"reward_fn {spec!r} is not a callable")
-    return fn
+def reward_columns(records: list[dict]) -> list[str]:
+    """The fields every record has besides the prompt: what the reward function receives as keyword lists."""
+    return sorted(set.intersection(*(set(r) for r in records)) - {"prompt"})
 
 
-def format_prompts(tokenizer: transformers.PreTrainedTokenizerBase, problems: list[Problem], chat: bool) -> list[str]:
-    """Prompt strings, wrapped in the tokenizer's chat template when `chat`."""
-    if not chat:
-        return [p.prompt for p in problems]
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True
-        )
-        for p in problems
-    ]
+def grade(reward_fn, completions: list[str], records: list[dict], n: int) -> Tensor:
+    """Rewards (B,) of `n` completions per record, with TRL's call fn(completions, **columns)."""
+    columns = {k: [r[k] for r in records for _ in range(n)] for k in reward_columns(records)}
+    rewards = reward_fn(completions, **columns)
+    if len(rewards) != len(completions):
+        raise RuntimeError(f"reward function returned {len(rewards)} rewards for {len(completions)} completions")
+    return torch.tensor([float(r) for r in rewards], dtype=torch.float32)  # (B,)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[str, float]:
+    """Held-out accuracy through the shared evaluator (`vespo.evaluation.evaluate_records`): one response per prompt
+    at the training temperature and prompt format, seeded apart from training, graded by the records' verifier."""
+    scores = evaluate_records(
+        model,
+        tokenizer,
+        records,
+        n=1,
+        chat=cfg.apply_chat_template,
+        chunk=cfg.micro_batch_size,
+        seed=cfg.seed + 12345,
+        max_new_tokens=cfg.max_response_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        use_vllm=False,  # the policy is in memory; spinning up an engine per evaluation costs more than it saves
+        progress=False,
+    )
+    return {"eval/accuracy": scores["eval/heldout/avg@1"]}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -230,30 +235,6 @@ def ppo_update(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Held-out evaluation
-
-
-@torch.no_grad()
-def evaluate(model, tokenizer, prompts: list[str], answers: list[str], reward_fn, cfg: TrainConfig) -> dict:
-    """Held-out accuracy: one sampled response per prompt at the training temperature, own seeded generator."""
-    gen = torch.Generator().manual_seed(cfg.seed + 12345)
-    correct = []
-    for i in range(0, len(prompts), cfg.micro_batch_size):
-        r = sample(
-            model,
-            tokenizer,
-            prompts[i : i + cfg.micro_batch_size],
-            n=1,
-            max_new_tokens=cfg.max_response_length,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            generator=gen,
-        )
-        correct += reward_fn(decode_responses(tokenizer, r), answers[i : i + cfg.micro_batch_size])
-    return {"eval/accuracy": float(np.mean(correct))}
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # The loop
 
 
@@ -264,15 +245,15 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         from vespo.async_trainer import train_async
 
         return train_async(cfg)
+    ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
     reward_fn = load_reward_fn(cfg.reward_fn)
     train_set, eval_set = load_data(cfg)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    run_dir = Path(cfg.run_dir)
-    ckpt = open_run(cfg)  # None for a fresh run
+    run_dir = start_run(cfg)  # config.yaml is written only now, once the checkpoint and the inputs have loaded
 
     # policy (+ optional reference and low-precision sampler copies), optimizer
-    policy_path = embedded_policy_path(cfg, train_set) if cfg.model == EMBEDDED else cfg.model
+    policy_path = embedded_policy_path(cfg) if cfg.model == EMBEDDED else cfg.model
     model, tokenizer = load_policy(policy_path)
     model.train()
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -284,20 +265,18 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     gen = seed_everything(cfg.seed)  # global streams + the sampling-noise generator, all checkpointed
     start = restore(ckpt, model, optimizer, gen) if ckpt is not None else 0
     logger = Logger(cfg, run_dir, start)
-    eval_prompts = format_prompts(tokenizer, eval_set, cfg.apply_chat_template) if eval_set else []
-    eval_answers = [p.answer for p in eval_set] if eval_set else []
     do_eval = bool(eval_set) and cfg.eval_every > 0
     if do_eval and start == 0:
-        logger.log(evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg), 0)
+        logger.log(evaluate(model, tokenizer, eval_set, cfg), 0)
 
     bar = progress_bar(cfg, start)
-    metrics: dict[str, float] = {}
+    metrics = {k: v for k, v in read_metrics(run_dir)[-1].items() if k != "step"} if start else {}
     for step in range(start + 1, cfg.total_training_steps + 1):
         t0 = time.perf_counter()
         # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)
         idx = torch.randperm(len(train_set))[: cfg.train_batch_size].tolist()
-        problems = [train_set[i] for i in idx]
-        prompts = format_prompts(tokenizer, problems, cfg.apply_chat_template)
+        batch = [train_set[i] for i in idx]
+        prompts = format_prompts(tokenizer, [r["prompt"] for r in batch], chat=cfg.apply_chat_template)
         # 2. generate n responses per prompt with the sampler, recording its log-probs
         model.eval()
         if sampler is not model:
@@ -316,8 +295,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         t_gen = time.perf_counter()
         # 3. rewards and group advantages
         completions = decode_responses(tokenizer, rollout)
-        answers = [p.answer for p in problems for _ in range(cfg.rollout_n)]
-        rewards = torch.tensor(reward_fn(completions, answers), dtype=torch.float32)  # (B,)
+        rewards = grade(reward_fn, completions, batch, cfg.rollout_n)  # (B,)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
         rows = torch.arange(rewards.numel())
@@ -335,7 +313,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["time/gen_s"] = t_gen - t0
         if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-            metrics |= evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg)
+            metrics |= evaluate(model, tokenizer, eval_set, cfg)
         logger.log(metrics, step)
         if step % cfg.save_every == 0 or step == cfg.total_training_steps:
             save_checkpoint(run_dir, step, model, optimizer, gen)
@@ -379,11 +357,10 @@ def cli(argv: list[str]) -> int:
     """`vespo train [--config file.yaml] [flags]`."""
     try:
         cfg = parse_args(argv)
-    except ValueError as exc:
-        print(f"vespo train: error: {exc}")
-        return 2
-    try:
         last = train(cfg)
+    except ConfigError as exc:  # bad input, found before any compute
+        print(f"vespo train: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"vespo train: interrupted; the last checkpoint in {cfg.run_dir} is kept (--resume continues)")
         return 130

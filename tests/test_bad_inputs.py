@@ -1,0 +1,226 @@
+"""Every bad input of issue 10 through the real command line: exit code 2, one message naming the field, no
+traceback, and no model loaded (each is checkable before compute).
+
+The table runs in one subprocess (the `vespo` entry point, `vespo.cli.main`, called once per case with stdout/stderr
+captured and model loading booby-trapped), so the module costs one interpreter start instead of one per case; two
+cases also go through `python -m vespo` on their own to check the process exit code itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vespo.config import TrainConfig
+from vespo.runs import CHECKPOINT, save_checkpoint, start_run
+
+_DRIVER = r"""
+import contextlib, io, json, sys, traceback
+import transformers
+import vespo.runs, vespo.trainer
+from vespo.cli import main
+
+class ModelLoad(BaseException):
+    pass
+
+def refuse(*args, **kwargs):
+    raise ModelLoad()
+
+transformers.AutoModelForCausalLM.from_pretrained = refuse
+transformers.AutoTokenizer.from_pretrained = refuse
+vespo.runs.embedded_policy_path = vespo.trainer.embedded_policy_path = refuse
+results = []
+for argv in json.load(sys.stdin):
+    out, err, loaded, code = io.StringIO(), io.StringIO(), False, None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except ModelLoad:
+            loaded = True
+        except Exception:
+            code = "traceback"
+            err.write(traceback.format_exc())
+    results.append({"code": code, "out": out.getvalue(), "err": err.getvalue(), "loaded": loaded})
+print(json.dumps(results))
+"""
+
+_TINY = ["--total-training-steps", "1", "--no-progress", "--no-tensorboard"]
+_OK = json.dumps({"prompt": "1+1=", "answer": "2"})
+_CODE = json.dumps({"prompt": "p", "tests": [{"assert": "1"}]})
+_SAVED = "{root}/saved"
+
+# (id, argv with {root} for the case files made by `_make_files`, text the message must contain)
+_TRAIN = [
+    ("grad_clip nan", ["--grad-clip", "nan"], "grad_clip"),
+    ("kl_coef nan", ["--kl-coef", "nan"], "kl_coef"),
+    ("entropy_coeff nan", ["--entropy-coeff", "nan"], "entropy_coeff"),
+    ("temperature inf", ["--temperature", "inf"], "temperature"),
+    ("temperature nan", ["--temperature", "nan"], "temperature"),
+    ("rollout_n 1", ["--rollout-n", "1"], "rollout_n must be >= 2"),
+    ("lr nan", ["--lr", "nan"], "lr must be"),
+    ("betas 2 2", ["--betas", "2", "2"], "betas[0]"),
+    ("weight_decay -1", ["--weight-decay", "-1"], "weight_decay"),
+    ("num_threads -1", ["--num-threads", "-1"], "num_threads"),
+    ("top_p 0", ["--top-p", "0"], "top_p"),
+    ("mini-batch must divide", ["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "ppo_mini_batch_size"),
+    ("unknown method", ["--method", "ppo2"], "method"),
+    ("hparams value", ["--hparams", "c1_pos", "abc"], "c1_pos"),
+    ("hparams name", ["--method", "grpo", "--hparams", "c1_pos", "2"], "c1_pos"),
+    ("loss_agg_mode choice", ["--loss-agg-mode", "sum"], "loss-agg-mode"),
+    ("sampler_dtype choice", ["--sampler-dtype", "int8"], "sampler-dtype"),
+    ("reward_fn no such function", ["--reward-fn", "vespo.rewards:nope"], "reward_fn"),
+    ("reward_fn no such module", ["--reward-fn", "no_such_module:f"], "reward_fn"),
+    ("reward_fn not a reward", ["--reward-fn", "os:getcwd"], "reward_fn"),
+    ("model missing dir", ["--model", "/nonexistent"], "model: no such directory"),
+    ("model not a model dir", ["--model", "{root}/notamodel"], "model:"),
+    ("dataset x.json is a local file", ["--dataset", "x.json"], "dataset: file not found: x.json"),
+    ("config missing file", ["--config", "{root}/nope.yaml"], "--config"),
+    ("config syntax", ["--config", "{root}/syntax.yaml"], "syntax.yaml: line 3: YAML syntax error"),
+    ("config unknown key", ["--config", "{root}/key.yaml"], "learning_rate"),
+    ("config resume 'false'", ["--config", "{root}/resume.yaml"], "resume must be true or false"),
+    ("config norm_adv 'false'", ["--config", "{root}/norm.yaml"], "norm_adv_by_std must be true or false"),
+    ("config rollout lp 'False'", ["--config", "{root}/lp.yaml"], "use_rollout_log_prob must be true or false"),
+    ("config lr string", ["--config", "{root}/lr.yaml"], "lr must be a number"),
+    ("config not a mapping", ["--config", "{root}/list.yaml"], "mapping"),
+    ("run_dir not writable", ["--run-dir", "{root}/afile/run"], "run_dir"),
+    ("run_dir exists", ["--run-dir", _SAVED], "--resume"),
+    ("resume no checkpoint", ["--run-dir", "{root}/fresh", "--resume"], "no checkpoint"),
+    ("resume other method", ["--run-dir", _SAVED, "--resume", "--method", "grpo"], "method"),
+    ("resume other lr", ["--run-dir", _SAVED, "--resume", "--lr", "0.1"], "lr"),
+    ("resume other geometry", ["--run-dir", _SAVED, "--resume", "--rollout-n", "4"], "rollout_n"),
+    ("resume other seed", ["--run-dir", _SAVED, "--resume", "--seed", "1"], "seed"),
+    ("resume more steps unasked", ["--run-dir", _SAVED, "--resume", "--total-training-steps", "20"], "allow-change"),
+    (
+        "resume below checkpoint",
+        ["--run-dir", _SAVED, "--resume", "--total-training-steps", "1", "--allow-change", "total_training_steps"],
+        "total_training_steps=1 is below",
+    ),
+    ("truncated checkpoint", ["--run-dir", "{root}/torn", "--resume"], "cannot load checkpoint"),
+    ("empty checkpoint", ["--run-dir", "{root}/empty", "--resume"], "cannot load checkpoint"),
+    ("foreign checkpoint", ["--run-dir", "{root}/foreign", "--resume"], "not a vespo checkpoint"),
+    ("crafted checkpoint", ["--run-dir", "{root}/crafted", "--resume"], "cannot load checkpoint"),
+    ("empty dataset", ["--dataset", "{root}/empty.jsonl"], "empty.jsonl: no records"),
+    ("malformed dataset", ["--dataset", "{root}/bad.jsonl"], "bad.jsonl:2: not valid JSON"),
+    ("missing answer", ["--dataset", "{root}/missing.jsonl"], "missing.jsonl:2: need exactly one of 'answer'"),
+    ("null answer", ["--dataset", "{root}/null.jsonl"], "null.jsonl:1: 'answer' must be"),
+    ("list answer", ["--dataset", "{root}/list.jsonl"], "list.jsonl:1: 'answer' must be"),
+    ("bool answer", ["--dataset", "{root}/bool.jsonl"], "bool.jsonl:1: 'answer' must be"),
+    ("empty prompt", ["--dataset", "{root}/prompt.jsonl"], "prompt.jsonl:1: 'prompt' must be"),
+    ("code data with math reward", ["--dataset", "{root}/code.jsonl"], "reward_fn vespo.rewards:math_reward"),
+]
+_EVAL = [
+    ("eval limit -1", ["--model", "{root}/model", "--limit", "-1"], "--limit"),
+    ("eval limit 0", ["--model", "{root}/model", "--limit", "0"], "--limit"),
+    ("eval k 0", ["--model", "{root}/model", "--k", "0"], "--k"),
+    ("eval temperature nan", ["--model", "{root}/model", "--temperature", "nan"], "--temperature"),
+    ("eval missing model", ["--model", "/nonexistent"], "model: no such directory"),
+    ("eval unknown benchmark", ["--model", "{root}/model", "--benchmarks", "gsm9k"], "gsm9k"),
+    ("eval missing file", ["--model", "{root}/model", "--benchmarks", "{root}/none.jsonl"], "none.jsonl"),
+]
+CASES = [
+    (i, ["train", *a, *_TINY, *([] if "--run-dir" in a else ["--run-dir", "{root}/fresh"])], m) for i, a, m in _TRAIN
+]
+CASES += [(i, ["eval", *a], m) for i, a, m in _EVAL]
+
+
+def _saved_run(run_dir):
+    """A run dir as a run leaves it after 3 of 10 steps (config.yaml + checkpoint of a stand-in model)."""
+    start_run(TrainConfig(run_dir=str(run_dir), total_training_steps=10))
+    model = torch.nn.Linear(2, 2)
+    save_checkpoint(run_dir, 3, model, torch.optim.AdamW(model.parameters()), torch.Generator())
+
+
+class _Payload:
+    """Unpickling this runs a shell command: proof that a loader executed code from the file."""
+
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def _make_files(root) -> None:
+    files = {
+        "syntax.yaml": "lr: 0.1\nmethod: [grpo\n",
+        "key.yaml": "learning_rate: 1\n",
+        "resume.yaml": 'resume: "false"\n',
+        "norm.yaml": 'norm_adv_by_std: "false"\n',
+        "lp.yaml": 'use_rollout_log_prob: "False"\n',
+        "lr.yaml": "lr: fast\n",
+        "list.yaml": "- lr\n",
+        "afile": "",
+        "empty.jsonl": "",
+        "bad.jsonl": f"{_OK}\n{{oops\n",
+        "missing.jsonl": f'{_OK}\n{{"prompt": "p"}}\n',
+        "null.jsonl": '{"prompt": "p", "answer": null}\n',
+        "list.jsonl": '{"prompt": "p", "answer": [6]}\n',
+        "bool.jsonl": '{"prompt": "p", "answer": true}\n',
+        "prompt.jsonl": '{"prompt": "", "answer": "1"}\n',
+        "code.jsonl": f"{_CODE}\n" * 16,
+    }
+    for name, text in files.items():
+        (root / name).write_text(text)
+    (root / "notamodel").mkdir()
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text("{}")
+    for name in ("saved", "torn", "empty", "foreign", "crafted"):
+        _saved_run(root / name)
+    ckpt = root / "torn" / CHECKPOINT
+    ckpt.write_bytes(ckpt.read_bytes()[:200])
+    (root / "empty" / CHECKPOINT).write_bytes(b"")
+    torch.save({"state_dict": torch.ones(1)}, root / "foreign" / CHECKPOINT)
+    torch.save({"step": 1, "model": _Payload(), "optimizer": {}, "rng": {}}, root / "crafted" / CHECKPOINT)
+
+
+def _env():
+    return os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case's (exit code, stdout, stderr, model loaded?) from one driver process."""
+    root = tmp_path_factory.mktemp("bad")
+    _make_files(root)
+    argvs = [[a.replace("{root}", str(root)) for a in argv] for _, argv, _ in CASES]
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not (root / "pwned").exists(), "the crafted checkpoint ran code"
+    return {case_id: result for (case_id, _, _), result in zip(CASES, results, strict=True)} | {"root": root}
+
+
+@pytest.mark.parametrize(("case_id", "message"), [(i, m) for i, _, m in CASES], ids=[i for i, _, _ in CASES])
+def test_bad_input_is_one_clear_error_before_compute(outcomes, case_id, message):
+    result = outcomes[case_id]
+    text = result["out"] + result["err"]
+    assert not result["loaded"], f"a model was loaded before the bad input was reported: {text}"
+    assert result["code"] == 2, text
+    assert "Traceback" not in text, text
+    assert message in text, text
+
+
+def test_nothing_is_written_or_overwritten(outcomes):
+    root = outcomes["root"]
+    assert not (root / "fresh").exists()  # no case created its run dir
+    saved = (root / "saved" / "config.yaml").read_text()
+    assert "total_training_steps: 10" in saved and "method: vespo" in saved  # resume attempts kept the saved config
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["train", "--grad-clip", "nan"], "grad_clip"), (["eval", "--model", "m", "--limit", "-1"], "--limit")],
+)
+def test_console_exit_code_is_2_without_traceback(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "vespo", *argv], capture_output=True, text=True, env=_env())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and message in proc.stderr, proc.stderr

@@ -1,0 +1,137 @@
+"""Run management: checkpoints load with weights_only (a crafted pickle is refused), RNG state round-trips through
+them, resume refuses a changed config and never overwrites the saved one, and a torn metrics line is ignored."""
+
+import dataclasses
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from vespo.config import ConfigError, TrainConfig, to_yaml
+from vespo.runs import CHECKPOINT, Logger, check_run, load_checkpoint, read_metrics, restore, save_checkpoint, start_run
+
+
+def _saved_run(tmp_path, step=3, **kw) -> TrainConfig:
+    """A run dir as a run leaves it after `step` steps: config.yaml, a checkpoint of a tiny model, metrics."""
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), total_training_steps=10, tensorboard=False, **kw)
+    start_run(cfg)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    save_checkpoint(tmp_path / "run", step, model, opt, torch.Generator().manual_seed(1))
+    return cfg
+
+
+def test_checkpoint_round_trips_model_optimizer_and_every_rng_stream(tmp_path):
+    cfg = _saved_run(tmp_path)
+    gen = torch.Generator().manual_seed(5)
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    model, opt = torch.nn.Linear(3, 2), None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    save_checkpoint(tmp_path / "run", 4, model, opt, gen)
+    expected = (torch.rand(3), random.random(), np.random.rand(3), torch.rand(3, generator=gen))
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    gen2 = torch.Generator()
+    assert restore(load_checkpoint(tmp_path / "run"), model, opt, gen2) == 4
+    got = (torch.rand(3), random.random(), np.random.rand(3), torch.rand(3, generator=gen2))
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
+    assert np.array_equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
+
+
+class _Payload:
+    """Unpickling this calls open(marker, "w"): proof that the loader executed code from the file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_crafted_pickle_is_refused_without_running_it(tmp_path):
+    _saved_run(tmp_path)
+    marker = tmp_path / "pwned"
+    evil = {"step": 1, "model": _Payload(marker), "optimizer": {}, "rng": {}}
+    torch.save(evil, tmp_path / "run" / CHECKPOINT)
+    with pytest.raises(ConfigError, match="cannot load checkpoint"):
+        load_checkpoint(tmp_path / "run")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "cannot load checkpoint"),
+        ("truncate", "cannot load checkpoint"),
+        ({"weights": torch.ones(2)}, "not a vespo checkpoint"),
+        ([1, 2, 3], "not a vespo checkpoint"),
+    ],
+)
+def test_empty_truncated_and_foreign_checkpoints_are_one_clear_error(tmp_path, content, message):
+    _saved_run(tmp_path)
+    path = tmp_path / "run" / CHECKPOINT
+    if content == "truncate":
+        path.write_bytes(path.read_bytes()[:300])
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(ConfigError, match=message):
+        check_run(dataclasses.replace(TrainConfig(run_dir=str(tmp_path / "run")), total_training_steps=10, resume=True))
+
+
+def test_resume_refuses_a_changed_config_and_keeps_the_saved_one(tmp_path):
+    cfg = _saved_run(tmp_path)
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    resume = dataclasses.replace(cfg, resume=True)
+    assert check_run(resume)["step"] == 3
+    assert check_run(dataclasses.replace(resume, progress=False, num_threads=1, save_every=1))["step"] == 3
+    for change, field in (({"lr": 1e-3}, "lr"), ({"method": "grpo"}, "method"), ({"seed": 1}, "seed")):
+        with pytest.raises(ConfigError, match=f"differs from the saved run in {field}"):
+            check_run(dataclasses.replace(resume, **change))
+    with pytest.raises(ConfigError, match="rollout_n: 8 -> 4"):
+        check_run(dataclasses.replace(resume, rollout_n=4))
+    # more steps: allowed only when asked for explicitly
+    longer = dataclasses.replace(resume, total_training_steps=20)
+    with pytest.raises(ConfigError, match="--allow-change total_training_steps"):
+        check_run(longer)
+    assert check_run(dataclasses.replace(longer, allow_change=("total_training_steps",)))["step"] == 3
+    with pytest.raises(ConfigError, match="below the checkpoint's step 3"):
+        check_run(dataclasses.replace(resume, total_training_steps=2, allow_change=("total_training_steps",)))
+    with pytest.raises(ConfigError, match="only \\['total_training_steps'\\]"):
+        check_run(dataclasses.replace(resume, allow_change=("lr",)))
+    assert (tmp_path / "run" / "config.yaml").read_text() == saved  # nothing was overwritten
+
+
+def test_resume_without_checkpoint_and_reuse_without_resume_are_errors(tmp_path):
+    cfg = TrainConfig(run_dir=str(tmp_path / "fresh"))
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        check_run(dataclasses.replace(cfg, resume=True))
+    assert not (tmp_path / "fresh").exists()
+    start_run(cfg)  # a run that wrote its config.yaml but died before its first checkpoint
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
+        check_run(cfg)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="not writable"):
+        check_run(TrainConfig(run_dir=str(tmp_path / "file" / "run")))
+
+
+def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
+    cfg = _saved_run(tmp_path)
+    rows = [{"step": s, "reward/mean": s / 10} for s in range(5)]
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "rewa')
+    assert read_metrics(tmp_path / "run") == rows
+    Logger(cfg, tmp_path / "run", start_step=3).log({"reward/mean": 0.9}, 4)
+    assert read_metrics(tmp_path / "run") == [*rows[:4], {"step": 4, "reward/mean": 0.9}]
+    path.write_text('{"step": 0}\n{oops\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2"):
+        read_metrics(tmp_path / "run")
+
+
+def test_saved_config_is_yaml_of_the_config(tmp_path):
+    cfg = _saved_run(tmp_path)
+    assert (tmp_path / "run" / "config.yaml").read_text() == to_yaml(cfg)
