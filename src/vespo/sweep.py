@@ -21,8 +21,8 @@ import numpy as np
 import tyro
 
 from vespo.config import TrainConfig, parse_args
+from vespo.runs import embedded_policy_path, read_metrics
 from vespo.task import chain_response_tokens, embedded_split
-from vespo.trainer import embedded_policy_path, read_metrics
 
 # preset -> {variant name: (method, hparams)}; the default preset is filled from `methods`
 PRESETS: dict[str, dict[str, tuple[str, dict]]] = {
