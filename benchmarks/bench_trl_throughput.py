@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import platform
 import shutil
@@ -92,6 +93,8 @@ class Bench:
     reward_window: int
     model_dir: str
     work_dir: str
+    async_prompts: int = 0
+    async_max_staleness: int = 0
 
     @property
     def mini_prompts(self) -> int:
@@ -102,19 +105,26 @@ class Bench:
 # vespo
 
 
-def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str):
+def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str, variant: str = "sync"):
+    """The sync arms use the shared geometry ("shuffle" with `shuffle=True`); "async" generates `async_prompts`
+    prompts per batch (mini-batch as sync) with lag bounded by `async_max_staleness`, and runs proportionally more
+    rollout steps (same samples)."""
     from vespo.config import TrainConfig
 
+    prompts = b.async_prompts if variant == "async" else b.prompts
+    extra = {"mode": "async", "max_staleness": b.async_max_staleness} if variant == "async" else {}
+    if variant == "shuffle":
+        extra = {"shuffle": True}  # mini-batches cut from a shuffled rollout batch, as TRL does
     return TrainConfig(
         model=b.model_dir,
         dataset="embedded",
         method="vespo",
         reward_fn=f"{__name__}:REWARD",  # math_reward behind the same timing wrapper TRL gets
-        train_batch_size=b.prompts,
+        train_batch_size=prompts,
         ppo_mini_batch_size=b.mini_prompts,
         rollout_n=b.n,
         micro_batch_size=b.mini_prompts * b.n,  # one forward/backward per mini-batch, as TRL with grad accumulation 1
-        total_training_steps=steps,
+        total_training_steps=steps * b.prompts // prompts,
         lr=b.lr,
         max_response_length=b.max_new_tokens,
         temperature=b.temperature,
@@ -125,28 +135,31 @@ def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str):
         num_threads=b.threads,
         tensorboard=False,
         progress=False,
+        **extra,
     )
 
 
-def run_vespo(b: Bench, *, steps: int, seed: int, tag: str) -> dict:
+def run_vespo(b: Bench, *, steps: int, seed: int, tag: str, variant: str = "sync") -> dict:
     from vespo.trainer import read_metrics, train
 
-    run_dir = Path(b.work_dir) / f"vespo-{tag}"
-    cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir))
+    run_dir = Path(b.work_dir) / f"vespo-{variant}-{tag}"
+    cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir), variant=variant)
     REWARD.reset()
     t0 = time.perf_counter()
     train(cfg)
     e2e = time.perf_counter() - t0
     rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
-    seqs = b.prompts * b.n
+    seqs = cfg.train_batch_size * b.n
+    per = b.prompts // cfg.train_batch_size  # rollout steps per sync rollout step: rewards are regrouped to match
+    rewards = [statistics.fmean(r["reward/mean"] for r in rows[i : i + per]) for i in range(0, len(rows), per)]
     return summarise(
         b,
         loop_s=sum(r["time/step_s"] for r in rows),
         gen_s=sum(r["time/gen_s"] for r in rows),
-        reward_s=REWARD.seconds,
+        reward_s=REWARD.seconds or sum(r.get("time/reward_s", 0.0) for r in rows),
         e2e_s=e2e,
         opt_steps=int(sum(r["actor/num_mini_batches"] for r in rows)),
-        rewards=[r["reward/mean"] for r in rows],
+        rewards=rewards,
         samples=seqs * len(rows),
         tokens=sum(r["response/length_mean"] * seqs for r in rows),
     )
@@ -319,6 +332,14 @@ def prepare_model(work_dir: Path) -> str:
     return str(dst)
 
 
+ARMS = {
+    "vespo": ("vespo train (sync)", "tab:blue"),
+    "vespo-shuffle": ("vespo train, shuffled mini-batches", "tab:cyan"),
+    "vespo-async": ("vespo train --async", "tab:green"),
+    "trl": ("TRL GRPOTrainer", "tab:gray"),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per rollout step (P)")
@@ -328,14 +349,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50, help="rollout steps per timed run")
     parser.add_argument("--warmup-steps", type=int, default=2, help="rollout steps of the untimed warm-up runs")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per trainer, alternated")
+    parser.add_argument("--first-seed", type=int, default=0, help="repeat i uses seed first_seed + i")
     parser.add_argument("--reward-window", type=int, default=10, help="last rollout steps averaged for the reward")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: vespo train's)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for both trainers")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (learner, each sampler)")
+    parser.add_argument("--arms", nargs="+", default=["vespo", "vespo-async", "trl"], choices=list(ARMS))
+    parser.add_argument("--async-prompts", type=int, default=None, help="async arm: prompts per batch (default P/2)")
+    parser.add_argument(
+        "--async-max-staleness", type=int, default=None, help="async arm: lag bound (default N - 1, sync's own)"
+    )
+    parser.add_argument("--out", default="trl_throughput", help="results file stem under benchmarks/results/")
     parser.add_argument("--no-save", action="store_true", help="print only; do not write benchmarks/results/")
     a = parser.parse_args()
     if a.prompts % a.staleness:
         parser.error("--staleness must divide --prompts")
+    if "trl" not in a.arms:
+        parser.error("--arms must include trl (ratios are taken against it)")
 
     import logging
 
@@ -361,8 +391,16 @@ def main() -> None:
             reward_window=min(a.reward_window, a.steps),
             model_dir=prepare_model(Path(tmp)),
             work_dir=tmp,
+            async_prompts=a.async_prompts or a.prompts // 2,
+            async_max_staleness=a.async_max_staleness if a.async_max_staleness is not None else a.staleness - 1,
         )
-        runners = {"vespo": run_vespo, "trl": run_trl}
+        runners = {
+            "vespo": run_vespo,
+            "vespo-shuffle": functools.partial(run_vespo, variant="shuffle"),
+            "vespo-async": functools.partial(run_vespo, variant="async"),
+            "trl": run_trl,
+        }
+        runners = {name: runners[name] for name in a.arms}
         t_start = time.perf_counter()
         for name, run in runners.items():  # untimed warm-up: imports, allocator, kernels
             t = time.perf_counter()
@@ -371,10 +409,10 @@ def main() -> None:
         runs: dict[str, list[dict]] = {name: [] for name in runners}
         for rep in range(a.repeats):
             for name, run in runners.items():
-                r = run(b, steps=a.steps, seed=rep, tag=f"rep{rep}")
+                r = run(b, steps=a.steps, seed=a.first_seed + rep, tag=f"rep{rep}")
                 runs[name].append(r)
                 print(
-                    f"repeat {rep} {name:5s}: loop {r['loop_s']:6.1f}s  {r['steps_per_s']:.3f} steps/s  "
+                    f"repeat {rep} {name:13s}: loop {r['loop_s']:6.1f}s  {r['samples_per_s']:7.1f} samples/s  "
                     f"{r['tokens_per_s']:7.1f} tok/s  reward(last {b.reward_window}) {r['reward']:.3f}",
                     flush=True,
                 )
@@ -390,8 +428,11 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
     steps = {r["opt_steps"] for rs in runs.values() for r in rs}
     assert len(samples) == 1 and len(steps) == 1, f"unequal work: samples {samples}, optimizer steps {steps}"
     mean = {name: {m: statistics.fmean(r[m] for r in rs) for m in METRICS} for name, rs in runs.items()}
-    ratio = {m: mean["vespo"][m] / mean["trl"][m] for m in METRICS}
-    speedup = min(ratio["steps_per_s"], ratio["samples_per_s"], ratio["tokens_per_s"])
+    sd = {
+        name: {m: statistics.stdev(r[m] for r in rs) if len(rs) > 1 else 0.0 for m in METRICS}
+        for name, rs in runs.items()
+    }
+    ratio = {name: {m: mean[name][m] / mean["trl"][m] for m in METRICS} for name in runs if name != "trl"}
     summary = {
         "command": " ".join(["python", "benchmarks/bench_trl_throughput.py", *sys.argv[1:]]),
         "setup": {
@@ -407,6 +448,8 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
             "torch_threads": b.threads,
             "repeats": a.repeats,
             "reward_window": b.reward_window,
+            "arms": list(runs),
+            "async_arm": {"prompts_per_batch": b.async_prompts, "max_staleness": b.async_max_staleness},
             "trl_config": {
                 "num_generations": b.n,
                 "per_device_train_batch_size": b.mini_prompts * b.n,
@@ -426,24 +469,16 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
         "machine": platform.processor() or platform.machine(),
         "benchmark_wall_s": round(total_s, 1),
         "mean": {name: {m: round(v, 4) for m, v in ms.items()} for name, ms in mean.items()},
-        "ratio_vespo_over_trl": {m: round(v, 3) for m, v in ratio.items()},
-        "reward_sd_over_repeats": {
-            name: round(statistics.stdev(r["reward"] for r in rs), 4) if len(rs) > 1 else None
-            for name, rs in runs.items()
-        },
-        "goal": {
-            "throughput_at_least_2x": speedup >= 2,
-            "min_throughput_ratio": round(speedup, 3),
-            "reward_equal_or_better": mean["vespo"]["reward"] >= mean["trl"]["reward"],
-        },
+        "sd_over_repeats": {name: {m: round(v, 4) for m, v in ms.items()} for name, ms in sd.items()},
+        "ratio_over_trl": {name: {m: round(v, 3) for m, v in rs.items()} for name, rs in ratio.items()},
         "runs": runs,
     }
     print_table(summary)
     if a.no_save:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "trl_throughput.json").write_text(json.dumps(summary, indent=2) + "\n")
-    with open(RESULTS / "trl_throughput.csv", "w", newline="") as fh:
+    (RESULTS / f"{a.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with open(RESULTS / f"{a.out}.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["trainer", "repeat", *METRICS, "samples", "tokens", "opt_steps"])
         for name, rs in runs.items():
@@ -452,9 +487,11 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
                     [name, i, *(round(r[m], 4) for m in METRICS), r["samples"], round(r["tokens"]), r["opt_steps"]]
                 )
             writer.writerow([name, "mean", *(round(mean[name][m], 4) for m in METRICS), "", "", ""])
-        writer.writerow(["vespo/trl", "ratio", *(round(ratio[m], 3) for m in METRICS), "", "", ""])
-    plot(summary, RESULTS / "trl_throughput.png")
-    print(f"wrote {RESULTS}/trl_throughput.{{json,csv,png}}")
+            writer.writerow([name, "sd", *(round(sd[name][m], 4) for m in METRICS), "", "", ""])
+        for name, rs in ratio.items():
+            writer.writerow([f"{name}/trl", "ratio", *(round(rs[m], 3) for m in METRICS), "", "", ""])
+    plot(summary, RESULTS / f"{a.out}.png")
+    print(f"wrote {RESULTS}/{a.out}.{{json,csv,png}}")
 
 
 def vespo_source() -> dict:
@@ -481,29 +518,24 @@ def print_table(s: dict) -> None:
         ("optimizer steps / s", "steps_per_s", ".3f"),
         ("rollout samples / s", "samples_per_s", ".1f"),
         ("generated tokens / s", "tokens_per_s", ".1f"),
-        ("generated tokens / s (end-to-end)", "tokens_per_s_e2e", ".1f"),
         (f"reward, first {s['setup']['reward_window']} rollout steps", "reward_start", ".3f"),
         (f"reward, last {s['setup']['reward_window']} rollout steps", "reward", ".3f"),
     ]
-    st = s["setup"]
+    st, names = s["setup"], list(s["mean"])
     print(
         f"\n{st['prompts_per_rollout']} prompts x n={st['n']}, N={st['staleness_N']}, "
-        f"{st['max_new_tokens']} new tokens, "
-        f"{st['rollout_steps']} rollout steps ({st['samples_per_run']} samples) per run, {st['repeats']} repeats, "
-        f"{st['torch_threads']} thread(s); means over repeats"
+        f"{st['max_new_tokens']} new tokens, {st['samples_per_run']} samples per run, {st['repeats']} repeats, "
+        f"{st['torch_threads']} thread(s) per process; means over repeats (sd); ratios vs TRL"
     )
-    print(f"{'metric':36s} {'vespo':>10s} {'TRL':>10s} {'vespo/TRL':>10s}")
+    print(f"{'metric':36s} " + " ".join(f"{n:>22s}" for n in names))
     for label, key, fmt in rows:
-        v, t, r = s["mean"]["vespo"][key], s["mean"]["trl"][key], s["ratio_vespo_over_trl"][key]
-        print(f"{label:36s} {v:>10{fmt}} {t:>10{fmt}} {r:>10.2f}")
-    g, sd = s["goal"], s["reward_sd_over_repeats"]
-    spread = f", sd over repeats vespo {sd['vespo']:.3f} / TRL {sd['trl']:.3f}" if sd["vespo"] is not None else ""
-    print(
-        f"goal vespo >= 2x TRL throughput: {'met' if g['throughput_at_least_2x'] else 'NOT met'} "
-        f"(min ratio {g['min_throughput_ratio']:.2f}); reward equal or better: "
-        f"{'yes' if g['reward_equal_or_better'] else 'no'} "
-        f"({s['mean']['vespo']['reward']:.3f} vs {s['mean']['trl']['reward']:.3f}{spread})"
-    )
+        cells = []
+        for n in names:
+            cell = f"{s['mean'][n][key]:{fmt}} ({s['sd_over_repeats'][n][key]:{fmt}})"
+            if n != "trl" and key != "reward" and key != "reward_start":
+                cell += f" {s['ratio_over_trl'][n][key]:.2f}x"
+            cells.append(f"{cell:>22s}")
+        print(f"{label:36s} " + " ".join(cells))
 
 
 def plot(s: dict, out: Path) -> None:
@@ -513,29 +545,39 @@ def plot(s: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [
-        ("optimizer steps / s", "steps_per_s"),
         ("rollout samples / s", "samples_per_s"),
         ("generated tokens / s", "tokens_per_s"),
         (f"reward (last {s['setup']['reward_window']} steps)", "reward"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.4))
-    for ax, (title, key) in zip(axes, panels, strict=True):
-        names = ["vespo", "trl"]
+    names = list(s["mean"])
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(15, 3.6))
+    for ax, (title, key) in zip(axes, panels, strict=False):
         values = [s["mean"][n][key] for n in names]
-        per_run = [[r[key] for r in s["runs"][n]] for n in names]
-        ax.bar(["vespo", "TRL"], values, color=["tab:blue", "tab:gray"])
-        for i, pts in enumerate(per_run):
+        ax.bar(range(len(names)), values, color=[ARMS[n][1] for n in names])
+        for i, n in enumerate(names):
+            pts = [r[key] for r in s["runs"][n]]
             ax.plot([i] * len(pts), pts, "k.", ms=5)
-        if key != "reward":
-            ax.set_title(f"{title}\nvespo/TRL = {s['ratio_vespo_over_trl'][key]:.2f}x", fontsize=10)
-        else:
-            ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
+    ax = axes[-1]
+    for n in names:  # training reward vs samples, mean over repeats
+        curves = [r["reward_curve"] for r in s["runs"][n]]
+        mean_curve = [statistics.fmean(c[i] for c in curves) for i in range(min(map(len, curves)))]
+        ax.plot(
+            [(i + 1) * s["setup"]["prompts_per_rollout"] * s["setup"]["n"] for i in range(len(mean_curve))],
+            mean_curve,
+            color=ARMS[n][1],
+            label=n,
+        )
+    ax.set(xlabel="samples", title="training reward (mean over repeats)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     st = s["setup"]
     fig.suptitle(
-        f"vespo train vs TRL GRPOTrainer(loss_type='vespo'), CPU, {st['torch_threads']} thread(s): "
-        f"{st['prompts_per_rollout']} prompts x {st['n']}, N={st['staleness_N']}, {st['max_new_tokens']} tokens, "
-        f"{st['samples_per_run']} samples/run (dots: repeats)",
+        f"CPU, {st['torch_threads']} thread(s)/process: {st['prompts_per_rollout']} prompts x {st['n']}, "
+        f"N={st['staleness_N']}, {st['max_new_tokens']} tokens, {st['samples_per_run']} samples/run, "
+        f"{st['repeats']} repeats (dots)",
         fontsize=10,
     )
     fig.tight_layout()

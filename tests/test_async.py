@@ -264,3 +264,30 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_shuffle_permutes_rows_before_cutting_mini_batches():
+    """`shuffle` (veRL's actor option; TRL always shuffles) == the unshuffled update on the permuted batch."""
+    from vespo.advantages import group_advantages
+    from vespo.trainer import policy_log_probs, ppo_update
+
+    tok = build_tokenizer()
+    prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:4]]
+    results = []
+    for shuffle in (True, False):
+        model = build_tiny_model(tok, num_hidden_layers=1, seed=0)
+        r = sample(model, tok, prompts, n=4, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+        adv = group_advantages(torch.tensor([float(i % 3 == 0) for i in range(16)]), 4)
+        cfg = TrainConfig(train_batch_size=4, ppo_mini_batch_size=2, rollout_n=4, micro_batch_size=8, shuffle=shuffle)
+        torch.manual_seed(7)
+        perm = torch.randperm(16) if not shuffle else torch.arange(16)  # the unshuffled run gets the same order
+        r, adv = r.select(perm), adv[perm]
+        with torch.no_grad():
+            old, _ = policy_log_probs(model, r, torch.arange(16), cfg, with_entropy=False)
+        torch.manual_seed(7)
+        hist = ppo_update(model, torch.optim.SGD(model.parameters(), lr=0.1), r, adv, old, None, cfg)
+        results.append(([h["loss/pg"] for h in hist], [p.detach().clone() for p in model.parameters()]))
+    (loss_a, params_a), (loss_b, params_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-5, abs=1e-7)
+    for a, b in zip(params_a, params_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

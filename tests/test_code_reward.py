@@ -95,6 +95,8 @@ def test_parse_tests_rejects_bad_input():
         parse_tests([{"fn_name": "a", "input": [], "output": 1}, {"fn_name": "b", "input": [], "output": 1}])
     with pytest.raises(ValueError, match="stdio"):
         parse_tests([{"input": "1", "output": "1"}, {"assert": "pass"}])
+    with pytest.raises(ValueError, match="entry_point"):
+        parse_tests([{"assert": "pass", "entry_point": "not a name"}])
     with pytest.raises(ValueError, match="test lists"):
         score_code(["x"], [])
 
@@ -119,3 +121,27 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_do_not():
     failed = [p["task_id"] for p, s in zip(problems, scores, strict=False) if s != 1.0]
     assert not failed, failed
     assert sum(scores[164:]) == 0.0
+
+
+def test_assertion_tests_see_the_candidates_builtin_exceptions():
+    """A test expecting ValueError gets one (by name, as a fresh builtin exception); other errors fail the case."""
+    test = (
+        "def check(candidate):\n    try:\n        candidate(-1)\n    except ValueError as e:\n"
+        "        assert 'negative' in str(e)\n    else:\n        raise AssertionError('no error')\n\ncheck(root)\n"
+    )
+    tests = [{"assert": test, "entry_point": "root"}]
+    honest = "def root(x):\n    if x < 0:\n        raise ValueError('negative input')\n    return x ** 0.5\n"
+    custom = "class ValueError(Exception):\n    pass\n\ndef root(x):\n    raise KeyError('negative')\n"
+    assert code_reward([honest, custom], tests=[tests, tests]) == [1.0, 0.0]
+
+
+def test_every_stdin_stdout_idiom_is_graded():
+    """input(), sys.stdin.buffer, open(0) (which closes fd 0 when collected), os.write(1), exit() all work per case."""
+    programs = [
+        "print(sum(map(int, input().split())))",
+        "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))",
+        "print(sum(map(int, open(0).read().split())))",
+        "import os\nos.write(1, str(sum(map(int, open(0).read().split()))).encode())",
+        "import sys\nsys.stdout.write(str(sum(map(int, sys.stdin.readline().split()))) + '\\n')\nexit()",
+    ]
+    assert code_reward(programs, tests=[ADD_STDIO] * len(programs)) == [1.0] * len(programs)

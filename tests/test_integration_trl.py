@@ -189,6 +189,8 @@ def test_config_refuses_unsupported_options(tmp_path):
         _config(VespoGRPOConfig, tmp_path, top_entropy_quantile=0.2)
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"k_pos": 2.0})
+    with pytest.raises(ValueError, match="set vllm_importance_sampling_clip_max"):
+        _config(VespoGRPOConfig, tmp_path, vespo_hparams={"rollout_is_threshold": 3.0})
     with pytest.raises(ValueError, match="c1_pos must be a finite real number, got 'abc'"):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"c1_pos": "abc"})
     with pytest.raises(ValueError, match="unknown policy-loss method"):

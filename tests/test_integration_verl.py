@@ -229,7 +229,7 @@ def test_rollout_log_prob_is_truncated_as_verl_truncates_it(level, monkeypatch):
         ours, _ = vespo.compute_policy_loss(method, rollout_log_prob=rollout, **kw)
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12, msg=method)
         untruncated, _ = vespo.compute_policy_loss(method, rollout_log_prob=rollout, rollout_is_threshold=None, **kw)
-        assert abs(float(untruncated - ours)) > 1e-3 * abs(float(ours)), method  # the truncation matters here
+        assert abs((untruncated - ours).item()) > 1e-3 * abs(ours.item()), method  # the truncation matters here
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
@@ -283,6 +283,8 @@ def test_bad_hparams_fail_when_the_config_is_built():
         vverl.VespoPolicyLossConfig(hparams={"c1_pos": -1.0})
     with pytest.raises(ValueError, match="c1_pos must be a finite real number, got 'abc'"):
         vverl.VespoPolicyLossConfig(hparams={"c1_pos": "abc"})
+    with pytest.raises(ValueError, match="set algorithm.rollout_correction.rollout_is_threshold"):
+        vverl.VespoPolicyLossConfig(hparams={"rollout_is_threshold": 3.0})
     with pytest.raises(ValueError, match="not a vespo loss"):
         vverl.VespoPolicyLossConfig(loss_mode="vanilla", hparams={"c1_pos": 1.0})
 

@@ -678,6 +678,7 @@ def test_empty_rows_allowed_explicitly_contribute_zero(method):
     lp, old, adv, _ = example()
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     old = torch.where(mask.bool(), old, torch.nan)  # garbage in the empty row must not leak either
+    adv = torch.tensor([1.0, math.nan], dtype=adv.dtype)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         both, grad, _ = run(method, lp, old, adv, mask, loss_agg_mode=mode, allow_empty_rows=True)
         first, _ = compute_policy_loss(

@@ -12,7 +12,6 @@ from vespo.rewards import math as math_mod
     [
         ("so the result is \\boxed{\\frac{1}{2}}.", "0.5", 1.0, "\\frac{1}{2}"),  # symbolic equivalence
         ("The final answer is 34", "34", 1.0, "34"),  # plain-answer fallback
-        ("first \\boxed{3}, then \\boxed{7}", "7", 0.0, "3,7"),  # Math-Verify reads all boxes as one answer
         ("\\boxed{(x+1)^2}", "x^2+2x+1", 1.0, "(x+1)^2"),
         ("\\boxed{35}", "34", 0.0, "35"),
         ("I have no idea.", "34", 0.0, ""),
@@ -21,6 +20,42 @@ from vespo.rewards import math as math_mod
 def test_grade_math(completion, answer, score, prediction):
     grade = grade_math(completion, answer)
     assert (grade.score, grade.prediction, grade.timed_out) == (score, prediction, False)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("first \\boxed{3}, then \\boxed{7}", "7"),  # several different boxes
+        ("\\boxed{3} \\boxed{3.0}", "3"),  # even when they agree in value
+        ("The final answer is 3 or 7", "3"),  # Math-Verify alone reads "3" here
+        ("\\boxed{3}\n\nor maybe 7", "3"),  # a disjunction right after the box
+        ("\\boxed{3} or 7", "3"),
+        ("\\boxed{3 \\text{ or } 7}", "3"),
+        ("\\boxed{3 \\lor 7}", "3"),
+        ("\\boxed{x = 3 \\vee x = 7}", "3"),
+        ("\\boxed{3, 3}", "3"),  # a list where one value is asked
+        ("\\boxed{3; 7}", "7"),
+        ("\\boxed{3 \\text{ and } 7}", "7"),
+    ],
+)
+def test_hedged_answers_score_zero(completion, answer):
+    grade = grade_math(completion, answer)
+    assert grade.score == 0.0 and grade.error.startswith("hedged: "), grade
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("\\boxed{7} and again \\boxed{7}", "7"),  # the same box twice is one answer
+        ("\\boxed{(3, 7)}", "(3, 7)"),  # a tuple answer, as asked
+        ("\\boxed{3, 7}", "3, 7"),  # a list answer where the ground truth is a list
+        ("\\boxed{1,000}", "1000"),  # a thousands separator is one value
+        ("\\boxed{\\text{Monday or Tuesday}}", "\\text{Monday or Tuesday}"),  # the gold itself says "or"
+        ("The order is fixed, so \\boxed{7}.", "7"),  # "order" is not "or"
+    ],
+)
+def test_unhedged_answers_still_score(completion, answer):
+    assert grade_math(completion, answer).score == 1.0
 
 
 def test_math_reward_trl_signature_and_chat_messages():

@@ -303,9 +303,8 @@ def test_containment_probe():
     facts = json.loads(run.outputs[0])
     assert facts["no_new_privs"] == 1 and facts["seccomp"] == 2  # seccomp mode 2 = filter
     assert facts["sockets"] == []  # socket.SocketType is the same class: no bypass
-    if os.geteuid() != 0:  # unprivileged fallback: rlimits, no_new_privs and seccomp only (see docs/rewards.md)
+    if not run.isolated:  # the kernel refused namespaces: rlimits, no_new_privs and seccomp only (docs/rewards.md)
         return
-    assert run.isolated
     assert facts["pids"] <= 2  # a fresh PID namespace: no host process, no command line to read
     assert set(facts["root"]) <= {
         "bin",
@@ -339,14 +338,34 @@ def test_honest_large_outputs_score():
 
 
 def test_cleanup_survives_a_deep_tree(tmp_path):
+    """Deeper than Python's recursion limit (shutil.rmtree raised RecursionError), with an unreadable dir and a FIFO."""
     root = tmp_path / "deep"
     root.mkdir()
     fd = os.open(root, os.O_RDONLY)
-    for _ in range(3000):
+    for _ in range(1500):
         os.mkdir("d", dir_fd=fd)
         fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
         os.close(old)
     os.close(fd)
     os.mkfifo(root / "fifo")
+    (root / "locked").mkdir(mode=0)
     sandbox_mod._remove_tree(str(root))
     assert not root.exists()
+
+
+def test_last_resort_mode_without_namespaces(monkeypatch):
+    """Where the kernel refuses namespaces: programs still grade, forgers still fail, seccomp and no_new_privs hold,
+    and as root the program still runs under a fresh uid."""
+    monkeypatch.setattr(sandbox_mod, "namespaces_work", lambda: False)
+    # only modules the sandbox loaded before dropping root: a fresh uid may not read an interpreter under /root
+    probe = (
+        "import ctypes, os\nstatus = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+        "sock = 'open' if ctypes.CDLL(None).socket(1, 1, 0) >= 0 else 'refused'\n"
+        "print(int(status['NoNewPrivs']), int(status['Seccomp']), sock, os.getuid() == 0)\n"
+    )
+    run = run_in_sandbox(probe, [""], mode="stdio", limits=LIMITS)
+    assert not run.isolated and run.outputs == ["1 2 refused False\n"], (run.outputs, run.errors)
+    forgers = _forgers(Path(tempfile.gettempdir()))
+    programs = [forgers["eq_anything"][0], forgers["forge_on_fds"][0], "def square(x):\n    return x * x\n"]
+    assert score_code(programs, [SQUARE_ASSERT] * 3, limits=FORGE_LIMITS).scores == [0.0, 0.0, 1.0]
+    assert not _live_sandbox_processes()

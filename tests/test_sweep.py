@@ -19,6 +19,19 @@ def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
         assert tc.total_training_steps * tc.train_batch_size * tc.rollout_n == 16 * 4 * 8  # samples
 
 
+def test_lr_axis_adds_rows_and_reaches_each_cell():
+    cfg = SweepConfig(methods=("vespo", "topr"), staleness=(1, 4), seeds=(0,), optimizer_steps=16, lr=(1e-4, 9e-4))
+    grid = cells(cfg)
+    assert sorted({c.variant for c in grid}) == ["topr@lr0.0001", "topr@lr0.0009", "vespo@lr0.0001", "vespo@lr0.0009"]
+    for c in grid:
+        assert train_config(cfg, c).lr == c.lr and c.variant.endswith(f"@lr{c.lr:g}")
+    assert len({c.name for c in grid}) == len(grid)  # every cell has its own run dir
+    single = cells(SweepConfig(methods=("vespo",), staleness=(1,), seeds=(0,), lr=(5e-4,)))
+    assert [(c.variant, train_config(SweepConfig(lr=(5e-4,)), c).lr) for c in single] == [("vespo", 5e-4)]
+    with pytest.raises(ValueError, match="lr must be"):
+        cells(SweepConfig(lr=(float("nan"),)))
+
+
 def test_presets_and_validation():
     grid = cells(SweepConfig(preset="length_norm", staleness=(1,), seeds=(0,)))
     assert [(c.variant, c.hparams) for c in grid] == [

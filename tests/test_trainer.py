@@ -3,6 +3,7 @@ and the real from_pretrained / datasets paths on a locally saved tiny model and 
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from vespo.advantages import group_advantages
 from vespo.config import TrainConfig, parse_args
 from vespo.rollout import sample
 from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import embedded_policy_path, policy_log_probs, ppo_update, read_metrics, train
+from vespo.trainer import _top_share, embedded_policy_path, policy_log_probs, ppo_update, read_metrics, train
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +127,32 @@ def test_mini_batches_are_sequential_and_increasingly_stale():
     # later mini-batches see weights updated 1 and 2 times -> W != 1
     assert abs(history[1]["is/log_w_mean"]) > 1e-4 and abs(history[2]["is/log_w_mean"]) > 1e-4
     assert all(h["actor/grad_norm"] > 0 for h in history)
+
+
+def test_mechanism_metrics_update_size_and_weight_concentration():
+    """update_norm is the real step (Adam's first step: lr * sign(g) per weight); top-1% share is a share of sum W."""
+    model, rollout, adv = _batch()
+    cfg = TrainConfig(
+        method="vespo",
+        train_batch_size=3,
+        ppo_mini_batch_size=1,
+        rollout_n=4,
+        micro_batch_size=4,
+        lr=1e-2,
+        log_update_norm=True,
+        grad_clip=1e9,
+    )
+    rows = torch.arange(12)
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, rollout, rows, cfg, with_entropy=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    history = ppo_update(model, opt, rollout, adv, old, None, cfg)
+    n_moved = sum(int((p.grad != 0).sum()) for p in model.parameters() if p.grad is not None)
+    first = history[0]["actor/update_norm"]
+    assert first == pytest.approx(cfg.lr * n_moved**0.5, rel=0.02)  # bias-corrected Adam: |step| = lr per weight
+    assert history[0]["is/top1pct_w_share"] == pytest.approx(1 / 4)  # W == 1 for all 4 sequences: top 1 of 4
+    assert all(0 < h["is/top1pct_w_share"] <= 1 for h in history)
+    assert _top_share(torch.tensor([0.0, math.log(3.0)])) == pytest.approx(0.75)
 
 
 def test_micro_batch_accumulation_equals_one_big_batch():

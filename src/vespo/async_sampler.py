@@ -171,8 +171,9 @@ class VLLMEngine:
     """vLLM in the sampler's own process; each published version is pushed in place with the model runner's
     `load_weights` (as TRL's colocate mode and veRL's sharding manager do), then the prefix cache is reset.
 
-    Log-probs are vLLM's "processed" ones (after temperature, before top-p), vespo's convention. Needs CUDA: written
-    against vLLM's V0-style `LLM` API and not run here (CPU CI); `pack_rollout` is tested against the HF sampler.
+    Log-probs are vLLM's "processed" ones (after temperature), vespo's convention when top_p = 1 (with top_p < 1,
+    check whether the vLLM version in use reports them before or after truncation). Needs CUDA: written against
+    vLLM's `LLM` API with the in-process driver worker, and not run here; `pack_rollout` is tested on HF samples.
     """
 
     def __init__(self, policy_path: str, cfg):
@@ -183,7 +184,6 @@ class VLLMEngine:
             model=str(policy_path),
             dtype=cfg.sampler_dtype,
             seed=cfg.seed,
-            enable_prefix_caching=False,
             logprobs_mode="processed_logprobs",
         )
         self.cfg = cfg

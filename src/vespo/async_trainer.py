@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vespo.async_sampler import SampledBatch, Schedule, WeightStore, sampler_main
+from vespo.async_sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.config import EMBEDDED, TrainConfig, to_yaml
 from vespo.rollout import Rollout
 from vespo.trainer import (
@@ -54,6 +54,12 @@ _STALL_S = 1800.0  # no batch from live samplers for this long = hung generation
 _JOIN_S = 10.0  # grace period for samplers to exit on stop before they are terminated, then killed
 
 
+_NO_MESSAGE_AT_START = (
+    "no error message: it died before vespo code ran. Samplers are started with the 'spawn' method, which re-imports "
+    "the main module: a script that calls vespo.trainer.train must do so under `if __name__ == '__main__':`."
+)
+
+
 @dataclasses.dataclass
 class Unit:
     """One mini-batch as the learner trains on it: rows of one sampled batch, all generated with `version`."""
@@ -65,6 +71,7 @@ class Unit:
     advantages: torch.Tensor  # (b,)
     busy_s: float  # this unit's share of the sampler's generation + reward time
     gen_s: float  # this unit's share of generation time
+    reward_s: float  # this unit's share of grading time
     queued_s: float  # seconds its batch sat in the queue
 
 
@@ -113,6 +120,8 @@ class SamplerPool:
         self.procs[rank] = proc
 
     def _wait_ready(self, ranks: set[int]) -> None:
+        """Wait until `ranks` have loaded their model and pulled the weights. A sampler that dies before that fails
+        the run at once (start-up errors repeat; restarting would not help)."""
         deadline = time.perf_counter() + _STARTUP_S
         while ranks:
             try:
@@ -122,7 +131,11 @@ class SamplerPool:
                     raise RuntimeError(f"sampler(s) {sorted(ranks)} not ready after {_STARTUP_S:.0f} s") from None
                 for rank in sorted(ranks):
                     if self.procs[rank].exitcode is not None:
-                        self._handle_death(rank)
+                        self._drain_events()
+                        error = self.errors.pop(rank, "").strip() or _NO_MESSAGE_AT_START
+                        raise RuntimeError(
+                            f"sampler {rank} died while starting (exit code {self.procs[rank].exitcode}):\n{error}"
+                        ) from None
                 continue
             if kind == "ready":
                 ranks.discard(rank)
@@ -170,6 +183,10 @@ class SamplerPool:
         self.idle_s += item.idle_s
         rollout = Rollout(**{k: torch.from_numpy(v) for k, v in item.rollout.items()})
         rewards, advantages = torch.from_numpy(item.rewards), torch.from_numpy(item.advantages)
+        if self.cfg.shuffle:  # as ppo_update does in sync mode, seeded by the batch so resume reproduces it
+            gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, item.batch))
+            order = torch.randperm(rewards.numel(), generator=gen)
+            rollout, rewards, advantages = rollout.select(order), rewards[order], advantages[order]
         n_units, rows = self.cfg.num_mini_batches, self.cfg.ppo_mini_batch_size * self.cfg.rollout_n
         queued = max(0.0, time.time() - item.created)
         for j in range(n_units):
@@ -183,18 +200,22 @@ class SamplerPool:
                     advantages=advantages[sl],
                     busy_s=(item.gen_s + item.reward_s) / n_units,
                     gen_s=item.gen_s / n_units,
+                    reward_s=item.reward_s / n_units,
                     queued_s=queued,
                 )
             )
 
-    def _check_health(self) -> None:
+    def _drain_events(self) -> None:
         while True:
             try:
                 kind, rank, payload = self.events.get_nowait()
             except queue.Empty:
-                break
+                return
             if kind == "error":
                 self.errors[rank] = payload
+
+    def _check_health(self) -> None:
+        self._drain_events()
         for rank, proc in enumerate(self.procs):
             if proc.exitcode is not None:
                 self._handle_death(rank)
@@ -208,11 +229,7 @@ class SamplerPool:
             except queue.Empty:
                 break
         time.sleep(0.1)  # let its last error message arrive
-        with contextlib.suppress(queue.Empty):
-            while True:
-                kind, r, payload = self.events.get_nowait()
-                if kind == "error":
-                    self.errors[r] = payload
+        self._drain_events()
         holding = self.schedule.holding[rank]
         if holding >= 0 and holding not in self.received:
             self.schedule.consume(self.cfg.num_mini_batches, trained=False)  # its units will never arrive
@@ -319,7 +336,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     n_mini = cfg.num_mini_batches
     # ppo_update on one mini-batch; the sampler ratio enters the loss only in the decoupled form (see module doc)
     unit_cfg = dataclasses.replace(
-        cfg, train_batch_size=cfg.ppo_mini_batch_size, use_rollout_log_prob=cfg.use_decoupled_loss
+        cfg, train_batch_size=cfg.ppo_mini_batch_size, use_rollout_log_prob=cfg.use_decoupled_loss, shuffle=False
     )
     opt_step = start * n_mini  # = the policy version of the learner's current weights
     pool = SamplerPool(cfg, policy_path, train_set, model, step=opt_step, next_batch=next_batch)
@@ -366,7 +383,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                     pool.store.publish(model, opt_step)
                 # 4. per-unit metrics, by lag
                 m = _step_metrics(unit.rewards, unit.rollout, old_log_prob, history)
-                m["time/gen_s"], m["async/queue_age_s"] = unit.gen_s, unit.queued_s
+                m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
                 per_unit.append(m)
                 rewards.append(unit.rewards)
                 bucket = f"lag_{lag_bucket(lag)}"
@@ -382,7 +399,8 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
             # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
             step_s = time.perf_counter() - t0
             metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
-            metrics["time/gen_s"] = float(np.sum([u["time/gen_s"] for u in per_unit]))
+            for key in ("time/gen_s", "time/reward_s"):  # sampler seconds behind this step's samples (overlapped)
+                metrics[key] = float(np.sum([u[key] for u in per_unit]))
             all_rewards = torch.cat(rewards)
             metrics["reward/mean"] = float(all_rewards.mean())
             metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0

@@ -59,6 +59,9 @@ class TrainConfig:
     """Prompts per rollout step (the paper's global batch size, in prompts)."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step; the rollout batch is consumed in N sequential mini-batches."""
+    shuffle: bool = False
+    """Shuffle the rollout batch's rows before cutting mini-batches (veRL's actor `shuffle`; TRL always shuffles), so
+    an optimizer step mixes responses of several prompts instead of whole groups (docs/training.md, "vs TRL")."""
     staleness: int | None = None
     """Shortcut: if set, train_batch_size = staleness * ppo_mini_batch_size."""
     rollout_n: int = 8
@@ -77,6 +80,8 @@ class TrainConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step."""
+    log_update_norm: bool = False
+    """Log actor/update_norm, the size of each optimizer step (costs one copy of the weights per mini-batch)."""
 
     # --- rollout
     max_response_length: int = 16

@@ -306,9 +306,14 @@ def policy_loss_terms(
     ):  # fmt: skip
         # NaN/inf in the padding (valid positions are fine): zero it so that 0 * NaN cannot reach a sum (slow path)
         valid = mask > 0
-        lp, old, adv = (torch.where(valid, t, 0.0) if t.shape == valid.shape else t for t in (lp, old, adv))
-        rollout = None if rollout is None else torch.where(valid, rollout, 0.0)
-        weights = None if weights is None or weights.shape != valid.shape else torch.where(valid, weights, 0.0)
+        row_valid = valid.any(-1, keepdim=True)  # (B, 1), for per-sequence inputs of empty rows
+
+        def clean(t: Tensor) -> Tensor:
+            return torch.where(valid if t.shape == valid.shape else row_valid.reshape(t.shape), t, 0.0)
+
+        lp, old, adv = clean(lp), clean(old), clean(adv)
+        rollout = None if rollout is None else clean(rollout)
+        weights = None if weights is None else clean(weights)
     if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
         adv = adv.reshape(-1, 1).expand(lp.shape)
 
@@ -516,7 +521,7 @@ def _check_values(
                     "token-level weights, set rollout_is_level='token'"
                 )
     full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
-    return any(t.shape == mask.shape and not bool(torch.isfinite(t.detach()).all()) for t in full)
+    return any(not bool(torch.isfinite(t.detach()).all()) for t in full)
 
 
 def _row_spread(w: Tensor, mask: Tensor) -> Tensor:
@@ -881,36 +886,24 @@ def bapo(
     sum_{A>0} min(r, c_high) A and the negative one sum_{A<0} max(r, c_low) |A| (all valid tokens, clipped ratios)
     must reach pos / (neg + 1e-8) >= `adv_ratio_target`; starting from (ratio_lower_start, ratio_upper_start),
     c_low is raised by its step up to ratio_lower_max first, then c_high up to ratio_upper_max, stopping at the
-    first candidate that meets the target (else the last). Defaults: the authors' config. Every candidate is
-    evaluated in one bucketed pass, without host syncs; the chosen bounds are in the metrics.
+    first candidate that meets the target (else the last). Defaults: the authors' config. Each distinct bound costs
+    one masked dot product over the tokens, without host syncs; the chosen bounds are in the metrics.
     """
     ratio = torch.exp(_token_log_ratio(log_prob, old_log_prob))  # (B, T)
     lows, highs = _bapo_candidates(
         ratio_lower_start, ratio_lower_max, ratio_lower_step, ratio_upper_start, ratio_upper_max, ratio_upper_step
     )
-    r = ratio.detach().flatten()
-    valid = mask.flatten() > 0
-    a = advantages.flatten()
+    r = ratio.detach().reshape(-1)  # (N,)
+    a = (advantages * mask).reshape(-1)  # (N,) 0 on padding
+    pos_a, neg_a = a.clamp(min=0.0), a.clamp(max=0.0).neg_()  # A > 0 and |A| for A < 0
     dev, dt = r.device, r.dtype
     lows_t, highs_t = torch.tensor(lows, dtype=dt, device=dev), torch.tensor(highs, dtype=dt, device=dev)
-    pos_a = torch.where(valid & (a > 0), a, 0.0)  # A > 0 tokens: contribution min(r, c_high) * A
-    neg_a = torch.where(valid & (a < 0), -a, 0.0)  # A < 0 tokens: contribution max(r, c_low) * |A|
-    # For sorted candidate highs h_k: sum min(r, h_k) A = sum_{r <= h_k} r A + h_k * sum_{r > h_k} A.
-    uh, ih = torch.unique(highs_t, return_inverse=True)
-    b = torch.bucketize(r, uh)  # first index with r <= uh[index]
-    n = len(uh)
-    ra = torch.zeros(n + 1, dtype=dt, device=dev).index_add_(0, b, r * pos_a).cumsum(0)[:n]
-    aa = torch.zeros(n + 1, dtype=dt, device=dev).index_add_(0, b, pos_a).cumsum(0)[:n]
-    pos = (ra + uh * (pos_a.sum() - aa))[ih]  # (K,)
-    # For sorted candidate lows l_k: sum max(r, l_k) |A| = sum_{r >= l_k} r |A| + l_k * sum_{r < l_k} |A|.
-    ul, il = torch.unique(lows_t, return_inverse=True)
-    b = torch.bucketize(r, ul, right=True)  # number of lows <= r: r >= ul[j] exactly for j < b
-    m = len(ul)
-    hist_ra = torch.zeros(m + 1, dtype=dt, device=dev).index_add_(0, b, r * neg_a)
-    hist_a = torch.zeros(m + 1, dtype=dt, device=dev).index_add_(0, b, neg_a)
-    ge_ra = hist_ra.flip(0).cumsum(0).flip(0)[1:]  # (m,) tokens with r >= ul[j] are those in buckets > j
-    ge_a = hist_a.flip(0).cumsum(0).flip(0)[1:]
-    neg = (ge_ra + ul * (neg_a.sum() - ge_a))[il]  # (K,)
+    # One masked dot product per distinct bound (<= ~20), no host sync: sum min(r, c_high) A, sum max(r, c_low) |A|.
+    buf = torch.empty_like(r)
+    pos_by = {h: torch.dot(torch.clamp(r, max=h, out=buf), pos_a) for h in sorted(set(highs))}
+    neg_by = {lo: torch.dot(torch.clamp(r, min=lo, out=buf), neg_a) for lo in sorted(set(lows))}
+    pos = torch.stack([pos_by[h] for h in highs])  # (K,) per candidate, in search order
+    neg = torch.stack([neg_by[lo] for lo in lows])
     ratio_pn = torch.where(neg <= 0, math.inf, pos / (neg + _BAPO_EPS))  # (K,)
     met = ratio_pn >= adv_ratio_target
     idx = torch.where(met.any(), met.to(torch.uint8).argmax(), torch.tensor(len(lows) - 1, device=dev))

@@ -65,8 +65,8 @@ class SweepConfig:
     """Responses per prompt."""
     optimizer_steps: int = 192
     """Optimizer steps per cell, fixed across N (must be a multiple of every N): equal samples per cell."""
-    lr: float = 3e-4
-    """Learning rate of every cell."""
+    lr: tuple[float, ...] = (3e-4,)
+    """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     eval_points: int = 4
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 200
@@ -88,6 +88,7 @@ class Cell:
     hparams: dict
     n: int
     seed: int
+    lr: float = 3e-4
 
     @property
     def name(self) -> str:
@@ -108,7 +109,20 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     bad = [n for n in cfg.staleness if n < 1 or cfg.optimizer_steps % n]
     if bad:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
-    out = [Cell(v, m, h, n, s) for v, (m, h) in variants(cfg).items() for n in cfg.staleness for s in cfg.seeds]
+    bad_lr = [lr for lr in cfg.lr if not 0 < lr < float("inf")]
+    if bad_lr or not cfg.lr:
+        raise ValueError(f"lr must be one or more finite numbers > 0, got {list(cfg.lr)}")
+
+    def label(variant: str, lr: float) -> str:  # the lr axis shows up as extra rows, so tables and plots stay 2-D
+        return variant if len(cfg.lr) == 1 else f"{variant}@lr{lr:g}"
+
+    out = [
+        Cell(label(v, lr), m, h, n, s, lr)
+        for v, (m, h) in variants(cfg).items()
+        for lr in cfg.lr
+        for n in cfg.staleness
+        for s in cfg.seeds
+    ]
     for cell in out:
         train_config(cfg, cell)  # parses and validates
     return out
@@ -124,7 +138,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "train-batch-size": cfg.mini_batch_size * cell.n,
         "rollout-n": cfg.rollout_n,
         "total-training-steps": rollout_steps,
-        "lr": cfg.lr,
+        "lr": cell.lr,
         "eval-every": max(1, rollout_steps // cfg.eval_points),
         "eval-size": cfg.eval_size,
         "save-every": max(1, rollout_steps // 8),
@@ -239,8 +253,8 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
     import matplotlib.pyplot as plt
 
     out_dir = Path(cfg.out_dir)
-    names = list(variants(cfg))
-    colors = dict(zip(names, plt.cm.tab10.colors, strict=False))
+    names = list(dict.fromkeys(c.variant for c in grid))
+    colors = {v: plt.cm.tab20(i % 20) for i, v in enumerate(names)}
     ns = list(cfg.staleness)
 
     def group(v, n):

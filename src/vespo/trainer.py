@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import math
 import os
 import random
 import shutil
@@ -37,6 +38,16 @@ Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CKPT = "checkpoints/last.pt"
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
+# per-mini-batch metrics also logged for the first and last mini-batch of each step (docs/results.md, mechanism)
+_PER_INDEX = (
+    "is/log_w_mean",
+    "is/log_w_max",
+    "is/log_w_min",
+    "weight/ess",
+    "is/top1pct_w_share",
+    "actor/grad_norm",
+    "actor/update_norm",
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -181,6 +192,12 @@ def policy_log_probs(model, rollout: Rollout, rows: Tensor, cfg: TrainConfig, *,
     return logp, ent
 
 
+def _top_share(log_w: Tensor, frac: float = 0.01) -> Tensor:
+    """Share of the mini-batch's total IS weight sum_i W_i held by its top `frac` of sequences (log space)."""
+    top = max(1, math.ceil(frac * log_w.numel()))
+    return torch.exp(torch.logsumexp(log_w.topk(top).values, 0) - torch.logsumexp(log_w, 0))
+
+
 def ppo_update(
     model: transformers.PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -190,7 +207,7 @@ def ppo_update(
     ref_log_prob: Tensor | None,
     cfg: TrainConfig,
 ) -> list[dict[str, float]]:
-    """One optimizer step per mini-batch, in order; returns each mini-batch's metrics.
+    """One optimizer step per mini-batch, in order (rows shuffled first with `cfg.shuffle`); returns their metrics.
 
     Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
     importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
@@ -200,13 +217,16 @@ def ppo_update(
     seqs_per_mini = cfg.ppo_mini_batch_size * cfg.rollout_n
     mode = cfg.loss_agg_mode or default_loss_agg_mode(cfg.method)
     rollout_lp = rollout.rollout_log_prob if cfg.use_rollout_log_prob else None
+    n_rows = advantages.shape[0]
+    order = torch.randperm(n_rows) if cfg.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
     history = []
     for k in range(cfg.num_mini_batches):
-        rows = torch.arange(k * seqs_per_mini, (k + 1) * seqs_per_mini)
+        rows = order[k * seqs_per_mini : (k + 1) * seqs_per_mini]
         mini_mask = rollout.response_mask[rows]
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor | float] = {}
+        seq_log_w = []  # per-sequence log W of this mini-batch, for the weight-concentration diagnostic
         micro = _micro_batches(rows, cfg.micro_batch_size)
         ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_lp, cfg, k, len(micro))
         for mb in micro:
@@ -237,10 +257,17 @@ def ppo_update(
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - cfg.entropy_coeff * ent_loss
             loss.backward()
+            seq_log_w.append(((log_prob.detach() - old_log_prob[mb]) * mask).sum(-1))  # (b,)
             for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
                 sums[key] = sums.get(key, 0.0) + (value if key in _ADDITIVE else value / len(micro))
-        sums["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        sums["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)  # before clipping
+        sums["is/top1pct_w_share"] = _top_share(torch.cat(seq_log_w))
+        before = [p.detach().clone() for p in model.parameters()] if cfg.log_update_norm else None
         optimizer.step()
+        if before is not None:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
+            sums["actor/update_norm"] = torch.stack(
+                [(p.detach() - b).norm() for p, b in zip(model.parameters(), before, strict=True)]
+            ).norm()
         history.append({k: float(v) for k, v in sums.items()})  # metrics stay tensors until here: one sync per step
     return history
 
@@ -521,8 +548,9 @@ def _step_metrics(rewards: Tensor, rollout: Rollout, old_log_prob: Tensor, histo
     }
     for key in history[0]:
         out[key] = float(np.mean([h[key] for h in history]))
-    for key in ("is/log_w_mean", "is/log_w_max", "is/log_w_min"):
+    for key in _PER_INDEX:  # the first mini-batch is on-policy, the last the stalest: their gap is the staleness
         if key in history[0]:
+            out[f"{key}/first_mini_batch"] = history[0][key]
             out[f"{key}/last_mini_batch"] = history[-1][key]
     return out
 

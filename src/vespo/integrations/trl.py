@@ -72,6 +72,11 @@ class VespoGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}"
             )
+        if "rollout_is_threshold" in self.vespo_hparams:
+            raise ValueError(
+                "vespo_hparams['rollout_is_threshold'] has no effect in TRL, which truncates the vLLM importance "
+                "weights itself: set vllm_importance_sampling_clip_max (and vllm_importance_sampling_mode)"
+            )
         validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
 
 

@@ -91,6 +91,11 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
                 f"vespo's are {sorted(verl_loss_name(m) for m in available_methods())}"
             )
         return
+    if "rollout_is_threshold" in hparams:
+        raise ValueError(
+            "policy_loss.hparams.rollout_is_threshold has no effect in veRL, which truncates the weights itself: "
+            "set algorithm.rollout_correction.rollout_is_threshold"
+        )
     validate_hparams(method, **hparams)  # the core's one check of names, types and values
 
 

@@ -7,14 +7,24 @@ happens on trusted values with trusted code. The sandbox has no way to write to 
 """
 
 import builtins
+import ctypes
 import os
 import sys
 
 import _wire
 
+PR_SET_DUMPABLE = 4
+
 
 class CandidateError(Exception):
     """The candidate's function raised (its type and message are in the text)."""
+
+
+def _exception(name) -> type[Exception]:
+    """The builtin exception class the candidate raised (a test may expect e.g. ValueError), else CandidateError.
+    Only a name crosses the wire; only builtin ``Exception`` subclasses are raised for it."""
+    kind = getattr(builtins, name, None) if type(name) is str else None
+    return kind if isinstance(kind, type) and issubclass(kind, Exception) else CandidateError
 
 
 class Checker:
@@ -33,12 +43,12 @@ class Checker:
                 reply = self.reader.read(None)
                 if set(reply) == {"value"}:
                     return _wire.decode(reply["value"])
-                if set(reply) == {"error"} and type(reply["error"]) is str:
-                    raise CandidateError(reply["error"][:500])
-                raise _wire.WireError("malformed reply")
+                if not (set(reply) - {"type"} == {"error"} and type(reply["error"]) is str):
+                    raise _wire.WireError("malformed reply")
             except (_wire.WireError, OSError, RecursionError, MemoryError, ValueError) as exc:
                 self.broken = self.broken or f"{type(exc).__name__}: {exc}"[:500]  # a caught one still fails
                 raise
+            raise _exception(reply.get("type"))(reply["error"][:500])
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -60,6 +70,9 @@ class Checker:
 
 
 def main() -> None:
+    # Not dumpable: /proc/<pid>/{fd,mem,environ} become root-only, so a sandbox running as the same user (the
+    # unprivileged fallback) cannot reopen the verdict pipe through /proc or write into this process.
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     request_fd, response_fd, max_bytes = map(int, sys.argv[3:6])  # argv[1:3]: bootstrap dir and module
     checker, grader, verdicts = Checker(request_fd, response_fd, max_bytes), _wire.Reader(0, 1 << 30), os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)

@@ -7,8 +7,8 @@ the seccomp filter last, after which nothing can be undone. This process is untr
 never sees expected outputs or test code, and whatever it sends back is only data for the grader to judge.
 """
 
+import builtins
 import ctypes
-import io
 import os
 import resource
 import signal
@@ -38,11 +38,21 @@ def _mount(source, target: str, fstype, flags: int, data=None) -> None:
     _check(libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def _enter_namespaces() -> bool:
-    """New PID, mount, network, IPC and UTS namespaces (False if the kernel refuses). Then fork: the child becomes
-    PID 1 and this process only waits for it, so killing this process kills the whole sandbox (PDEATHSIG on PID 1)."""
-    if libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
-        return False
+def _enter_namespaces(privileged: bool) -> bool:
+    """New PID, mount, network, IPC and UTS namespaces (False if the kernel refuses); without root inside a new user
+    namespace where only our own uid/gid exist (as 0). Then fork: the child becomes PID 1 and this process only
+    waits for it, so killing this process kills the whole sandbox (PDEATHSIG on PID 1)."""
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if privileged:
+        if libc.unshare(flags) != 0:
+            return False
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(CLONE_NEWUSER | flags) != 0:
+            return False
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
     pid = os.fork()
     if pid:
         for fd in (0, 1, 3, 4):
@@ -104,6 +114,11 @@ def _apply_limits(limits: dict, extra_procs: int) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"] + extra_procs,) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _drop_capabilities() -> None:
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    _check(libc.capset(header, bytes(24)), "capset")  # effective, permitted, inheritable = 0 (two 32-bit words)
 
 
 def _drop_privileges(uid: int) -> None:
@@ -185,23 +200,37 @@ def _install_seccomp() -> bool:
 
 
 def _error(exc: BaseException) -> dict:
-    return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"error": f"{type(exc).__name__}: {exc}"[:500], "type": type(exc).__name__}
 
 
 def _run_stdio(code, stdin_text: str, max_chars: int) -> dict:
-    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode()), encoding="utf-8")
-    sys.stdout = out
+    """Run the program with fds 0/1 on fresh memory files, so ``input()``, ``sys.stdin.buffer``, ``open(0)`` and
+    ``os.write(1, ...)`` all work; stdout is bounded by RLIMIT_FSIZE and read back up to the output cap."""
+    for fd, name in ((0, "stdin"), (1, "stdout")):
+        memfd = os.memfd_create(name)  # may itself be 0 or 1 if the last program closed that fd
+        if memfd != fd:
+            os.dup2(memfd, fd)
+            os.close(memfd)
+    os.write(0, stdin_text.encode())
+    os.lseek(0, 0, os.SEEK_SET)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     try:
         exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+        sys.stdout.flush()
     except SystemExit as exc:  # exit() ends this test, not the server
         if exc.code not in (None, 0):
             return {"error": f"SystemExit({exc.code})"}
+        sys.stdout.flush()
     except BaseException as exc:  # noqa: BLE001 - any failure of untrusted code is one failed test
         return _error(exc)
     finally:
         sys.stdout, sys.stdin = sys.__stdout__, sys.__stdin__
-    text = out.buffer.getvalue().decode("utf-8", "replace")
+    try:
+        data = os.pread(1, 4 * max_chars + 4, 0)
+    except OSError as exc:
+        return _error(exc)
+    text = data.decode("utf-8", "replace")
     return {"output": text} if len(text) <= max_chars else {"error": f"output over {max_chars} characters"}
 
 
@@ -221,23 +250,26 @@ def main() -> None:
     reader = _wire.Reader(requests, 1 << 30)
     spec = reader.read(None)
     limits = spec["limits"]
-    root = os.geteuid() == 0 and _enter_namespaces()
-    if root:
-        _build_root(spec["uid"], limits["disk_mb"])
-    if not root:
-        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
     privileged = os.geteuid() == 0
+    root = spec["namespaces"] and _enter_namespaces(privileged)
+    if root:
+        _build_root(spec["uid"] if privileged else 0, limits["disk_mb"])
+    else:
+        os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
     _apply_limits(limits, extra_procs=0 if privileged else spec["user_procs"])
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     if privileged:  # also without namespaces: a fresh uid still cannot touch other users' files or processes
         if not root:
             os.chown(".", spec["uid"], spec["uid"])
         _drop_privileges(spec["uid"])
+    elif root:  # root of our own user namespace: give up its capabilities there too
+        _drop_capabilities()
     seccomp = _install_seccomp()
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     sys.path[:] = [p for p in sys.path if os.path.isdir(p)]
+    builtins.exit = builtins.quit = sys.exit  # what the site module (off under -S) would have provided
     ready = {"ready": True, "isolated": root, "seccomp": seccomp}
     env = {"__name__": "__main__", "__builtins__": __builtins__}
     try:

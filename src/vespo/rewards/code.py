@@ -78,8 +78,12 @@ def parse_tests(tests) -> tuple[str, list, list, str | None]:
         raise ValueError("tests must be a non-empty list of test-case dicts (see vespo.rewards.code docstring)")
     if all("assert" in t for t in tests):
         cases = [{"test": t["assert"], "setup": t.get("setup"), "entry_point": t.get("entry_point")} for t in tests]
-        if not all(isinstance(c["test"], str) and isinstance(c["setup"] or "", str) for c in cases):
-            raise ValueError("assertion tests need string 'assert' (and 'setup') fields")
+        if not all(isinstance(c["test"], str) and isinstance(c["setup"] or "", str) for c in cases) or not all(
+            c["entry_point"] is None or str(c["entry_point"]).isidentifier() for c in cases
+        ):
+            raise ValueError(
+                "assertion tests need a string 'assert', optional string 'setup' and identifier 'entry_point'"
+            )
         return "assert", cases, ["passed"] * len(tests), None
     if all("fn_name" in t and "input" in t and "output" in t for t in tests):
         names = {t["fn_name"] for t in tests}

@@ -5,6 +5,9 @@ plain answers such as "The final answer is 3") and checks symbolic equivalence w
 SIGALRM-based, so they only work in a process's main thread: small batches are graded in-process on the main thread,
 large batches (or calls from other threads) in a process pool whose workers grade on their main thread, with a
 hard per-item deadline as a backstop. A timeout scores 0 and is counted.
+
+Hedged answers score 0 before Math-Verify sees them (`hedge`): several different ``\\boxed{}``, a disjunction
+("or", ``\\lor``, ``\\vee``) in the final answer or right after it, or several values where the ground truth is one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -71,6 +75,57 @@ def _gold_text(answer: str) -> str:
     return answer if "\\boxed" in answer or "$" in answer else f"\\boxed{{{answer}}}"
 
 
+_DISJUNCTION = re.compile(r"\bor\b|\\lor\b|\\vee\b", re.IGNORECASE)
+_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(,\d{3})+(?![\d,])")
+_AFTER_BOX_CHARS = 200  # text after the last box still read as part of the answer ("\boxed{3} or maybe 7")
+
+
+def _boxed(text: str) -> list[tuple[str, int]]:
+    """(content, end offset) of every ``\\boxed{...}`` / ``\\fbox{...}``, braces balanced."""
+    found = []
+    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                found.append((text[start:i].strip(), i + 1))
+                break
+        else:  # unclosed: every later box is inside it
+            break
+    return found
+
+
+def _top_level_values(expr: str) -> int:
+    """How many comma/semicolon/"and"-separated values an answer lists outside brackets (1,000 is one value)."""
+    expr = _THOUSANDS.sub("0", re.sub(r"\\(text|mathrm)\{\s*and\s*\}|\band\b", ",", expr))
+    depth, count = 0, 1
+    for ch in expr:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch in ",;" and depth == 0:
+            count += 1
+    return count
+
+
+def hedge(completion: str, answer: str) -> str | None:
+    """Why ``completion`` hedges between answers (it then scores 0), or None. Applies only where the ground truth
+    itself does not: a gold answer listing several values may be given as a list, one containing "or" may say "or"."""
+    boxes = _boxed(completion)
+    if len({content for content, _ in boxes}) > 1:
+        return "several different boxed answers"
+    if boxes:
+        final = boxes[-1][0] + " " + completion[boxes[-1][1] : boxes[-1][1] + _AFTER_BOX_CHARS]
+    else:
+        final = next((line for line in reversed(completion.splitlines()) if line.strip()), "")
+    if _DISJUNCTION.search(final) and not _DISJUNCTION.search(answer):
+        return "a disjunction in the final answer"
+    if boxes and _top_level_values(boxes[-1][0]) > 1 and _top_level_values(str(answer)) == 1:
+        return "several values where one is asked"
+    return None
+
+
 def grade_math(completion: str, answer: str, *, timeout_s: int = 5) -> MathGrade:
     """Grade one completion against its ground truth; never raises.
 
@@ -78,6 +133,9 @@ def grade_math(completion: str, answer: str, *, timeout_s: int = 5) -> MathGrade
     """
     if timeout_s < 1:
         raise ValueError(f"timeout_s must be a whole number of seconds >= 1 (SIGALRM), got {timeout_s}")
+    hedged = hedge(completion, answer)
+    if hedged is not None:
+        return MathGrade(score=0.0, prediction="", error=f"hedged: {hedged}")
     try:
         gold = parse(_gold_text(answer), parsing_timeout=timeout_s, raise_on_error=True)
         pred = parse(completion, parsing_timeout=timeout_s, raise_on_error=True)

@@ -20,6 +20,7 @@ See docs/rewards.md for the threat model and what is not contained.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
@@ -135,6 +136,24 @@ def run_in_sandbox(
     return SandboxRun(outputs=outputs, errors=errors, timed_out=timed_out, isolated=isolated, cgroup=cgroup)
 
 
+@functools.cache
+def namespaces_work() -> bool:
+    """Whether sandboxes can build their namespaces and private root here; probed once per process, so a host where
+    e.g. user namespaces exist but may not mount runs the last-resort mode instead of failing every program."""
+    limits = SandboxLimits(wall_s=20.0, test_timeout_s=20.0)
+    deadline = time.monotonic() + limits.test_timeout_s
+    try:
+        session = _Session("", "stdio", None, limits, deadline, namespaces=True)
+    except Exception:  # noqa: BLE001 - any failure to start means: not here
+        return False
+    try:
+        return session.isolated and session.ask("", None, deadline) == ""
+    except Exception:  # noqa: BLE001
+        return False
+    finally:
+        session.close()
+
+
 class _CaseFailed(Exception):
     """The program answered, with an error (the sandbox stays usable)."""
 
@@ -142,8 +161,17 @@ class _CaseFailed(Exception):
 class _Session:
     """One sandbox process (and, for assertion tests, one checker) serving the cases of one program."""
 
-    def __init__(self, program: str, mode: str, fn_name: str | None, limits: SandboxLimits, deadline: float):
+    def __init__(
+        self,
+        program: str,
+        mode: str,
+        fn_name: str | None,
+        limits: SandboxLimits,
+        deadline: float,
+        namespaces: bool | None = None,
+    ):
         self.mode, self.limits, self.load_error = mode, limits, None
+        self.namespaces = namespaces_work() if namespaces is None else namespaces
         self.proc = self.checker = self.cgroup = self.reader = None
         self.workdir = tempfile.mkdtemp(prefix="vespo-sandbox-")  # cwd only without namespaces; else stays empty
         self.request_w = -1
@@ -171,22 +199,7 @@ class _Session:
         finally:
             os.close(request_r)
             os.close(response_w)
-        self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
-        os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
-        spec = {
-            "program": program,
-            "mode": self.mode,
-            "limits": asdict(limits),
-            "uid": UID_BASE + self.proc.pid,
-            "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
-        }
-        _wire.send(self.request_w, spec, deadline)
-        ready = self.reader.read(deadline)
-        self.isolated = ready.get("isolated") is True
-        if "ready" not in ready:
-            self.load_error = str(ready.get("load_error", "sandbox failed to start"))[:500]
-        self.names = [n for n in ready.get("names", []) if type(n) is str]
-        if self.mode == "assert" and self.load_error is None:
+        if self.mode == "assert":  # started alongside the sandbox: the two interpreters boot in parallel
             self.checker = subprocess.Popen(
                 [
                     _PYTHON,
@@ -197,7 +210,7 @@ class _Session:
                     _HERE,
                     "_checker",
                     str(self.request_w),
-                    str(response_r),
+                    str(self.reader.fd),
                     str(limits.max_message_bytes),
                 ],
                 stdin=subprocess.PIPE,
@@ -206,10 +219,26 @@ class _Session:
                 cwd=self.workdir,
                 env=_SAFE_ENV,
                 start_new_session=True,
-                pass_fds=(self.request_w, response_r),
+                pass_fds=(self.request_w, self.reader.fd),
             )
             self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
             os.set_blocking(self.checker.stdin.fileno(), False)
+        self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
+        os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
+        spec = {
+            "program": program,
+            "mode": self.mode,
+            "limits": asdict(limits),
+            "uid": UID_BASE + self.proc.pid,
+            "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
+            "namespaces": self.namespaces,
+        }
+        _wire.send(self.request_w, spec, deadline)
+        ready = self.reader.read(deadline)
+        self.isolated = ready.get("isolated") is True
+        if "ready" not in ready:
+            self.load_error = str(ready.get("load_error", "sandbox failed to start"))[:500]
+        self.names = [n for n in ready.get("names", []) if type(n) is str]
 
     def ask(self, case, fn_name: str | None, deadline: float):
         """The program's output for one case; raises _CaseFailed (program error), TimeoutError or WireError."""
@@ -243,7 +272,7 @@ class _Session:
                     return _wire.decode(reply["value"])
                 except RecursionError:
                     raise _wire.WireError("value nested too deeply") from None
-        if set(reply) == {"error"} and type(reply["error"]) is str:
+        if set(reply) - {"type"} == {"error"} and type(reply["error"]) is str:
             raise _CaseFailed(reply["error"][:500])
         raise _wire.WireError("malformed reply")
 
@@ -389,7 +418,8 @@ def _remove_tree(path: str) -> None:
         return
     except OSError:
         pass
-    for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--one-file-system", "--", path]):
+    rm = ["rm", "-rf", "--one-file-system", "--", path]
+    for argv in (rm, ["chmod", "-R", "u+rwx", "--", path], rm):  # chmod only for dirs the program made unreadable
         try:
             subprocess.run(
                 argv,
@@ -401,3 +431,5 @@ def _remove_tree(path: str) -> None:
             )
         except (OSError, subprocess.SubprocessError):
             pass
+        if not os.path.lexists(path):
+            return

@@ -1,0 +1,430 @@
+"""`vespo lab`: an exact sequence-level workbench where response length T and staleness N are free knobs.
+
+The policy is one categorical distribution per position, pi(y) = prod_t softmax(theta_t)[y_t] with theta of shape
+(T, V): log-probs are exact and cost a gather, so T = 8192 and N = 64 run in seconds on a CPU. The reward is
+verifiable and sequence-level, R(y) = 1[#{t : y_t = 0} >= k], with k set so that the initial policy succeeds about a
+quarter of the time. Every registered loss (`vespo.available_methods()`) trains it through `compute_policy_loss`,
+with the trainer's protocol: a rollout batch of N mini-batches sampled from mu = pi_old (optionally through a sampler
+whose logits carry seeded Gaussian noise: a train-inference mismatch whose per-token KL is computed exactly), group
+advantages, then N sequential optimizer steps. Per mini-batch index it records what explains a collapse: sequence
+log W, ESS of W, the gradient norm before clipping, the size of the parameter update, and which sequences carry the
+gradient (share of the per-sequence score coefficient held by the top 1%).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import tyro
+
+from vespo.advantages import group_advantages
+from vespo.kernels import effective_sample_size
+from vespo.losses import available_methods, compute_policy_loss, validate_hparams
+
+Tensor = torch.Tensor
+
+# --------------------------------------------------------------------------------------------------------------------
+# The exact policy
+
+
+def init_logits(length: int, vocab: int, p_correct: float, *, seed: int, jitter: float = 0.5) -> Tensor:
+    """(T, V) logits whose probability of the correct token (id 0) averages about `p_correct` per position.
+
+    Positions get seeded jitter so they start at different accuracies, as tokens of a real response do.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.zeros(length, vocab, dtype=torch.float64)
+    logits[:, 0] = math.log(p_correct * (vocab - 1) / (1.0 - p_correct))
+    return logits + jitter * torch.randn(length, vocab, generator=gen, dtype=torch.float64)
+
+
+def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Exact log pi(y_t) of every token: (T, V) logits, (B, T) tokens -> (B, T); differentiable in `logits`."""
+    log_p = torch.log_softmax(logits, dim=-1)  # (T, V)
+    return log_p[torch.arange(logits.shape[0]), tokens]  # (B, T)
+
+
+def sample_tokens(logits: Tensor, count: int, gen: torch.Generator, chunk: int = 64) -> Tensor:
+    """`count` i.i.d. sequences from the per-position categoricals: (count, T) int64, by inverse CDF (in chunks)."""
+    cdf = torch.softmax(logits.detach(), dim=-1).cumsum(-1)[:, :-1].float()  # (T, V-1)
+    out = []
+    for start in range(0, count, chunk):
+        u = torch.rand(min(chunk, count - start), logits.shape[0], 1, generator=gen)  # (b, T, 1)
+        out.append((u > cdf).sum(-1))  # (b, T): number of CDF steps below u
+    return torch.cat(out)
+
+
+def success_threshold(logits: Tensor, z: float = 0.67) -> int:
+    """Correct tokens needed for reward 1: the initial mean count plus z standard deviations (~25 % succeed)."""
+    p = torch.softmax(logits.detach(), dim=-1)[:, 0]  # (T,)
+    mean, sd = float(p.sum()), float((p * (1 - p)).sum().sqrt())
+    return min(len(p), max(1, math.ceil(mean + z * sd)))
+
+
+def rewards_of(tokens: Tensor, threshold: int) -> Tensor:
+    """Verifiable sequence reward: 1 when at least `threshold` tokens are the correct token 0, else 0. (B,)."""
+    return ((tokens == 0).sum(-1) >= threshold).to(torch.float64)
+
+
+def expected_reward(logits: Tensor, threshold: int) -> float:
+    """Exact E_pi[R]: the Poisson-binomial tail P(#correct >= threshold), by dynamic programming over positions."""
+    p = torch.softmax(logits.detach(), dim=-1)[:, 0]  # (T,)
+    dist = torch.zeros(len(p) + 1, dtype=torch.float64)
+    dist[0] = 1.0
+    for t, pt in enumerate(p.tolist()):
+        dist[1 : t + 2] = dist[1 : t + 2] * (1 - pt) + dist[: t + 1] * pt
+        dist[0] *= 1 - pt
+    return float(dist[threshold:].sum())
+
+
+def mismatch_kl(sampler_logits: Tensor, logits: Tensor) -> float:
+    """Exact sequence-level KL(pi_sampler || pi) = sum_t KL of the per-position categoricals."""
+    log_q, log_p = torch.log_softmax(sampler_logits, -1), torch.log_softmax(logits, -1)
+    return float((log_q.exp() * (log_q - log_p)).sum())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One cell
+
+
+@dataclass(frozen=True)
+class LabCell:
+    method: str
+    length: int
+    staleness: int
+    lr_scale: float
+    seed: int
+    hparams: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/T{self.length}/N{self.staleness}/lr{self.lr_scale:g}/seed{self.seed}"
+
+
+@dataclass
+class LabConfig:
+    out_dir: str = "sweeps/lab"
+    """Output directory: results.csv, results.md, mechanism.csv, figures; cells/ holds per-cell JSON (for resuming)."""
+    methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "topr")
+    """Registered policy-loss methods to compare (`vespo.available_methods()`)."""
+    length: tuple[int, ...] = (64, 1024)
+    """Response lengths T."""
+    staleness: tuple[int, ...] = (1, 4, 16, 64)
+    """Staleness ratios N = rollout batch / mini-batch."""
+    lr_scale: tuple[float, ...] = (1 / 3, 1.0, 3.0)
+    """Learning rates as multiples of `lr`."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds of sampling (the initial policy is fixed by `init_seed`)."""
+    lr: float = 0.005
+    """Base learning rate."""
+    optimizer: Literal["adam", "sgd"] = "adam"
+    """adam (AdamW as the trainer, betas 0.9/0.99, eps 1e-8, no decay) or sgd (plain gradient steps)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm per optimizer step (as the trainer); 0 disables clipping."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon: the floor under its per-parameter normaliser."""
+    optimizer_steps: int = 128
+    """Optimizer steps per cell, fixed across N (a multiple of every N): equal samples per cell."""
+    mini_batch_size: int = 64
+    """Sequences per optimizer step (mini_batch_size / group_size groups)."""
+    group_size: int = 8
+    """Responses per group (the GRPO group; advantages are group-normalised)."""
+    vocab: int = 4
+    """Tokens per position."""
+    p_correct: float = 0.5
+    """Initial mean probability of the correct token per position."""
+    init_seed: int = 0
+    """Seed of the initial policy (shared by every cell)."""
+    mismatch_std: float = 0.0
+    """Std of seeded Gaussian noise on the sampler's logits (train-inference mismatch; its KL is reported)."""
+    loss_agg_mode: str | None = None
+    """Aggregation for every method; None = each method's own default."""
+    eval_points: int = 8
+    """Exact expected-reward evaluations per cell besides step 0 (the training reward is logged every step)."""
+    jobs: int = 2
+    """Cells run in parallel processes (one torch thread each)."""
+    collapse_ratio: float = 0.5
+    """A cell has collapsed when its final expected reward is below this fraction of the initial one."""
+
+
+def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
+    """Train one cell; returns its summary, its reward curve and its per-mini-batch-index mechanism metrics."""
+    torch.set_num_threads(1)
+    hp = dict(cell.hparams)
+    gen = torch.Generator().manual_seed(cell.seed)
+    theta = torch.nn.Parameter(init_logits(cell.length, cfg.vocab, cfg.p_correct, seed=cfg.init_seed))
+    lr = cfg.lr * cell.lr_scale
+    if cfg.optimizer == "adam":
+        opt = torch.optim.AdamW([theta], lr=lr, betas=(0.9, 0.99), eps=cfg.adam_eps, weight_decay=0.0)
+    else:
+        opt = torch.optim.SGD([theta], lr=lr)
+    threshold = success_threshold(theta)
+    n, m = cell.staleness, cfg.mini_batch_size
+    mask = torch.ones(m, cell.length, dtype=torch.float64)
+    start = expected_reward(theta, threshold)
+    curve = [(0, start, float("nan"))]
+    per_k: dict[str, np.ndarray] = {
+        k: np.zeros(n) for k in ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share")
+    }
+    rollout_steps = cfg.optimizer_steps // n
+    finite = True
+    for r in range(rollout_steps):
+        # 1. a rollout batch of N mini-batches from the sampler (pi_old, plus the injected mismatch)
+        with torch.no_grad():
+            old_logits = theta.detach().clone()
+            noise = cfg.mismatch_std * torch.randn(old_logits.shape, generator=gen, dtype=old_logits.dtype)
+            sampler_logits = old_logits + noise
+            tokens = sample_tokens(sampler_logits, n * m, gen)  # (N*M, T)
+            rollout_lp = token_log_probs(sampler_logits, tokens) if cfg.mismatch_std > 0 else None
+            old_lp = token_log_probs(old_logits, tokens)  # (N*M, T): mu, recomputed by the "trainer"
+            rewards = rewards_of(tokens, threshold)  # (N*M,)
+            adv = group_advantages(rewards, cfg.group_size)  # (N*M,)
+            order = torch.randperm(n * m, generator=gen)
+        # 2. N sequential optimizer steps; mini-batch k is k steps staler than the first
+        for k in range(n):
+            idx = order[k * m : (k + 1) * m]
+            lp = token_log_probs(theta, tokens[idx])  # (M, T)
+            lp.retain_grad()
+            loss, _ = compute_policy_loss(
+                cell.method,
+                log_prob=lp,
+                old_log_prob=old_lp[idx],
+                advantages=adv[idx],
+                response_mask=mask,
+                rollout_log_prob=None if rollout_lp is None else rollout_lp[idx],
+                loss_agg_mode=cfg.loss_agg_mode,
+                **hp,
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = theta.grad.norm()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_([theta], cfg.grad_clip)
+            before = theta.detach().clone()
+            opt.step()
+            with torch.no_grad():
+                log_w = (lp.detach() - old_lp[idx]).sum(-1)  # (M,) sequence log W against mu
+                coef = lp.grad.sum(-1).abs()  # (M,) |sum_t dL/dlog pi_t|: how much sequence i moves theta
+                share = coef / coef.sum().clamp_min(1e-300)
+                top = max(1, math.ceil(0.01 * m))
+                stats = {
+                    "log_w_mean": log_w.mean(),
+                    "log_w_min": log_w.min(),
+                    "ess": effective_sample_size(log_w),
+                    "grad_norm": grad_norm,
+                    "update_norm": (theta.detach() - before).norm(),
+                    "top1_share": share.topk(top).values.sum(),
+                }
+            for key, value in stats.items():
+                per_k[key][k] += float(value) / rollout_steps
+        finite = finite and bool(torch.isfinite(theta).all())
+        exact = (r + 1) % max(1, rollout_steps // cfg.eval_points) == 0 or r + 1 == rollout_steps
+        curve.append(((r + 1) * n, expected_reward(theta, threshold) if exact else float("nan"), float(rewards.mean())))
+    final = curve[-1][1]
+    tail = [c[2] for c in curve[1:]][-max(1, rollout_steps // 4) :]
+    return {
+        "name": cell.name,
+        "summary": {
+            "method": cell.method,
+            "length": cell.length,
+            "staleness": n,
+            "lr_scale": cell.lr_scale,
+            "seed": cell.seed,
+            "initial_reward": start,
+            "final_reward": final,
+            "train_reward_last_quarter": float(np.mean(tail)),
+            "collapsed": int(final < cfg.collapse_ratio * start or not finite),
+            "finite": int(finite),
+            "sampler_kl": mismatch_kl(sampler_logits, old_logits),
+        },
+        "curve": curve,
+        "per_k": {key: v.tolist() for key, v in per_k.items()},
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The grid, tables and figures
+
+
+def cells(cfg: LabConfig) -> list[LabCell]:
+    """All grid cells; everything is validated before anything runs."""
+    unknown = sorted(set(cfg.methods) - set(available_methods()))
+    if unknown:
+        raise ValueError(f"methods: unknown {unknown}; registered methods are {available_methods()}")
+    for method in cfg.methods:
+        validate_hparams(method)
+    checks = [
+        ("length", all(t >= 1 for t in cfg.length), "positive integers"),
+        (
+            "staleness",
+            all(n >= 1 and cfg.optimizer_steps % n == 0 for n in cfg.staleness),
+            f"positive divisors of optimizer_steps={cfg.optimizer_steps}",
+        ),
+        ("lr_scale", all(math.isfinite(s) and s > 0 for s in cfg.lr_scale), "finite numbers > 0"),
+        ("lr", math.isfinite(cfg.lr) and cfg.lr > 0, "a finite number > 0"),
+        (
+            "mini_batch_size",
+            cfg.mini_batch_size >= cfg.group_size >= 2 and cfg.mini_batch_size % cfg.group_size == 0,
+            "a multiple of group_size, and group_size >= 2",
+        ),
+        ("vocab", cfg.vocab >= 2, "an integer >= 2"),
+        ("p_correct", 0 < cfg.p_correct < 1, "a number in (0, 1)"),
+        ("mismatch_std", math.isfinite(cfg.mismatch_std) and cfg.mismatch_std >= 0, "a finite number >= 0"),
+        ("grad_clip", math.isfinite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0"),
+        ("adam_eps", math.isfinite(cfg.adam_eps) and cfg.adam_eps > 0, "a finite number > 0"),
+        ("jobs", cfg.jobs >= 1, "an integer >= 1"),
+    ]
+    for name, ok, accepted in checks:
+        if not ok:
+            raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
+    return [
+        LabCell(meth, t, n, s, seed)
+        for meth in cfg.methods
+        for t in cfg.length
+        for n in cfg.staleness
+        for s in cfg.lr_scale
+        for seed in cfg.seeds
+    ]
+
+
+def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["method"], row["length"], row["lr_scale"], row["staleness"]), []).append(row)
+    return groups
+
+
+def write_tables(out: Path, results: list[dict]) -> None:
+    """results.csv (one row per cell), results.md (mean +- std over seeds), mechanism.csv (per mini-batch index)."""
+    rows = [r["summary"] for r in results]
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["# vespo lab: final exact expected reward (mean +- std over seeds; x = a seed collapsed)", ""]
+    for t in sorted({r["length"] for r in rows}):
+        for s in sorted({r["lr_scale"] for r in rows}):
+            ns = sorted({r["staleness"] for r in rows})
+            lines += [f"## T = {t}, lr x {s:g}", "", "| method | " + " | ".join(f"N={n}" for n in ns) + " |"]
+            lines.append("|---" * (len(ns) + 1) + "|")
+            for method in dict.fromkeys(r["method"] for r in rows):
+                cells_ = []
+                for n in ns:
+                    group = _group(rows).get((method, t, s, n), [])
+                    vals = [g["final_reward"] for g in group]
+                    mark = " x" if any(g["collapsed"] for g in group) else ""
+                    cells_.append(f"{np.mean(vals):.2f} +- {np.std(vals):.2f}{mark}" if vals else "-")
+                lines.append(f"| {method} | " + " | ".join(cells_) + " |")
+            lines.append("")
+    initial = sorted({(r["length"], round(r["initial_reward"], 3)) for r in rows})
+    lines.append("Initial expected reward per T: " + ", ".join(f"T={t}: {v}" for t, v in initial))
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    with open(out / "mechanism.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        keys = list(results[0]["per_k"])
+        writer.writerow(["method", "length", "staleness", "lr_scale", "seed", "k", *keys])
+        for r in results:
+            s = r["summary"]
+            for k in range(s["staleness"]):
+                vals = [r["per_k"][key][k] for key in keys]
+                writer.writerow([s["method"], s["length"], s["staleness"], s["lr_scale"], s["seed"], k, *vals])
+
+
+def plot(out: Path, results: list[dict]) -> None:
+    """lab_reward.png: final expected reward vs N per (T, lr); lab_mechanism.png: per-k metrics at the largest N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r["summary"] for r in results]
+    lengths, scales = sorted({r["length"] for r in rows}), sorted({r["lr_scale"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    groups = _group(rows)
+    fig, axes = plt.subplots(len(lengths), len(scales), figsize=(4 * len(scales), 3 * len(lengths)), squeeze=False)
+    for i, t in enumerate(lengths):
+        for j, s in enumerate(scales):
+            ax = axes[i][j]
+            for method in methods:
+                ns = sorted(n for (m_, t_, s_, n) in groups if (m_, t_, s_) == (method, t, s))
+                means = [np.mean([g["final_reward"] for g in groups[(method, t, s, n)]]) for n in ns]
+                ax.plot(ns, means, marker="o", label=method)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.02)
+            ax.set_title(f"T={t}, lr x {s:g}")
+            ax.set_xlabel("staleness N")
+            ax.set_ylabel("final E[R]")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "lab_reward.png", dpi=110)
+    plt.close(fig)
+
+    n_max, t_max, s_max = max(r["staleness"] for r in rows), max(lengths), max(scales)
+    keys = ("log_w_mean", "ess", "top1_share", "grad_norm", "update_norm")
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3))
+    for ax, key in zip(axes, keys, strict=True):
+        for method in methods:
+            runs = [
+                r["per_k"][key]
+                for r in results
+                if (r["summary"]["method"], r["summary"]["length"], r["summary"]["staleness"], r["summary"]["lr_scale"])
+                == (method, t_max, n_max, s_max)
+            ]
+            if runs:
+                ax.plot(np.mean(runs, axis=0), label=method)
+        ax.set_title(key)
+        ax.set_xlabel("mini-batch index k")
+        if key in ("grad_norm", "update_norm"):
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"per mini-batch index, T={t_max}, N={n_max}, lr x {s_max:g}")
+    fig.tight_layout()
+    fig.savefig(out / "lab_mechanism.png", dpi=110)
+    plt.close(fig)
+
+
+def lab(cfg: LabConfig) -> list[dict]:
+    """Run the grid (parallel processes), write tables and figures; returns the per-cell results."""
+    grid = cells(cfg)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    done = out / "cells"  # one JSON per finished cell: an interrupted grid resumes where it stopped
+    done.mkdir(exist_ok=True)
+    todo = [c for c in grid if not (done / f"{c.name.replace('/', '_')}.json").is_file()]
+    with ProcessPoolExecutor(cfg.jobs) as pool:
+        for result in tqdm(
+            pool.map(run_cell, [cfg] * len(todo), todo),
+            total=len(grid),
+            initial=len(grid) - len(todo),
+            desc="vespo lab",
+        ):
+            (done / f"{result['name'].replace('/', '_')}.json").write_text(json.dumps(result))
+    results = [json.loads((done / f"{c.name.replace('/', '_')}.json").read_text()) for c in grid]
+    write_tables(out, results)
+    plot(out, results)
+    print(f"{len(grid)} cells in {time.perf_counter() - t0:.0f} s -> {out}/results.md")
+    return results
+
+
+def cli(argv: list[str]) -> int:
+    """`vespo lab [flags]`: the exact sequence-level workbench (see the module docstring)."""
+    cfg = tyro.cli(LabConfig, args=argv, description=__doc__.split("\n\n")[0])
+    try:
+        cells(cfg)
+    except ValueError as exc:
+        print(f"vespo lab: error: {exc}")
+        return 2
+    lab(cfg)
+    return 0
