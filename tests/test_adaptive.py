@@ -255,3 +255,11 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
     monkeypatch.setattr(trainer, "_batch_context", lambda *a: BatchContext(mini_batch_index=a[7], num_mini_batches=4))
     local, _ = update(3, "vespo_selfnorm")
     assert not torch.allclose(local, one, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ADAPTIVE_METHODS)
+def test_lab_trains_the_adaptive_methods(method):
+    from vespo.lab import LabCell, LabConfig, run_cell
+
+    out = run_cell(LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
+    assert out["summary"]["finite"] == 1 and math.isfinite(out["summary"]["final_reward"])
