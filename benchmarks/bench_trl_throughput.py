@@ -140,7 +140,8 @@ def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str, variant: str 
 
 
 def run_vespo(b: Bench, *, steps: int, seed: int, tag: str, variant: str = "sync") -> dict:
-    from vespo.trainer import read_metrics, train
+    from vespo.runs import read_metrics
+    from vespo.trainer import train
 
     run_dir = Path(b.work_dir) / f"vespo-{variant}-{tag}"
     cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir), variant=variant)
@@ -321,8 +322,8 @@ def summarise(b: Bench, *, loop_s, gen_s, reward_s, e2e_s, opt_steps, rewards, s
 def prepare_model(work_dir: Path) -> str:
     """The SFT-warm-started embedded model + tokenizer (built once by vespo and cached), copied to a temp dir."""
     from vespo.config import TrainConfig
+    from vespo.runs import embedded_policy_path
     from vespo.task import arithmetic_split
-    from vespo.trainer import embedded_policy_path
 
     cfg = TrainConfig()
     train_set, _ = arithmetic_split(num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size)

@@ -31,6 +31,7 @@ SCENARIOS = [
     ("gspo", "vespo_gspo", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08}, "seq-mean-token-mean", None),
     ("vespo_is_token", "vespo", {}, "token-mean", "token"),
     ("vespo_is_sequence", "vespo", {}, "token-mean", "sequence"),
+    ("topr_is_token", "vespo_topr", {"ratio_level": "geometric"}, "seq-mean-token-sum", "token"),
 ]
 
 
@@ -164,7 +165,7 @@ def run_scenario(model_dir, name, loss_mode, hparams, agg, level, rank, world):
     # 2. stale behaviour policy and (optionally) an inference engine with its own log-probs
     old = (lp_ref.detach() + 0.25 * torch.randn(B, R, generator=g)) * mask
     extra = {"old_log_probs": old}
-    rollout = None
+    rollout = w = None
     if level is not None:
         rollout = (old + 0.1 * torch.randn(B, R, generator=g)) * mask
         # veRL's own weights w = min(pi_old / pi_rollout, C); C large so that W = pi / pi_rollout exactly
@@ -217,8 +218,12 @@ def run_scenario(model_dir, name, loss_mode, hparams, agg, level, rank, world):
         # 4. reference: vespo's public loss on the full batch, the same hyperparameters, autograd gradient
         method = vespo_method(loss_mode)
         kw = dict(log_prob=lp_ref, old_log_prob=old, advantages=batch["advantages"], response_mask=mask.float())
-        # veRL's weights were not truncated, so W = pi / pi_rollout: vespo with the rollout log-probs, untruncated
-        correction = {} if rollout is None else {"rollout_log_prob": rollout, "rollout_is_threshold": None}
+        if rollout is None:
+            correction = {}
+        elif method == "vespo":  # veRL's weights are untruncated, so W = pi / pi_rollout: the rollout log-probs
+            correction = {"rollout_log_prob": rollout, "rollout_is_threshold": None}
+        else:  # the other methods multiply their per-token loss by veRL's weight, as veRL's built-ins do
+            correction = {"rollout_is_weights": w, "rollout_is_level": level}
         ref_loss, _ = vespo.compute_policy_loss(method, loss_agg_mode=agg, **correction, **kw, **hparams)
         # the same loss without what the scenario configures (its hparams, its rollout correction)
         ablated_loss, _ = vespo.compute_policy_loss(method, loss_agg_mode=agg, **kw)

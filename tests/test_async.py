@@ -19,8 +19,9 @@ from vespo.async_trainer import _sigterm_as_interrupt, lag_bucket
 from vespo.config import TrainConfig, parse_args
 from vespo.rewards import math_reward
 from vespo.rollout import sample
+from vespo.runs import read_metrics
 from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import read_metrics, train
+from vespo.trainer import train
 
 CTX = torch.multiprocessing.get_context("spawn")
 

@@ -87,3 +87,32 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
     stamp = done.stat().st_mtime_ns
     assert sweep(cfg) == summaries and done.stat().st_mtime_ns == stamp
     assert json.loads(done.read_text())["N"] == 2
+
+
+def test_lr_and_task_are_grid_axes():
+    cfg = SweepConfig(
+        methods=("vespo",),
+        staleness=(1, 4),
+        seeds=(0,),
+        optimizer_steps=8,
+        lr=(1e-4, 9e-4),
+        task=("arithmetic", "chain"),
+    )
+    cfg.chain_operands = 125
+    grid = cells(cfg)
+    assert len(grid) == 2 * 2 * 2 and len({c.name for c in grid}) == len(grid)
+    for c in grid:
+        tc = train_config(cfg, c)
+        assert (tc.lr, tc.task) == (c.lr, c.task)
+        assert tc.max_response_length == (256 if c.task == "chain" else 16)
+        assert tc.num_operands == (125 if c.task == "chain" else 3)
+
+
+def test_chain_task_needs_room_for_its_response():
+    from vespo.config import parse_args
+
+    with pytest.raises(ValueError, match=r"max_response_length >= 66"):
+        parse_args(["--task", "chain", "--num-operands", "30", "--max-response-length", "40"])
+    with pytest.raises(ValueError, match="task must be"):
+        parse_args(["--task", "chains"])
+    assert parse_args(["--task", "chain", "--num-operands", "5"]).max_response_length == 16

@@ -1,5 +1,7 @@
 """The embedded task: local tokenizer/model round trips through the real `from_pretrained` path, task arithmetic."""
 
+import random
+
 import pytest
 import torch
 import transformers
@@ -72,3 +74,49 @@ def test_noisy_solution_text_is_wrong_only_in_the_box():
         text = solution_text(p, noisy_rng=rng)
         assert text.startswith("11,16 \\boxed{") and text != "11,16 \\boxed{16}"
         assert 1 <= abs(int(text.split("{")[1].rstrip("}")) - 16) <= 3
+
+
+def test_chain_problems_answer_is_the_last_digit_of_the_sum():
+    from vespo.task import chain_problems
+
+    probs = chain_problems(50, seed=3, num_operands=7)
+    assert probs == chain_problems(50, seed=3, num_operands=7)
+    for p in probs:
+        assert p.prompt.startswith("(") and p.prompt.endswith(")%10=")
+        digits = [int(x) for x in p.prompt[1:-5].split("+")]
+        assert len(digits) == 7 and all(0 <= d <= 9 for d in digits)
+        assert p.answer == str(sum(digits) % 10)
+    with pytest.raises(ValueError, match="num_operands >= 2"):
+        chain_problems(1, seed=0, num_operands=1)
+
+
+def test_chain_solution_writes_running_sums_mod_10_and_has_the_advertised_length():
+    from vespo.rewards import math_reward
+    from vespo.task import Problem, chain_response_tokens
+
+    p = Problem("(3+8+5+9)%10=", "5")  # partial sums 3, 11, 16, 25 -> 3, 1, 6, 5
+    assert solution_text(p) == "3,1,6,5, \\boxed{5}"
+    tok = build_tokenizer()
+    for k in (5, 125):  # ~16 and 256 response tokens (+ <eos>)
+        text = solution_text(Problem("(" + "+".join(["7"] * k) + ")%10=", str(7 * k % 10)))
+        assert len(tok(text, add_special_tokens=False).input_ids) + 1 == chain_response_tokens(k)
+    assert chain_response_tokens(5) == 16 and chain_response_tokens(125) == 256
+    # graded by the same math reward: right box scores 1, the noisy demonstrations' box scores 0
+    rng = random.Random(0)
+    noisy = [solution_text(p, noisy_rng=rng) for _ in range(30)]
+    assert math_reward([solution_text(p)], ["5"]) == [1.0]
+    assert math_reward(noisy, ["5"] * 30) == [0.0] * 30
+    assert all(n.startswith("3,1,6,5, ") for n in noisy)  # only the box is wrong
+
+
+def test_embedded_split_chain_is_fixed_and_disjoint():
+    from vespo.task import embedded_split
+
+    train, held = embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
+    assert (train, held) == embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
+    assert len(held) == 50 and not {p.prompt for p in train} & {p.prompt for p in held}
+    assert embedded_split("arithmetic", num_operands=2, max_operand=9, eval_size=5) == arithmetic_split(
+        num_operands=2, max_operand=9, eval_size=5
+    )
+    with pytest.raises(ValueError, match="task must be"):
+        embedded_split("chains", num_operands=3, max_operand=9, eval_size=5)

@@ -16,8 +16,9 @@ import torch
 from vespo.advantages import group_advantages
 from vespo.config import TrainConfig, parse_args
 from vespo.rollout import sample
+from vespo.runs import embedded_policy_path, read_metrics
 from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import _top_share, embedded_policy_path, policy_log_probs, ppo_update, read_metrics, train
+from vespo.trainer import _top_share, policy_log_probs, ppo_update, train
 
 
 @pytest.fixture(scope="module")

@@ -31,21 +31,24 @@ import torch
 from vespo.async_sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.config import EMBEDDED, TrainConfig, to_yaml
 from vespo.rollout import Rollout
-from vespo.trainer import (
-    _CKPT,
+from vespo.runs import (
+    CHECKPOINT,
     Logger,
-    _progress,
-    _step_metrics,
     embedded_policy_path,
+    load_checkpoint,
+    plot_run,
+    progress_bar,
+    save_checkpoint,
+)
+from vespo.trainer import (
+    _step_metrics,
     evaluate,
     format_prompts,
     load_data,
     load_policy,
     load_reward_fn,
-    plot_run,
     policy_log_probs,
     ppo_update,
-    save_checkpoint,
 )
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
@@ -307,7 +310,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     train_set, eval_set = load_data(cfg)
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
     run_dir = Path(cfg.run_dir)
-    ckpt_path = run_dir / _CKPT
+    ckpt_path = run_dir / CHECKPOINT
     if not cfg.resume and ckpt_path.exists():
         raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another run_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,7 +327,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     gen = torch.Generator().manual_seed(cfg.seed)  # unused by the learner; kept so checkpoints share one layout
     start, next_batch = 0, 0
     if cfg.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = load_checkpoint(run_dir)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start, next_batch = ckpt["step"], ckpt["async"]["next_batch"]
@@ -346,7 +349,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
         pool.start(model, opt_step)
         if do_eval and start == 0:
             logger.log(evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg), 0)
-        bar = _progress(cfg, start)
+        bar = progress_bar(cfg, start)
         for step in range(start + 1, cfg.total_training_steps + 1):
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
             per_unit: list[dict[str, float]] = []

@@ -114,10 +114,13 @@ class TrainConfig:
     """async: hf (the trainer's KV-cached sampler) | vllm (CUDA; weights pushed into the engine, not run on CPU)."""
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
+    task: str = "arithmetic"
+    """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (last digit of a sum of
+    num_operands digits, the running sum written after every digit: responses of 2 * num_operands + 6 tokens)."""
     num_operands: int = 3
-    """Embedded task: numbers per sum."""
+    """Embedded task: numbers per sum (chain: the response-length knob, e.g. 5 -> 16 tokens, 125 -> 256)."""
     max_operand: int = 9
-    """Embedded task: largest operand."""
+    """Embedded arithmetic task: largest operand (chain digits are 0-9)."""
     sft_steps: int = 400
     """Embedded warm start: SFT steps (cached by config hash in cache_dir)."""
     sft_lr: float = 3e-3
@@ -208,6 +211,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"sft_label_noise must be in [0, 1), got {cfg.sft_label_noise}")
     if cfg.sampler_dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"sampler_dtype must be float32, bfloat16 or float16, got {cfg.sampler_dtype!r}")
+    _validate_task(cfg)
     _validate_async(cfg)
     if ":" not in cfg.reward_fn:
         raise ValueError(f"reward_fn must look like 'module:function', got {cfg.reward_fn!r}")
@@ -215,6 +219,20 @@ def validate(cfg: TrainConfig) -> None:
         value = getattr(cfg, name)
         if value and value.endswith(".jsonl") and not Path(value).expanduser().is_file():
             raise ValueError(f"{name} file not found: {value}")
+
+
+def _validate_task(cfg: TrainConfig) -> None:
+    if cfg.task not in ("arithmetic", "chain"):
+        raise ValueError(f"task must be 'arithmetic' or 'chain', got {cfg.task!r}")
+    if cfg.task == "chain" and cfg.dataset == EMBEDDED:
+        from vespo.task import chain_response_tokens
+
+        need = chain_response_tokens(cfg.num_operands)
+        if cfg.num_operands < 2 or cfg.max_response_length < need:
+            raise ValueError(
+                f"task=chain with num_operands={cfg.num_operands} needs num_operands >= 2 and "
+                f"max_response_length >= {need} (2 * num_operands + 6), got {cfg.max_response_length}"
+            )
 
 
 def _validate_async(cfg: TrainConfig) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 import tyro
 
 from vespo.config import TrainConfig, parse_args
-from vespo.task import arithmetic_split
-from vespo.trainer import embedded_policy_path, read_metrics
+from vespo.runs import embedded_policy_path, read_metrics
+from vespo.task import chain_response_tokens, embedded_split
 
 # preset -> {variant name: (method, hparams)}; the default preset is filled from `methods`
 PRESETS: dict[str, dict[str, tuple[str, dict]]] = {
@@ -67,6 +67,11 @@ class SweepConfig:
     """Optimizer steps per cell, fixed across N (must be a multiple of every N): equal samples per cell."""
     lr: tuple[float, ...] = (3e-4,)
     """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
+    task: tuple[str, ...] = ("arithmetic",)
+    """Embedded tasks (a grid axis when several are given: rows `method@<task>`): arithmetic (~11-token answers) |
+    chain (running sums of `chain_operands` digits)."""
+    chain_operands: int = 29
+    """Chain task: digits per problem; responses are 2 * chain_operands + 6 tokens (29 -> 64, 125 -> 256)."""
     eval_points: int = 4
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 200
@@ -89,6 +94,7 @@ class Cell:
     n: int
     seed: int
     lr: float = 3e-4
+    task: str = "arithmetic"
 
     @property
     def name(self) -> str:
@@ -113,11 +119,12 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     if bad_lr or not cfg.lr:
         raise ValueError(f"lr must be one or more finite numbers > 0, got {list(cfg.lr)}")
 
-    def label(variant: str, lr: float) -> str:  # the lr axis shows up as extra rows, so tables and plots stay 2-D
-        return variant if len(cfg.lr) == 1 else f"{variant}@lr{lr:g}"
+    def label(variant: str, lr: float, task: str) -> str:  # lr and task axes are extra rows: tables stay 2-D
+        return variant + ("" if len(cfg.lr) == 1 else f"@lr{lr:g}") + ("" if len(cfg.task) == 1 else f"@{task}")
 
     out = [
-        Cell(label(v, lr), m, h, n, s, lr)
+        Cell(label(v, lr, task), m, h, n, s, lr, task)
+        for task in cfg.task
         for v, (m, h) in variants(cfg).items()
         for lr in cfg.lr
         for n in cfg.staleness
@@ -139,13 +146,17 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "rollout-n": cfg.rollout_n,
         "total-training-steps": rollout_steps,
         "lr": cell.lr,
+        "task": cell.task,
         "eval-every": max(1, rollout_steps // cfg.eval_points),
         "eval-size": cfg.eval_size,
         "save-every": max(1, rollout_steps // 8),
         "num-threads": 1,
         "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
         "cache-dir": cfg.cache_dir,
-    } | {k.replace("_", "-"): v for k, v in cfg.extra.items()}
+    }
+    if cell.task == "chain":
+        flags |= {"num-operands": cfg.chain_operands, "max-response-length": chain_response_tokens(cfg.chain_operands)}
+    flags |= {k.replace("_", "-"): v for k, v in cfg.extra.items()}
     argv = ["--no-progress"]
     for key, value in flags.items():
         if str(value) in ("True", "False"):  # tyro booleans are --flag / --no-flag
@@ -189,6 +200,7 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
     return {
+        "task": cell.task,
         "variant": cell.variant,
         "method": cell.method,
         "N": cell.n,
@@ -298,11 +310,12 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     grid = cells(cfg)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = train_config(cfg, grid[0])
-    train_set, _ = arithmetic_split(
-        num_operands=base.num_operands, max_operand=base.max_operand, eval_size=base.eval_size
-    )
-    embedded_policy_path(base, train_set)  # warm start once, before the parallel cells race for it
+    for task in cfg.task:  # warm start once per task, before the parallel cells race for it
+        base = train_config(cfg, next(c for c in grid if c.task == task))
+        train_set, _ = embedded_split(
+            task, num_operands=base.num_operands, max_operand=base.max_operand, eval_size=base.eval_size
+        )
+        embedded_policy_path(base, train_set)
     from tqdm.auto import tqdm
 
     with ThreadPoolExecutor(max_workers=cfg.jobs) as pool, tqdm(total=len(grid), desc="vespo sweep") as bar:

@@ -97,11 +97,60 @@ def arithmetic_problems(count: int, *, seed: int, num_operands: int = 3, max_ope
     return out
 
 
-def solution_text(problem: Problem, *, noisy_rng: random.Random | None = None) -> str:
-    """The SFT target for an arithmetic problem: running partial sums, then the boxed answer ("11,16 \\boxed{16}").
+def chain_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
+    """`count` chain problems: the last digit of a sum of `num_operands` digits, e.g. "(3+8+5)%10=" with answer "6".
 
-    With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3, never negative).
+    The response writes the running sum mod 10 after every addend ("3,1,6, \\boxed{6}"), two tokens per addend, so
+    its length is a knob (`chain_response_tokens`) and the written reasoning is what gets the answer right: addend i
+    sits at a fixed distance before its partial sum, which a tiny model can learn, but the answer depends on all of
+    them. Deterministic in `seed`.
     """
+    if count < 1 or num_operands < 2:
+        raise ValueError(f"need count >= 1 and num_operands >= 2, got {count}, {num_operands}")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        xs = [rng.randint(0, 9) for _ in range(num_operands)]
+        out.append(Problem(prompt="(" + "+".join(map(str, xs)) + ")%10=", answer=str(sum(xs) % 10)))
+    return out
+
+
+def chain_response_tokens(num_operands: int) -> int:
+    """Tokens of a chain solution: 2 per addend ("d,"), then " ", `\\boxed`, "{", the digit, "}" and <eos>."""
+    return 2 * num_operands + 6
+
+
+def embedded_split(
+    task: str, *, num_operands: int, max_operand: int, eval_size: int, train_size: int = 20_000
+) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out) problems of an embedded task: "arithmetic" (`arithmetic_split`) or "chain".
+
+    The chain task draws `train_size` training problems and a held-out set from fixed seeds (held-out prompts are
+    removed from the training set), so every run sees the same split.
+    """
+    if task == "arithmetic":
+        return arithmetic_split(num_operands=num_operands, max_operand=max_operand, eval_size=eval_size)
+    if task != "chain":
+        raise ValueError(f"task must be 'arithmetic' or 'chain', got {task!r}")
+    held_out = chain_problems(eval_size, seed=1, num_operands=num_operands)
+    seen = {p.prompt for p in held_out}
+    train = [p for p in chain_problems(train_size, seed=0, num_operands=num_operands) if p.prompt not in seen]
+    return train, held_out
+
+
+def solution_text(problem: Problem, *, noisy_rng: random.Random | None = None) -> str:
+    """The SFT target: running partial sums, then the boxed answer ("3+8+5=" -> "11,16 \\boxed{16}"; chain problems
+    "(3+8+5)%10=" -> "3,1,6, \\boxed{6}", every partial sum mod 10).
+
+    With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3; never negative, mod 10 for chains).
+    """
+    if problem.prompt.startswith("("):
+        xs = [int(x) for x in problem.prompt[1:].split(")")[0].split("+")]
+        partial = [sum(xs[: i + 1]) % 10 for i in range(len(xs))]
+        answer = partial[-1]
+        if noisy_rng is not None:
+            answer = (answer + noisy_rng.choice((-3, -2, -1, 1, 2, 3))) % 10
+        return "".join(f"{d}," for d in partial) + f" {BOXED}{{{answer}}}"
     xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
     answer = int(problem.answer)

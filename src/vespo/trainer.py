@@ -10,14 +10,9 @@ The policy loss is any registered method (`vespo.compute_policy_loss`); see docs
 from __future__ import annotations
 
 import copy
-import dataclasses
-import hashlib
 import importlib
 import json
 import math
-import os
-import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,14 +24,23 @@ import transformers
 from vespo.adaptive import BatchContext, batch_context, uses_batch_context
 from vespo.advantages import group_advantages
 from vespo.aggregation import agg_loss
-from vespo.config import EMBEDDED, TrainConfig, parse_args, resolve, to_yaml
+from vespo.config import EMBEDDED, TrainConfig, parse_args, resolve
 from vespo.losses import ROLLOUT_IS_THRESHOLD, compute_policy_loss, default_loss_agg_mode
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
-from vespo.task import Problem, arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
+from vespo.runs import (
+    Logger,
+    embedded_policy_path,
+    open_run,
+    plot_run,
+    progress_bar,
+    restore,
+    save_checkpoint,
+    seed_everything,
+)
+from vespo.task import Problem, embedded_split
 
 Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CKPT = "checkpoints/last.pt"
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
 # per-mini-batch metrics also logged for the first and last mini-batch of each step (docs/results.md, mechanism)
 _PER_INDEX = (
@@ -52,50 +56,6 @@ _PER_INDEX = (
 
 # ----------------------------------------------------------------------------------------------------------------
 # Setup: policy, data, reward
-
-
-def _sft_cache_key(cfg: TrainConfig) -> str:
-    """Hash of everything the embedded warm start depends on (so sweeps over methods/N/seeds reuse one)."""
-    keys = (
-        "num_operands",
-        "max_operand",
-        "sft_steps",
-        "sft_lr",
-        "sft_batch_size",
-        "sft_seed",
-        "sft_label_noise",
-        "eval_size",
-    )
-    blob = json.dumps({k: getattr(cfg, k) for k in keys} | {"v": 1}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def embedded_policy_path(cfg: TrainConfig, train_set: list[Problem]) -> Path:
-    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory."""
-    path = Path(cfg.cache_dir).expanduser() / f"embedded-{_sft_cache_key(cfg)}"
-    if (path / "config.json").is_file():
-        return path
-    tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, seed=cfg.sft_seed)
-    with torch.random.fork_rng(devices=[]):
-        sft_warm_start(
-            model,
-            tokenizer,
-            train_set,
-            steps=cfg.sft_steps,
-            lr=cfg.sft_lr,
-            batch_size=cfg.sft_batch_size,
-            seed=cfg.sft_seed,
-            label_noise=cfg.sft_label_noise,
-        )
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:  # atomic publish; a concurrent process may have won the race, which is fine (same content)
-        tmp.rename(path)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
 
 def load_policy(path: str | Path) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
@@ -134,8 +94,8 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem] | None]:
     """(train problems, held-out problems or None)."""
     train_set = eval_set = None
     if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
-        emb_train, emb_eval = arithmetic_split(
-            num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
+        emb_train, emb_eval = embedded_split(
+            cfg.task, num_operands=cfg.num_operands, max_operand=cfg.max_operand, eval_size=cfg.eval_size
         )
         if cfg.dataset == EMBEDDED:
             train_set, eval_set = emb_train, emb_eval
@@ -305,99 +265,7 @@ def _batch_context(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Run management: RNG state, checkpoints, logging
-
-
-def _rng_state(gen: torch.Generator) -> dict:
-    return {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "sampler": gen.get_state(),
-    }
-
-
-def _set_rng_state(state: dict, gen: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    gen.set_state(state["sampler"])
-
-
-def save_checkpoint(
-    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None
-) -> None:
-    """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states (and
-    `extra` entries, e.g. the async trainer's next batch id)."""
-    path = run_dir / _CKPT
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": _rng_state(gen)}
-    torch.save(state | (extra or {}), tmp)
-    os.replace(tmp, path)
-
-
-class Logger:
-    """metrics.jsonl (always), TensorBoard, and wandb / trackio when asked for and installed."""
-
-    def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int):
-        self.path = run_dir / "metrics.jsonl"
-        # on resume, drop lines logged after the checkpoint by a run that was killed, so history is not duplicated
-        lines = self.path.read_text().splitlines() if self.path.exists() else []
-        kept = [ln for ln in lines if json.loads(ln)["step"] <= start_step]
-        self.path.write_text("".join(ln + "\n" for ln in kept))
-        self.sinks: list[Callable[[dict, int], None]] = []
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
-            self.sinks.append(lambda m, s: [tb.add_scalar(k, v, s) for k, v in m.items()])
-            self._tb = tb
-        for name, project in (("wandb", cfg.wandb_project), ("trackio", cfg.trackio_project)):
-            if project:
-                lib = importlib.import_module(name)  # ImportError here is the clear message we want
-                lib.init(project=project, config=dataclasses.asdict(cfg), resume="allow" if name == "wandb" else None)
-                self.sinks.append(lambda m, s, lib=lib: lib.log(m, step=s))
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
-        for sink in self.sinks:
-            sink(metrics, step)
-
-    def close(self) -> None:
-        if hasattr(self, "_tb"):
-            self._tb.close()
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The run's metrics.jsonl as a list of dicts."""
-    return [json.loads(ln) for ln in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
-def plot_run(run_dir: str | Path) -> Path:
-    """reward.png: training reward per step and held-out accuracy at the evaluation steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_metrics(run_dir)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    train = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
-    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    if train:
-        ax.plot(*zip(*train, strict=True), label="training reward")
-    if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy")
-    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=Path(run_dir).name)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    out = Path(run_dir) / "reward.png"
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+# Held-out evaluation
 
 
 @torch.no_grad()
@@ -436,11 +304,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     run_dir = Path(cfg.run_dir)
-    ckpt_path = run_dir / _CKPT
-    if not cfg.resume and ckpt_path.exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    ckpt = open_run(cfg)  # None for a fresh run
 
     # policy (+ optional reference and low-precision sampler copies), optimizer
     policy_path = embedded_policy_path(cfg, train_set) if cfg.model == EMBEDDED else cfg.model
@@ -452,17 +316,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         sampler = copy.deepcopy(model).to(_DTYPES[cfg.sampler_dtype]).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)  # sampling noise; its state is checkpointed
-    start = 0
-    if cfg.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        _set_rng_state(ckpt["rng"], gen)
-        start = ckpt["step"]
+    gen = seed_everything(cfg.seed)  # global streams + the sampling-noise generator, all checkpointed
+    start = restore(ckpt, model, optimizer, gen) if ckpt is not None else 0
     logger = Logger(cfg, run_dir, start)
     eval_prompts = format_prompts(tokenizer, eval_set, cfg.apply_chat_template) if eval_set else []
     eval_answers = [p.answer for p in eval_set] if eval_set else []
@@ -470,7 +325,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     if do_eval and start == 0:
         logger.log(evaluate(model, tokenizer, eval_prompts, eval_answers, reward_fn, cfg), 0)
 
-    bar = _progress(cfg, start)
+    bar = progress_bar(cfg, start)
     metrics: dict[str, float] = {}
     for step in range(start + 1, cfg.total_training_steps + 1):
         t0 = time.perf_counter()
@@ -553,14 +408,6 @@ def _step_metrics(rewards: Tensor, rollout: Rollout, old_log_prob: Tensor, histo
             out[f"{key}/first_mini_batch"] = history[0][key]
             out[f"{key}/last_mini_batch"] = history[-1][key]
     return out
-
-
-def _progress(cfg: TrainConfig, start: int):
-    if not cfg.progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.total_training_steps, initial=start, desc=f"vespo train [{cfg.method}]", unit="step")
 
 
 def cli(argv: list[str]) -> int:
