@@ -17,10 +17,10 @@ import numpy as np
 from vespo.lab import LabCell, LabConfig, run_cell
 
 OUT = Path(__file__).parent / "results"
-ARMS = {  # name -> (optimizer, lr, adam_eps); SGD's lr is scaled so its first step is as large as Adam's
+ARMS = {  # name -> (optimizer, base lr, adam_eps); cells run at 3x the base lr
     "adam": ("adam", 0.005, 1e-8),
-    "adam_eps1e-2": ("adam", 0.005, 1e-2),
-    "sgd": ("sgd", 3.0, 1e-8),
+    "adam_eps1e-2": ("adam", 0.5, 1e-2),  # eps >> sqrt(v): Adam ~ SGD with lr/eps (lr raised to match)
+    "sgd": ("sgd", 50.0, 1e-8),  # 3 x 50 x ~0.0026 (fresh grad norm) ~ 0.4 = Adam's first update norm at 3x
 }
 METHODS = ("vespo", "reinforce", "grpo")
 

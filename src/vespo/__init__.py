@@ -1,10 +1,11 @@
 """vespo: off-policy RL for LLMs with VESPO's sequence-level soft importance-weight kernel.
 
 Public API: `compute_policy_loss`, `policy_loss_terms`, `available_methods`, `register_method`, `method_hparams`,
-`validate_hparams`, and the `kernels` module (phi, K, phi_max, surrogate, ESS).
+`validate_hparams`, and the `kernels` module (phi, K, phi_max, surrogate, ESS). Importing vespo also registers the
+batch-adaptive VESPO variants of `vespo.adaptive`.
 """
 
-from vespo import kernels
+from vespo import adaptive, kernels
 from vespo.aggregation import agg_loss
 from vespo.losses import (
     available_methods,
@@ -18,6 +19,7 @@ from vespo.losses import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "adaptive",
     "agg_loss",
     "available_methods",
     "compute_policy_loss",

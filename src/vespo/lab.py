@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import tyro
 
+from vespo.adaptive import BatchContext, uses_batch_context
 from vespo.advantages import group_advantages
 from vespo.kernels import effective_sample_size
 from vespo.losses import available_methods, compute_policy_loss, validate_hparams
@@ -176,6 +177,7 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
         k: np.zeros(n) for k in ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share")
     }
     rollout_steps = cfg.optimizer_steps // n
+    adaptive = uses_batch_context(cell.method)  # one call per mini-batch: only the staleness index is needed
     finite = True
     for r in range(rollout_steps):
         # 1. a rollout batch of N mini-batches from the sampler (pi_old, plus the injected mismatch)
@@ -202,6 +204,7 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
                 response_mask=mask,
                 rollout_log_prob=None if rollout_lp is None else rollout_lp[idx],
                 loss_agg_mode=cfg.loss_agg_mode,
+                **({"batch_context": BatchContext(mini_batch_index=k, num_mini_batches=n)} if adaptive else {}),
                 **hp,
             )
             opt.zero_grad(set_to_none=True)

@@ -10,7 +10,8 @@ detached metric tensors. A method registered with `rollout_correction="fold"` al
 `rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W. Any
 method may also declare the keywords `log_ratio` (B, T) (detached log(pi/mu), clamped to [-20, 20]) and
 `seq_log_ratio` (B,) (its masked row sum, log W): the core computes them once per call and passes them (default
-None: compute them yourself when called directly).
+None: compute them yourself when called directly). Methods whose weights depend on statistics of the whole
+mini-batch (`vespo.adaptive`) declare `batch_context`, which the caller passes through unchanged.
 Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments with the paper defaults; they are
 checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
 `vespo.aggregation`.
@@ -100,6 +101,7 @@ _OPTIONAL_INPUTS = (
     "rollout_log_w",  # (B,) or None: log of the train-inference weight to fold into W ("fold" methods only)
     "log_ratio",  # (B, T) detached log(pi/mu) per token, clamped to [-20, 20]
     "seq_log_ratio",  # (B,) masked row sum of `log_ratio`: log W with the per-token guard
+    "batch_context",  # caller-supplied mini-batch statistics (`vespo.adaptive.BatchContext`) or None
 )
 # Hyperparameters every method has, applied by the core (not passed to the method function).
 _COMMON_HPARAMS: dict[str, tuple[object, object, _Interval]] = {
@@ -259,6 +261,7 @@ def policy_loss_terms(
     rollout_is_level: Literal["token", "sequence"] | None = None,
     allow_empty_rows: bool = False,
     validate: bool = True,
+    batch_context: object | None = None,
     **hparams: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`method`'s per-token loss matrix (B, T), rollout correction applied, and its 0-dim detached metric tensors.
@@ -275,6 +278,8 @@ def policy_loss_terms(
     spec = _get(method)
     hp = validate_hparams(method, **hparams)
     threshold = hp.pop("rollout_is_threshold")
+    if batch_context is not None and "batch_context" not in spec.inputs:
+        raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
     dtype = _check_structure(log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, rollout_is_weights)
     if rollout_log_prob is not None and rollout_is_weights is not None:
         raise ValueError("pass rollout_log_prob or rollout_is_weights, not both")
@@ -313,7 +318,7 @@ def policy_loss_terms(
         adv = adv.reshape(-1, 1).expand(lp.shape)
 
     log_ratio = _token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
-    shared = {"log_ratio": log_ratio, "seq_log_ratio": _row_sum(log_ratio, mask)}
+    shared = {"log_ratio": log_ratio, "seq_log_ratio": _row_sum(log_ratio, mask), "batch_context": batch_context}
     if fold:
         shared["rollout_log_w"], ro_metrics = _fold_log_weight(old, rollout, weights, rollout_is_level, mask, threshold)
     loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
@@ -341,6 +346,7 @@ def compute_policy_loss(
     global_num_seqs: float | Tensor | None = None,
     allow_empty_rows: bool = False,
     validate: bool = True,
+    batch_context: object | None = None,
     **hparams: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scalar policy loss of `method` and its metrics as 0-dim detached tensors (`float(v)` converts; call it once
@@ -350,7 +356,8 @@ def compute_policy_loss(
     (B, T). `loss_agg_mode=None` uses the method's own default (`default_loss_agg_mode`). `global_num_tokens` /
     `global_num_seqs` (> 0) normalise by the whole mini-batch when this call sees one micro-batch. Hyperparameters
     are keyword arguments with the paper defaults (`method_hparams(method)`); rollout correction,
-    `allow_empty_rows` and `validate` as in `policy_loss_terms`.
+    `allow_empty_rows` and `validate` as in `policy_loss_terms`; `batch_context` (mini-batch statistics for the
+    batch-adaptive methods, `vespo.adaptive.batch_context`) makes a micro-batch call decide as the whole mini-batch.
     """
     mode = default_loss_agg_mode(method) if loss_agg_mode is None else loss_agg_mode
     if mode not in LOSS_AGG_MODES:
@@ -369,6 +376,7 @@ def compute_policy_loss(
         rollout_is_level=rollout_is_level,
         allow_empty_rows=allow_empty_rows,
         validate=validate,
+        batch_context=batch_context,
         **hparams,
     )
     loss = agg_loss(loss_mat, response_mask, mode, **counts)

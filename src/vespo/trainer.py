@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import transformers
 
+from vespo.adaptive import BatchContext, batch_context, uses_batch_context
 from vespo.advantages import group_advantages
 from vespo.aggregation import agg_loss
 from vespo.config import (
@@ -34,7 +35,7 @@ from vespo.config import (
 )
 from vespo.data import load_records
 from vespo.evaluation import evaluate_records, format_prompts
-from vespo.losses import compute_policy_loss, default_loss_agg_mode
+from vespo.losses import ROLLOUT_IS_THRESHOLD, compute_policy_loss, default_loss_agg_mode
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
 from vespo.runs import (
     Logger,
@@ -192,6 +193,7 @@ def ppo_update(
         sums: dict[str, Tensor | float] = {}
         seq_log_w = []  # per-sequence log W of this mini-batch, for the weight-concentration diagnostic
         micro = _micro_batches(rows, cfg.micro_batch_size)
+        ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_lp, cfg, k, len(micro))
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
             log_prob, entropy = response_log_probs(
@@ -207,6 +209,7 @@ def ppo_update(
                 loss_agg_mode=mode,
                 global_num_tokens=n_tokens,
                 global_num_seqs=n_seqs,
+                **({} if ctx is None else {"batch_context": ctx}),
                 **cfg.hparams,
             )
             if ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
@@ -232,6 +235,38 @@ def ppo_update(
             ).norm()
         history.append({k: float(v) for k, v in sums.items()})  # metrics stay tensors until here: one sync per step
     return history
+
+
+def _batch_context(
+    model,
+    rollout: Rollout,
+    rows: Tensor,
+    advantages: Tensor,
+    old_log_prob: Tensor,
+    rollout_lp: Tensor | None,
+    cfg: TrainConfig,
+    k: int,
+    n_micro: int,
+) -> BatchContext | None:
+    """Mini-batch statistics for the batch-adaptive methods (None for the others): the staleness index k, and with
+    more than one micro-batch the whole mini-batch's log W from one extra no-grad forward, so that every
+    micro-batch's controller decides exactly as one pass over the mini-batch would."""
+    if not uses_batch_context(cfg.method):
+        return None
+    if n_micro == 1:  # the call sees the whole mini-batch itself
+        return BatchContext(mini_batch_index=k, num_mini_batches=cfg.num_mini_batches)
+    with torch.no_grad():
+        log_prob, _ = policy_log_probs(model, rollout, rows, cfg, with_entropy=False)
+    return batch_context(
+        log_prob=log_prob,
+        old_log_prob=old_log_prob[rows],
+        advantages=advantages[rows],
+        response_mask=rollout.response_mask[rows],
+        rollout_log_prob=None if rollout_lp is None else rollout_lp[rows],
+        rollout_is_threshold=cfg.hparams.get("rollout_is_threshold", ROLLOUT_IS_THRESHOLD),
+        mini_batch_index=k,
+        num_mini_batches=cfg.num_mini_batches,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
