@@ -75,6 +75,17 @@ def test_three_off_policy_steps(method, tokenizer, dataset, tmp_path):
     assert logs[0]["is/log_w_max"] == 0.0 and logs[0]["is/log_w_min"] == 0.0
     assert max(abs(logs[1]["is/log_w_max"]), abs(logs[1]["is/log_w_min"])) > 1e-4
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    if method == "vespo_schedule":  # two optimizer steps per generation batch: k = 0, 1, then a new batch
+        assert [h["adaptive/staleness_index"] for h in logs] == [0.0, 1.0, 0.0]
+
+
+def test_schedule_rejects_steps_that_straddle_generation_batches(tokenizer, dataset, tmp_path):
+    cfg = _config(
+        VespoGRPOConfig, tmp_path, vespo_method="vespo_schedule", steps_per_generation=3, gradient_accumulation_steps=2
+    )
+    with pytest.raises(ValueError, match="multiple of gradient_accumulation_steps"):
+        VespoGRPOTrainer(model=build_tiny_model(tokenizer, seed=1), reward_funcs=_digit_reward, args=cfg,
+                         train_dataset=dataset, processing_class=tokenizer)
 
 
 def _inputs(tokenizer, seed: int):

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from vespo.adaptive import BatchContext, uses_batch_context
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from vespo.losses import default_loss_agg_mode, kl_k3, policy_loss_terms, validate_hparams
 
@@ -100,6 +101,13 @@ class VespoGRPOTrainer(GRPOTrainer):
                 "VespoGRPOTrainer does not implement the MoE router auxiliary loss; set router_aux_loss_coef=0"
             )
         self.vespo_loss_agg_mode = self.args.vespo_loss_agg_mode or default_loss_agg_mode(self.args.vespo_method)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if uses_batch_context(self.args.vespo_method) and generate_every % self.args.gradient_accumulation_steps:
+            raise ValueError(
+                f"vespo_method={self.args.vespo_method!r} needs steps_per_generation * num_iterations "
+                f"({generate_every}) to be a multiple of gradient_accumulation_steps "
+                f"({self.args.gradient_accumulation_steps}), so that each optimizer step uses one generation batch"
+            )
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
@@ -127,6 +135,7 @@ class VespoGRPOTrainer(GRPOTrainer):
             rollout_is_level=is_level,
             allow_empty_rows=True,  # TRL pads micro-batches and masks tool tokens
             validate=False,  # model log-probs; no host sync per micro-batch
+            **({"batch_context": self._staleness_context()} if uses_batch_context(self.args.vespo_method) else {}),
             **self.args.vespo_hparams,
         )
         mode = "train" if self.model.training else "eval"
@@ -143,6 +152,18 @@ class VespoGRPOTrainer(GRPOTrainer):
         metrics["entropy"] = masked_mean(entropies.detach(), mask)
         self._log_vespo_metrics(metrics, mode)
         return loss
+
+    def _staleness_context(self) -> BatchContext:
+        """The optimizer step's position k among the N = steps_per_generation * num_iterations / GA steps that reuse one
+        generation batch (TRL's buffer; `_step` counts micro-batches and is advanced after the loss). Eval: k=0, N=1.
+
+        Only k and N: the adaptive methods' other statistics come from this micro-batch (docs/adaptive.md).
+        """
+        if not self.model.training:
+            return BatchContext(mini_batch_index=0, num_mini_batches=1)
+        ga = self.args.gradient_accumulation_steps
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return BatchContext(mini_batch_index=(self._step % generate_every) // ga, num_mini_batches=generate_every // ga)
 
     def _global_counts(self, inputs: dict[str, Any], mask: Tensor, mode: str) -> dict[str, Any]:
         """Denominators that make the micro-batches of one optimizer step sum to the step's loss (TRL's normaliser).
