@@ -65,6 +65,8 @@ _TRAIN = [
     ("lr nan", ["--lr", "nan"], "lr must be"),
     ("betas 2 2", ["--betas", "2", "2"], "betas[0]"),
     ("weight_decay -1", ["--weight-decay", "-1"], "weight_decay"),
+    ("adam_epsilon 0", ["--adam-epsilon", "0"], "adam_epsilon"),
+    ("optim choice", ["--optim", "adam"], "optim"),
     ("num_threads -1", ["--num-threads", "-1"], "num_threads"),
     ("top_p 0", ["--top-p", "0"], "top_p"),
     ("mini-batch must divide", ["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "ppo_mini_batch_size"),

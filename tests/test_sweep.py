@@ -98,21 +98,21 @@ def test_lr_and_task_are_grid_axes():
         lr=(1e-4, 9e-4),
         task=("arithmetic", "chain"),
     )
-    cfg.chain_operands = 125
+    cfg.chain_operands = 84
     grid = cells(cfg)
     assert len(grid) == 2 * 2 * 2 and len({c.name for c in grid}) == len(grid)
     for c in grid:
         tc = train_config(cfg, c)
         assert (tc.lr, tc.task) == (c.lr, c.task)
-        assert tc.max_response_length == (256 if c.task == "chain" else 16)
-        assert tc.num_operands == (125 if c.task == "chain" else 3)
+        assert tc.max_response_length == (257 if c.task == "chain" else 16)
+        assert tc.num_operands == (84 if c.task == "chain" else 3)
 
 
 def test_chain_task_needs_room_for_its_response():
     from vespo.config import parse_args
 
-    with pytest.raises(ValueError, match=r"max_response_length >= 66"):
+    with pytest.raises(ValueError, match=r"max_response_length >= 95"):
         parse_args(["--task", "chain", "--num-operands", "30", "--max-response-length", "40"])
     with pytest.raises(SystemExit):  # `task` is a Literal: tyro refuses the choice and lists the accepted ones
         parse_args(["--task", "chains"])
-    assert parse_args(["--task", "chain", "--num-operands", "5"]).max_response_length == 16
+    assert parse_args(["--task", "chain", "--num-operands", "3"]).max_response_length == 16  # 3 steps: 14 tokens

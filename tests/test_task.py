@@ -76,37 +76,53 @@ def test_noisy_solution_text_is_wrong_only_in_the_box():
         assert 1 <= abs(int(text.split("{")[1].rstrip("}")) - 16) <= 3
 
 
-def test_chain_problems_answer_is_the_last_digit_of_the_sum():
-    from vespo.task import chain_problems
+def test_chain_problems_follow_the_lagged_running_sum():
+    from vespo.task import CHAIN_LAG, Problem, chain_problems
 
+    # seeds 2 9 1 4 1: x5 = 1 + 2 = 3, x6 = 3 + 9 = 12 -> 2, x7 = 2 + 1 = 3 (each step: previous + five back, mod 10)
+    assert CHAIN_LAG == 5
+    p = chain_problems(1, seed=0, num_operands=3)[0]
+    assert p.prompt.startswith("3 steps: =") and len(p.prompt.split("=")) == 6
+    assert solution_text(Problem("3 steps: =2 =9 =1 =4 =1 ", "3")) == "23 92 13 \\boxed{3}"
     probs = chain_problems(50, seed=3, num_operands=7)
     assert probs == chain_problems(50, seed=3, num_operands=7)
-    for p in probs:
-        assert p.prompt.startswith("(") and p.prompt.endswith(")%10=")
-        digits = [int(x) for x in p.prompt[1:-5].split("+")]
-        assert len(digits) == 7 and all(0 <= d <= 9 for d in digits)
-        assert p.answer == str(sum(digits) % 10)
+    for q in probs:  # the answer is the last running digit the solution writes, and the box repeats it
+        steps = solution_text(q).split()
+        assert len(steps) == 8 and steps[-2][1] == q.answer and steps[-1] == f"\\boxed{{{q.answer}}}"
     with pytest.raises(ValueError, match="num_operands >= 2"):
         chain_problems(1, seed=0, num_operands=1)
 
 
-def test_chain_solution_writes_running_sums_mod_10_and_has_the_advertised_length():
-    from vespo.rewards import math_reward
-    from vespo.task import Problem, chain_response_tokens
+def test_chain_solution_has_the_advertised_length_and_fixed_offset_dependencies():
+    from vespo.task import chain_problems, chain_response_tokens
 
-    p = Problem("(3+8+5+9)%10=", "5")  # partial sums 3, 11, 16, 25 -> 3, 1, 6, 5
-    assert solution_text(p) == "3,1,6,5, \\boxed{5}"
     tok = build_tokenizer()
-    for k in (5, 125):  # ~16 and 256 response tokens (+ <eos>)
-        text = solution_text(Problem("(" + "+".join(["7"] * k) + ")%10=", str(7 * k % 10)))
-        assert len(tok(text, add_special_tokens=False).input_ids) + 1 == chain_response_tokens(k)
-    assert chain_response_tokens(5) == 16 and chain_response_tokens(125) == 256
-    # graded by the same math reward: right box scores 1, the noisy demonstrations' box scores 0
+    assert chain_response_tokens(20) == 65 and chain_response_tokens(84) == 257
+    for k in (2, 20, 84):
+        p = chain_problems(1, seed=k, num_operands=k)[0]
+        prompt = tok(p.prompt, add_special_tokens=False).input_ids
+        target = tok(solution_text(p), add_special_tokens=False).input_ids
+        assert len(target) + 1 == chain_response_tokens(k)  # + <eos>
+        # every step's addend is a copy of the running digit 14 tokens back, prompt seeds included: the offsets a
+        # small model must learn do not grow with the length
+        text = tok.convert_ids_to_tokens(prompt + target)
+        first = len(prompt)
+        for t in range(k):
+            addend, value, prev = text[first + 3 * t], text[first + 3 * t + 1], text[first + 3 * t - 2]
+            assert addend == text[first + 3 * t - 14]
+            assert int(value) == (int(prev) + int(addend)) % 10
+
+
+def test_chain_noisy_demonstrations_are_wrong_only_in_the_box():
+    from vespo.rewards import math_reward
+    from vespo.task import Problem
+
+    p = Problem("3 steps: =2 =9 =1 =4 =1 ", "3")
     rng = random.Random(0)
     noisy = [solution_text(p, noisy_rng=rng) for _ in range(30)]
-    assert math_reward([solution_text(p)], ["5"]) == [1.0]
-    assert math_reward(noisy, ["5"] * 30) == [0.0] * 30
-    assert all(n.startswith("3,1,6,5, ") for n in noisy)  # only the box is wrong
+    assert math_reward([solution_text(p)], ["3"]) == [1.0]
+    assert math_reward(noisy, ["3"] * 30) == [0.0] * 30
+    assert all(n.startswith("23 92 13 \\boxed{") for n in noisy)
 
 
 def test_embedded_split_chain_is_fixed_and_disjoint():

@@ -18,7 +18,7 @@ from vespo.config import ConfigError, TrainConfig, parse_args
 from vespo.rollout import sample
 from vespo.runs import embedded_policy_path, read_metrics
 from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import _top_share, load_data, policy_log_probs, ppo_update, train
+from vespo.trainer import _top_share, build_optimizer, load_data, policy_log_probs, ppo_update, train
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +152,22 @@ def test_mechanism_metrics_update_size_and_weight_concentration():
     assert history[0]["is/top1pct_w_share"] == pytest.approx(1 / 4)  # W == 1 for all 4 sequences: top 1 of 4
     assert all(0 < h["is/top1pct_w_share"] <= 1 for h in history)
     assert _top_share(torch.tensor([0.0, math.log(3.0)])) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("optim, eps", [("sgd", 1e-8), ("adamw_torch", 1e-8), ("adamw_torch", 0.5)])
+def test_optimizer_option_sets_the_step_rule(optim, eps):
+    """One step on a fixed gradient g: SGD moves -lr * g; AdamW's first step is -lr * g / (|g| + eps) per weight."""
+    model, rollout, adv = _batch()
+    cfg = TrainConfig(optim=optim, adam_epsilon=eps, lr=0.1, weight_decay=0.0)
+    opt = build_optimizer(model, cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    grads = [torch.linspace(-2.0, 2.0, p.numel()).reshape(p.shape) for p in model.parameters()]
+    for p, g in zip(model.parameters(), grads, strict=True):
+        p.grad = g.clone()
+    opt.step()
+    for p, b, g in zip(model.parameters(), before, grads, strict=True):
+        expected = -cfg.lr * g if optim == "sgd" else -cfg.lr * g / (g.abs() + eps)
+        torch.testing.assert_close(p.detach() - b, expected, rtol=1e-4, atol=1e-7)
 
 
 def test_micro_batch_accumulation_equals_one_big_batch():

@@ -41,6 +41,7 @@ from vespo.runs import (
 )
 from vespo.trainer import (
     _step_metrics,
+    build_optimizer,
     evaluate,
     load_data,
     load_policy,
@@ -312,7 +313,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     policy_path = embedded_policy_path(cfg) if cfg.model == EMBEDDED else cfg.model
     model, tokenizer = load_policy(policy_path)
     ref_model = load_policy(policy_path)[0].eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    optimizer = build_optimizer(model, cfg)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

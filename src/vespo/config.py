@@ -90,12 +90,17 @@ class TrainConfig:
     """Rollout steps to run (each = 1 rollout batch and N optimizer steps)."""
 
     # --- optimisation
+    optim: Literal["adamw_torch", "sgd"] = "adamw_torch"
+    """Actor optimizer (TRL's names): adamw_torch | sgd (plain gradient steps, no momentum: the step follows the
+    gradient's size, which Adam's normaliser does not; docs/results.md section 3)."""
     lr: float = 3e-4
-    """AdamW learning rate (constant)."""
+    """Learning rate (constant)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Weight decay (decoupled for AdamW)."""
     betas: tuple[float, float] = (0.9, 0.99)
     """AdamW betas."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon (TRL's name); a large value (e.g. 1e-2 with a ~100x lr) makes Adam's step follow the gradient."""
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step."""
     log_update_norm: bool = False
@@ -133,14 +138,15 @@ class TrainConfig:
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
     task: Literal["arithmetic", "chain"] = "arithmetic"
-    """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (last digit of a sum of
-    num_operands digits, the running sum written after every digit: responses of 2 * num_operands + 6 tokens)."""
+    """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (num_operands steps of a
+    lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens)."""
     num_operands: int = 3
-    """Embedded task: numbers per sum (chain: the response-length knob, e.g. 5 -> 16 tokens, 125 -> 256)."""
+    """Embedded task: numbers per sum (chain: steps, the response-length knob, e.g. 20 -> 65 tokens, 84 -> 257)."""
     max_operand: int = 9
     """Embedded arithmetic task: largest operand (chain digits are 0-9)."""
-    sft_steps: int = 400
-    """Embedded warm start: SFT steps (cached by config hash in cache_dir)."""
+    sft_steps: int | None = None
+    """Embedded warm start: SFT steps (cached by config hash in cache_dir); None: 400 for arithmetic, 4000 for chain
+    (the chain's step rule needs ~2000 steps to be learned; docs/training.md)."""
     sft_lr: float = 3e-3
     """Embedded warm start: SFT learning rate."""
     sft_batch_size: int = 32
@@ -279,6 +285,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "total_training_steps": (1, None, False, False),
     "lr": (0, None, True, False),
     "weight_decay": (0, None, False, False),
+    "adam_epsilon": (0, None, True, False),
     "grad_clip": (0, None, True, False),
     "max_response_length": (1, None, False, False),
     "temperature": (0, None, True, False),
@@ -405,7 +412,7 @@ def _validate_task(cfg: TrainConfig) -> None:
         if cfg.num_operands < 2 or cfg.max_response_length < need:
             raise ConfigError(
                 f"task=chain with num_operands={cfg.num_operands} needs num_operands >= 2 and "
-                f"max_response_length >= {need} (2 * num_operands + 6), got {cfg.max_response_length}"
+                f"max_response_length >= {need} (3 * num_operands + 5), got {cfg.max_response_length}"
             )
 
 

@@ -32,6 +32,15 @@ CHECKPOINT = "checkpoints/last.pt"
 # Embedded warm start (cached by config hash)
 
 
+SFT_STEPS = {"arithmetic": 400, "chain": 4000}
+"""Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
+
+
+def _sft_steps(cfg: TrainConfig) -> int:
+    """SFT steps of the warm start: `sft_steps`, or the task's default."""
+    return SFT_STEPS[cfg.task] if cfg.sft_steps is None else cfg.sft_steps
+
+
 def _sft_cache_key(cfg: TrainConfig) -> str:
     """Hash of everything the embedded warm start depends on (so sweeps over methods/N/seeds reuse one)."""
     keys = (
@@ -44,8 +53,10 @@ def _sft_cache_key(cfg: TrainConfig) -> str:
         "sft_label_noise",
         "eval_size",
     )
-    task = {} if cfg.task == "arithmetic" else {"task": cfg.task}  # arithmetic keeps its existing cache entries
-    blob = json.dumps({k: getattr(cfg, k) for k in keys} | task | {"v": 1}, sort_keys=True)
+    # arithmetic keeps its existing cache entries; chain format 2 = the lagged running sum (format 1 is not learnable)
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 2}
+    fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": _sft_steps(cfg)}
+    blob = json.dumps(fields | task | {"v": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -64,7 +75,7 @@ def embedded_policy_path(cfg: TrainConfig) -> Path:
             model,
             tokenizer,
             train_set,
-            steps=cfg.sft_steps,
+            steps=_sft_steps(cfg),
             lr=cfg.sft_lr,
             batch_size=cfg.sft_batch_size,
             seed=cfg.sft_seed,

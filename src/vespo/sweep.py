@@ -70,9 +70,9 @@ class SweepConfig:
     """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     task: tuple[str, ...] = ("arithmetic",)
     """Embedded tasks (a grid axis when several are given: rows `method@<task>`): arithmetic (~11-token answers) |
-    chain (running sums of `chain_operands` digits)."""
-    chain_operands: int = 29
-    """Chain task: digits per problem; responses are 2 * chain_operands + 6 tokens (29 -> 64, 125 -> 256)."""
+    chain (`chain_operands` steps of a running sum mod 10, written out)."""
+    chain_operands: int = 20
+    """Chain task: steps per problem; responses are 3 * chain_operands + 5 tokens (20 -> 65, 84 -> 257)."""
     eval_points: int = 4
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 200
@@ -289,6 +289,9 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
     fig.savefig(out_dir / "fig3_training_reward.png", dpi=110)
     plt.close(fig)
 
+    if len(cfg.lr) > 1:
+        plot_lr_robustness(cfg, grid)
+
     fig, axes = plt.subplots(len(ns), len(FIG4_COLUMNS), figsize=(3 * len(FIG4_COLUMNS), 2.2 * len(ns)), squeeze=False)
     for r, n in enumerate(ns):
         for c, (key, title) in enumerate(FIG4_COLUMNS):
@@ -305,6 +308,46 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_dir / "fig4_dynamics.png", dpi=100)
+    plt.close(fig)
+
+
+def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
+    """fig_lr_robustness.png: final held-out accuracy (mean and min over seeds) vs N, a line per learning rate, a
+    panel per method (columns) and task (rows); the dotted line is the warm start's accuracy."""
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(cfg.out_dir)
+    paths = {c.name: out_dir / "cells" / c.name / "summary.json" for c in grid}
+    done = {name: json.loads(p.read_text()) for name, p in paths.items() if p.is_file()}
+    bases = list(dict.fromkeys(c.variant.split("@")[0] for c in grid))
+    fig, axes = plt.subplots(
+        len(cfg.task), len(bases), figsize=(3 * len(bases), 2.6 * len(cfg.task)), squeeze=False, sharey="row"
+    )
+    for r, task in enumerate(cfg.task):
+        for col, base in enumerate(bases):
+            ax = axes[r][col]
+            for i, lr in enumerate(cfg.lr):
+                pts = []
+                for n in cfg.staleness:
+                    sel = [c for c in grid if (c.task, c.lr, c.n, c.variant.split("@")[0]) == (task, lr, n, base)]
+                    accs = [done[c.name]["final_eval_acc"] for c in sel if c.name in done]
+                    if accs:
+                        pts.append((n, np.mean(accs), np.min(accs)))
+                if pts:
+                    x, mean, low = zip(*pts, strict=True)
+                    color = plt.cm.plasma(i / max(1, len(cfg.lr)))
+                    ax.plot(x, mean, marker="o", color=color, label=f"lr {lr:g}")
+                    ax.plot(x, low, ls="--", lw=0.8, color=color)
+            starts = [s["initial_eval_acc"] for c, s in ((c, done.get(c.name)) for c in grid) if s and c.task == task]
+            if starts:
+                ax.axhline(np.mean(starts), ls=":", color="gray")
+            ax.set(xscale="log", title=f"{base} ({task})", xlabel="N")
+            ax.set_xticks(list(cfg.staleness), [str(n) for n in cfg.staleness])
+            ax.grid(alpha=0.3)
+        axes[r][0].set_ylabel("held-out accuracy (-- min seed)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "fig_lr_robustness.png", dpi=110)
     plt.close(fig)
 
 

@@ -97,27 +97,43 @@ def arithmetic_problems(count: int, *, seed: int, num_operands: int = 3, max_ope
     return out
 
 
-def chain_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
-    """`count` chain problems: the last digit of a sum of `num_operands` digits, e.g. "(3+8+5)%10=" with answer "6".
+CHAIN_LAG = 5
+"""Chain task: each new digit is the previous digit plus the digit `CHAIN_LAG` places back (mod 10)."""
+_STEPS = " steps: "
 
-    The response writes the running sum mod 10 after every addend ("3,1,6, \\boxed{6}"), two tokens per addend, so
-    its length is a knob (`chain_response_tokens`) and the written reasoning is what gets the answer right: addend i
-    sits at a fixed distance before its partial sum, which a tiny model can learn, but the answer depends on all of
-    them. Deterministic in `seed`.
+
+def chain_sequence(seed_digits: list[int], steps: int) -> list[int]:
+    """The seed digits followed by `steps` terms of x_t = (x_{t-1} + x_{t-LAG}) mod 10 (a lagged-Fibonacci chain)."""
+    xs = list(seed_digits)
+    for _ in range(steps):
+        xs.append((xs[-1] + xs[-CHAIN_LAG]) % 10)
+    return xs
+
+
+def chain_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
+    """`count` chain problems: `CHAIN_LAG` random seed digits, answer the digit after `num_operands` more steps.
+
+    Prompt "20 steps: =2 =9 =1 =4 =1 " (20 steps from seeds 2, 9, 1, 4, 1); the solution writes each step as the
+    addend it takes (the digit five places back) and the new running digit, "22 92 15 45 15 ... \\boxed{d}", so the
+    answer depends on every step and the length is a knob (`chain_response_tokens`). Every dependency sits at a fixed
+    offset of at most 3 * CHAIN_LAG - 1 tokens whatever the length, and each step's addend is written out (a copy,
+    learnable on its own) before the sum that needs it, so a tiny model learns it by SFT (docs/training.md).
+    Deterministic in `seed`.
     """
     if count < 1 or num_operands < 2:
         raise ValueError(f"need count >= 1 and num_operands >= 2, got {count}, {num_operands}")
     rng = random.Random(seed)
     out = []
     for _ in range(count):
-        xs = [rng.randint(0, 9) for _ in range(num_operands)]
-        out.append(Problem(prompt="(" + "+".join(map(str, xs)) + ")%10=", answer=str(sum(xs) % 10)))
+        seeds = [rng.randint(0, 9) for _ in range(CHAIN_LAG)]
+        answer = chain_sequence(seeds, num_operands)[-1]
+        out.append(Problem(prompt=f"{num_operands}{_STEPS}" + "".join(f"={d} " for d in seeds), answer=str(answer)))
     return out
 
 
 def chain_response_tokens(num_operands: int) -> int:
-    """Tokens of a chain solution: 2 per addend ("d,"), then " ", `\\boxed`, "{", the digit, "}" and <eos>."""
-    return 2 * num_operands + 6
+    """Tokens of a chain solution: 3 per step (addend, digit, space), then `\\boxed`, "{", the digit, "}", <eos>."""
+    return 3 * num_operands + 5
 
 
 def embedded_split(
@@ -139,18 +155,18 @@ def embedded_split(
 
 
 def solution_text(problem: Problem, *, noisy_rng: random.Random | None = None) -> str:
-    """The SFT target: running partial sums, then the boxed answer ("3+8+5=" -> "11,16 \\boxed{16}"; chain problems
-    "(3+8+5)%10=" -> "3,1,6, \\boxed{6}", every partial sum mod 10).
+    """The SFT target: running partial sums, then the boxed answer ("3+8+5=" -> "11,16 \\boxed{16}"; a chain problem
+    "20 steps: =2 =9 =1 =4 =1 " -> "22 92 15 45 15 ... \\boxed{d}", `chain_problems`).
 
     With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3; never negative, mod 10 for chains).
     """
-    if problem.prompt.startswith("("):
-        xs = [int(x) for x in problem.prompt[1:].split(")")[0].split("+")]
-        partial = [sum(xs[: i + 1]) % 10 for i in range(len(xs))]
-        answer = partial[-1]
+    if _STEPS in problem.prompt:
+        steps, seeds = problem.prompt.split(_STEPS)
+        xs = chain_sequence([int(x) for x in seeds.replace("=", "").split()], int(steps))
+        answer = xs[-1]
         if noisy_rng is not None:
             answer = (answer + noisy_rng.choice((-3, -2, -1, 1, 2, 3))) % 10
-        return "".join(f"{d}," for d in partial) + f" {BOXED}{{{answer}}}"
+        return "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs))) + f"{BOXED}{{{answer}}}"
     xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
     answer = int(problem.answer)

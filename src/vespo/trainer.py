@@ -103,6 +103,16 @@ def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
     return train_set, eval_set
 
 
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The actor's optimizer: AdamW (`adamw_torch`, betas/eps/decay from cfg) or plain SGD without momentum (`sgd`),
+    whose steps shrink with the gradient where Adam's per-parameter normaliser rescales them (docs/results.md)."""
+    if cfg.optim == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay
+    )
+
+
 def reward_columns(records: list[dict]) -> list[str]:
     """The fields every record has besides the prompt: what the reward function receives as keyword lists."""
     return sorted(set.intersection(*(set(r) for r in records)) - {"prompt"})
@@ -295,7 +305,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     sampler = model
     if cfg.sampler_dtype != "float32":
         sampler = copy.deepcopy(model).to(_DTYPES[cfg.sampler_dtype]).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    optimizer = build_optimizer(model, cfg)
 
     gen = seed_everything(cfg.seed)  # global streams + the sampling-noise generator, all checkpointed
     start = restore(ckpt, model, optimizer, gen) if ckpt is not None else 0
