@@ -84,8 +84,13 @@ def test_schedule_rejects_steps_that_straddle_generation_batches(tokenizer, data
         VespoGRPOConfig, tmp_path, vespo_method="vespo_schedule", steps_per_generation=3, gradient_accumulation_steps=2
     )
     with pytest.raises(ValueError, match="multiple of gradient_accumulation_steps"):
-        VespoGRPOTrainer(model=build_tiny_model(tokenizer, seed=1), reward_funcs=_digit_reward, args=cfg,
-                         train_dataset=dataset, processing_class=tokenizer)
+        VespoGRPOTrainer(
+            model=build_tiny_model(tokenizer, seed=1),
+            reward_funcs=_digit_reward,
+            args=cfg,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
 
 
 def _inputs(tokenizer, seed: int):
