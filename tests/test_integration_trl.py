@@ -262,3 +262,45 @@ def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_p
     split._step_context = lambda model: BatchContext(mini_batch_index=0, num_mini_batches=1)
     per_micro = grad_of(split, mbs)
     assert (per_micro - single).norm() > 1e-3 * single.norm()
+
+
+def test_adaptive_decision_is_gathered_across_two_processes(tmp_path):
+    """Two CPU processes (accelerate on gloo), two micro-batches each: both decide on all four micro-batches, and
+    their mean gradient equals one pass over all four (tests/_trl_multiprocess_job.py)."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.path.join(here, "..", "src"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "WORLD_SIZE": "2",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, os.path.join(here, "_trl_multiprocess_job.py"), str(out)]
+    procs = [
+        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]  # fmt: skip
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    results = json.loads(out.read_text())
+    assert set(results) == {"vespo_selfnorm", "vespo_moment", "vespo_ess"}
+    for method, r in results.items():
+        assert r["context_rows"] == 24 and r["same_context"], method  # 2 processes x 2 micro-batches x 6 rows
+        assert r["rel_err"] < 1e-5 and r["ref_norm"] > 1e-3, (method, r)
+        paper = {"vespo_moment": {"adaptive/c2_pos": 3.0, "adaptive/c2_neg": 2.0}}.get(method, {})
+        for key, values in r["chosen"].items():
+            assert values == pytest.approx([r["ref_chosen"][key]] * 2, rel=1e-5), (method, key, r)
+        assert any(r["ref_chosen"][k] != paper.get(k, 1.0) for k in r["chosen"]), (method, r)  # control active
