@@ -419,7 +419,8 @@ def test_adaptive_methods_run_only_where_one_call_sees_the_whole_mini_batch(meth
     control = {"vespo_moment": "c2_neg", "vespo_ess": "tau_pos", "vespo_selfnorm": "Z_pos"}[method]
     assert metrics[f"actor/adaptive/{control}"] != {"c2_neg": 2.0}.get(control, 1.0)  # the control is active
     part = slice(0, 2)
-    for bad in (info, info | {"dp_size": 2, "global_batch_size": 2 * B}):  # a micro-batch; or one rank of two
+    # a micro-batch; one rank of two; counts without the mini-batch size (cannot be checked, so refused)
+    for bad in (info, info | {"dp_size": 2, "global_batch_size": 2 * B}, info | {"global_batch_size": None}):
         rows = part if bad is info else slice(0, B)
         with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu >= ppo_mini_batch_size \* rollout.n"):
             fn(old[rows], lp[rows], adv[rows], mask[rows], config=_actor(cfg.policy_loss, global_batch_info=bad))

@@ -130,13 +130,15 @@ def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, d
 
 def _check_whole_mini_batch(method: str, rows: int, batch_info: dict[str, Any]) -> None:
     """A batch-adaptive method must see the whole mini-batch in one call (veRL hands a PolicyLossFn one micro-batch
-    of one rank and no mini-batch statistics); host ints only, no sync. Raises before any compute otherwise."""
+    of one rank and no mini-batch statistics); host ints only, no sync. Raises before any compute otherwise. No
+    global batch info at all (a direct call, outside veRL's workers) means the call is the batch."""
     dp, total = batch_info.get("dp_size") or 1, batch_info.get("global_batch_size")
-    if dp == 1 and total in (None, rows):
+    if all(v is None for v in batch_info.values()) or (dp == 1 and total == rows):
         return
+    seen = f"{rows} of its {'?' if total is None else total} sequences (dp_size={dp})"
     raise ValueError(
-        f"loss_mode {verl_loss_name(method)} decides from the whole mini-batch, but this call sees {rows} of its "
-        f"{total} sequences (dp_size={dp}) and veRL passes no mini-batch statistics to a policy loss; exact only "
+        f"loss_mode {verl_loss_name(method)} decides from the whole mini-batch, but this call sees {seen} and "
+        "veRL passes no mini-batch statistics to a policy loss; exact only "
         "with one micro-batch per mini-batch on one data-parallel rank: actor_rollout_ref.actor."
         "ppo_micro_batch_size_per_gpu >= ppo_mini_batch_size * rollout.n (with use_dynamic_bsz, "
         "ppo_max_token_len_per_gpu holding the whole mini-batch) and trainer.nnodes * trainer.n_gpus_per_node = 1; "
