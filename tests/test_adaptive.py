@@ -152,6 +152,44 @@ def test_micro_batches_with_the_mini_batch_context_give_the_one_pass_gradient(me
         assert not torch.allclose(local, want, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("method", "hp"), [("vespo_moment", {"moment_target_pos": 1.0, "moment_target_neg": 1.1}), ("vespo_ess", {})]
+)
+def test_active_control_gradient_is_paper_vespo_at_the_chosen_constants(method, hp):
+    """phi stays detached while the controller acts: the gradient is sg(phi) A grad log pi with the chosen (c1, c2),
+    i.e. `vespo` called with them (no gradient through the root find)."""
+    lp, old, adv, mask = batch(spread=1.5, shift=0.3)
+    _, grad, m = run(method, lp, old, adv, mask, **hp)
+    assert float(m["adaptive/active_pos"]) + float(m["adaptive/active_neg"]) >= 1
+    chosen = {k: float(m[f"adaptive/{k}"]) for k in ("c1_pos", "c2_pos", "c1_neg", "c2_neg")}
+    torch.testing.assert_close(grad, run("vespo", lp, old, adv, mask, **chosen)[1], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence-(B,1)", "rollout_log_prob"])
+def test_context_log_w_includes_the_rollout_fold_as_the_loss_does(level):
+    """The context built from an engine's ready IS weights (or sampler log-probs) holds the loss's own log W: the
+    whole-batch context changes nothing, and it differs from the context without the fold."""
+    lp, old, adv, mask = batch(spread=1.0)
+    g = torch.Generator().manual_seed(3)
+    rollout_lp = old - 0.3 * torch.rand(old.shape, generator=g, dtype=old.dtype)  # sampler: mu/pi_rollout in [1, 1.35]
+    ratio = torch.exp(old - rollout_lp).clamp(max=2.0)  # (B, T) truncated token weights
+    seq = torch.exp(((old - rollout_lp) * mask).sum(-1, keepdim=True)).clamp(max=2.0)  # (B, 1)
+    kw = {
+        "token": {"rollout_is_weights": ratio, "rollout_is_level": "token"},
+        "sequence": {"rollout_is_weights": seq.expand(ratio.shape), "rollout_is_level": "sequence"},
+        "sequence-(B,1)": {"rollout_is_weights": seq},
+        "rollout_log_prob": {"rollout_log_prob": rollout_lp},
+    }[level]
+    ctx = batch_context(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **kw)
+    plain = batch_context(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    assert (ctx.log_w - plain.log_w).abs().max() > 0.1
+    _, want, _ = run("vespo_selfnorm", lp, old, adv, mask, **kw)
+    _, got, _ = run("vespo_selfnorm", lp, old, adv, mask, batch_context=ctx, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="rollout_is_level"):
+        batch_context(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=ratio)
+
+
 @pytest.mark.parametrize("method", ADAPTIVE_METHODS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_log_w_up_to_1e4_stays_finite(method, dtype):

@@ -11,6 +11,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 import vespo  # noqa: E402
+from vespo.adaptive import BatchContext  # noqa: E402
 from vespo.integrations.trl import VespoGRPOConfig, VespoGRPOTrainer  # noqa: E402
 from vespo.task import arithmetic_problems, build_tiny_model, build_tokenizer  # noqa: E402
 
@@ -84,8 +85,13 @@ def test_schedule_rejects_steps_that_straddle_generation_batches(tokenizer, data
         VespoGRPOConfig, tmp_path, vespo_method="vespo_schedule", steps_per_generation=3, gradient_accumulation_steps=2
     )
     with pytest.raises(ValueError, match="multiple of gradient_accumulation_steps"):
-        VespoGRPOTrainer(model=build_tiny_model(tokenizer, seed=1), reward_funcs=_digit_reward, args=cfg,
-                         train_dataset=dataset, processing_class=tokenizer)
+        VespoGRPOTrainer(
+            model=build_tiny_model(tokenizer, seed=1),
+            reward_funcs=_digit_reward,
+            args=cfg,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
 
 
 def _inputs(tokenizer, seed: int):
@@ -109,8 +115,8 @@ def _inputs(tokenizer, seed: int):
     return inputs
 
 
-def _trainer(cls, cfg_cls, tokenizer, dataset, tmp_path, **kw):
-    cfg = _config(cfg_cls, tmp_path, gradient_accumulation_steps=2, **kw)
+def _trainer(cls, cfg_cls, tokenizer, dataset, tmp_path, ga=2, **kw):
+    cfg = _config(cfg_cls, tmp_path, gradient_accumulation_steps=ga, **kw)
     trainer = cls(
         model=build_tiny_model(tokenizer, seed=3),
         reward_funcs=_digit_reward,
@@ -119,7 +125,7 @@ def _trainer(cls, cfg_cls, tokenizer, dataset, tmp_path, **kw):
         processing_class=tokenizer,
     )
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 2
+    trainer.current_gradient_accumulation_steps = ga
     return trainer
 
 
@@ -206,3 +212,95 @@ def test_config_refuses_unsupported_options(tmp_path):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"c1_pos": "abc"})
     with pytest.raises(ValueError, match="unknown policy-loss method"):
         _config(VespoGRPOConfig, tmp_path, vespo_method="ppo")
+
+
+@pytest.mark.parametrize("method", ["vespo_moment", "vespo_ess", "vespo_selfnorm"])
+def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_path):
+    """Gradient accumulation over two micro-batches gives the gradient of one pass over both: the controller decides
+    on the optimizer step's statistics (one no-grad forward over TRL's buffered window), not per micro-batch."""
+    hp = {"vespo_moment": {"moment_target_pos": 1.0, "moment_target_neg": 1.0}}.get(method, {})
+    hp |= {"vespo_ess": {"ess_target": 0.9}}.get(method, {})
+    split = _trainer(
+        VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", vespo_method=method, vespo_hparams=hp
+    )  # GA = 2, steps_per_generation = 2
+    whole = _trainer(
+        VespoGRPOTrainer,
+        VespoGRPOConfig,
+        tokenizer,
+        dataset,
+        tmp_path / "b",
+        vespo_method=method,
+        vespo_hparams=hp,
+        ga=1,
+        steps_per_generation=1,
+    )  # GA = 1: one pass over both micro-batches
+    mbs = [_inputs(tokenizer, 10), _inputs(tokenizer, 11)]
+    g = torch.Generator().manual_seed(7)
+    for i, mb in enumerate(mbs):  # stale behaviour log-probs, shifted per micro-batch so their W differ
+        with torch.no_grad():
+            lp, _ = split._log_probs(split.model, mb, compute_entropy=False)
+        mb["old_per_token_logps"] = lp + (0.4 * i - 0.2) + 0.5 * torch.randn(lp.shape, generator=g)
+        mb["num_items_in_batch"] = mbs[0]["completion_mask"].sum() + mbs[1]["completion_mask"].sum()
+    one = {k: torch.cat([mbs[0][k], mbs[1][k]]) for k in mbs[0] if k != "num_items_in_batch"}
+    one["num_items_in_batch"] = mbs[0]["num_items_in_batch"]
+
+    def grad_of(trainer, micro_batches):
+        trainer.model.zero_grad()
+        trainer._buffered_inputs, trainer._vespo_context = micro_batches, None
+        for step, mb in enumerate(micro_batches):
+            trainer._step = step
+            trainer._compute_loss(trainer.model, mb).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+    accumulated, single = grad_of(split, mbs), grad_of(whole, [one])
+    torch.testing.assert_close(accumulated, single, rtol=1e-5, atol=1e-8)
+    metrics = split._metrics["train"]
+    control = {"vespo_moment": "adaptive/c2_neg", "vespo_ess": "adaptive/tau_pos", "vespo_selfnorm": "adaptive/Z_pos"}
+    chosen = metrics[control[method]][-2:]  # both micro-batches chose the same kernel, and not the paper's
+    assert chosen[0] == chosen[1] and chosen[0] != {"vespo_moment": 2.0}.get(method, 1.0)
+    # deciding per micro-batch (the call's own statistics, k and N only) gives a different gradient
+    split._step_context = lambda model: BatchContext(mini_batch_index=0, num_mini_batches=1)
+    per_micro = grad_of(split, mbs)
+    assert (per_micro - single).norm() > 1e-3 * single.norm()
+
+
+def test_adaptive_decision_is_gathered_across_two_processes(tmp_path):
+    """Two CPU processes (accelerate on gloo), two micro-batches each: both decide on all four micro-batches, and
+    their mean gradient equals one pass over all four (tests/_trl_multiprocess_job.py)."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.path.join(here, "..", "src"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "WORLD_SIZE": "2",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, os.path.join(here, "_trl_multiprocess_job.py"), str(out)]
+    procs = [
+        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]  # fmt: skip
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    results = json.loads(out.read_text())
+    assert set(results) == {"vespo_selfnorm", "vespo_moment", "vespo_ess"}
+    for method, r in results.items():
+        assert r["context_rows"] == 24 and r["same_context"], method  # 2 processes x 2 micro-batches x 6 rows
+        assert r["rel_err"] < 1e-5 and r["ref_norm"] > 1e-3, (method, r)
+        paper = {"vespo_moment": {"adaptive/c2_pos": 3.0, "adaptive/c2_neg": 2.0}}.get(method, {})
+        for key, values in r["chosen"].items():
+            assert values == pytest.approx([r["ref_chosen"][key]] * 2, rel=1e-5), (method, key, r)
+        assert any(r["ref_chosen"][k] != paper.get(k, 1.0) for k in r["chosen"]), (method, r)  # control active

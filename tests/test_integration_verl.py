@@ -396,3 +396,43 @@ def test_example_reward_function():
     gt = '{"inputs": ["1 2\\n", "3 4\\n"], "outputs": ["3\\n", "7\\n"]}'
     assert reward_fn.eurus_tests(gt) == [{"input": "1 2\n", "output": "3\n"}, {"input": "3 4\n", "output": "7\n"}]
     assert reward_fn.is_code("codecontests") and not reward_fn.is_code("math_dapo")
+
+
+@pytest.mark.parametrize("method", ["vespo_moment", "vespo_ess", "vespo_selfnorm"])
+def test_adaptive_methods_run_only_where_one_call_sees_the_whole_mini_batch(method):
+    """veRL hands a PolicyLossFn one micro-batch of one rank and only counts (global_batch_info, as the worker test
+    records it): the adaptive methods equal vespo's whole-batch loss when the call is the mini-batch, refuse a partial
+    call with the geometry that is exact, and decide per micro-batch only on explicit opt-in."""
+    old, lp, adv, mask = _batch(2, scale=0.8)
+    hp = {"vespo_moment": {"moment_target_pos": 1.0, "moment_target_neg": 1.0}, "vespo_ess": {"ess_target": 0.9}}
+    hp = hp.get(method, {})
+    name = vverl.verl_loss_name(method)
+    fn = core_algos.get_policy_loss_fn(name)
+    info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B}
+    cfg = _actor(vverl.VespoPolicyLossConfig(loss_mode=name, hparams=hp), global_batch_info=info)
+    loss, metrics = fn(old, lp, adv, mask, config=cfg)
+    ref, ref_metrics = vespo.compute_policy_loss(
+        method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **hp
+    )
+    torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), rtol=1e-12, atol=1e-14)
+    assert metrics["actor/adaptive/ess"] == pytest.approx(float(ref_metrics["adaptive/ess"]), rel=1e-12)
+    control = {"vespo_moment": "c2_neg", "vespo_ess": "tau_pos", "vespo_selfnorm": "Z_pos"}[method]
+    assert metrics[f"actor/adaptive/{control}"] != {"c2_neg": 2.0}.get(control, 1.0)  # the control is active
+    part = slice(0, 2)
+    # a micro-batch; one rank of two; counts without the mini-batch size (cannot be checked, so refused)
+    for bad in (info, info | {"dp_size": 2, "global_batch_size": 2 * B}, info | {"global_batch_size": None}):
+        rows = part if bad is info else slice(0, B)
+        with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu >= ppo_mini_batch_size \* rollout.n"):
+            fn(old[rows], lp[rows], adv[rows], mask[rows], config=_actor(cfg.policy_loss, global_batch_info=bad))
+    opt_in = vverl.VespoPolicyLossConfig(loss_mode=name, hparams=hp, adaptive_per_micro_batch=True)
+    loss, _ = fn(old[part], lp[part], adv[part], mask[part], config=_actor(opt_in, global_batch_info=info))
+    ref, _ = vespo.compute_policy_loss(
+        method, log_prob=lp[part], old_log_prob=old[part], advantages=adv[part], response_mask=mask[part],
+        global_num_tokens=mask.sum(), **hp,
+    )  # fmt: skip
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-14)  # the micro-batch's own decision
+
+
+def test_schedule_is_refused_in_verl():
+    with pytest.raises(ValueError, match="receives no mini-batch index"):
+        vverl.VespoPolicyLossConfig(loss_mode="vespo_vespo_schedule")

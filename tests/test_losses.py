@@ -794,3 +794,27 @@ def test_docs_list_exactly_the_registered_methods():
         for hp in vespo.method_hparams(name):
             if hp != "rollout_is_threshold":
                 assert hp in text, f"docs/losses.md does not mention {name}'s hyperparameter {hp}"
+
+
+def test_check_policy_inputs_is_the_loss_check_run_once_and_refuses_padding_nan():
+    """What the trainer runs once per rollout batch before calling the loss with validate=False."""
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    adv = torch.tensor([1.0, -0.5, 0.0])
+    vespo.check_policy_inputs(log_prob=None, old_log_prob=old, advantages=adv, response_mask=mask)
+    padded = old.clone()
+    padded[0, 4] = math.nan  # the loss with validate=True would zero this; validate=False would not
+    with pytest.raises(ValueError, match="in the padding"):
+        vespo.check_policy_inputs(log_prob=None, old_log_prob=padded, advantages=adv, response_mask=mask)
+    with pytest.raises(ValueError, match="old_log_prob has values up to"):
+        vespo.check_policy_inputs(log_prob=None, old_log_prob=old + 0.5 * mask, advantages=adv, response_mask=mask)
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        vespo.check_policy_inputs(log_prob=None, old_log_prob=old, advantages=adv[:2], response_mask=mask)
+    # with validate=False the loss on clean inputs equals the validated loss exactly
+    lp = (old + 0.1 * torch.randn(3, 5, generator=g)).clamp(max=0)
+    a, _ = compute_policy_loss("vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    b, _ = compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, validate=False
+    )
+    assert torch.equal(a, b)

@@ -196,6 +196,41 @@ def test_micro_batch_accumulation_equals_one_big_batch():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_inputs_are_validated_once_per_rollout_batch_not_per_micro_batch(monkeypatch):
+    """The fused value check (one host sync) runs once per ppo_update, however many micro-batches there are."""
+    import vespo.losses as losses
+
+    calls = []
+    real = losses._check_values
+    monkeypatch.setattr(losses, "_check_values", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model, rollout, adv = _batch(n_prompts=4, seed=1)
+    cfg = TrainConfig(method="vespo", train_batch_size=4, ppo_mini_batch_size=2, rollout_n=4, micro_batch_size=3)
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, rollout, torch.arange(16), cfg, with_entropy=False)
+    ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, None, cfg)
+    assert len(calls) == 1  # 2 mini-batches x 3 micro-batches, one check
+    bad = old.clone()
+    bad[0, 0] = math.nan  # a valid position: the check names it before any update
+    with pytest.raises(ValueError, match="old_log_prob contains NaN"):
+        ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, bad, None, cfg)
+
+
+def test_a_non_finite_gradient_skips_the_update_and_is_counted():
+    model, rollout, adv = _batch()
+    cfg = TrainConfig(method="vespo", train_batch_size=3, ppo_mini_batch_size=1, rollout_n=4, micro_batch_size=4)
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, rollout, torch.arange(12), cfg, with_entropy=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    poison = next(model.parameters()).register_hook(lambda g: torch.full_like(g, math.nan))
+    history = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, None, cfg)
+    poison.remove()
+    assert [h["actor/nonfinite_grad"] for h in history] == [1.0, 1.0, 1.0]
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))  # no NaN reached them
+    history = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, None, cfg)
+    assert [h["actor/nonfinite_grad"] for h in history] == [0.0, 0.0, 0.0]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # end to end: real loading paths, logging, resume after a kill
 

@@ -1,14 +1,15 @@
 """vespo: off-policy RL for LLMs with VESPO's sequence-level soft importance-weight kernel.
 
 Public API: `compute_policy_loss`, `policy_loss_terms`, `available_methods`, `register_method`, `method_hparams`,
-`validate_hparams`, and the `kernels` module (phi, K, phi_max, surrogate, ESS). Importing vespo also registers the
-batch-adaptive VESPO variants of `vespo.adaptive`.
+`validate_hparams`, `check_policy_inputs`, and the `kernels` module (phi, K, phi_max, surrogate, ESS). Importing
+vespo also registers the batch-adaptive VESPO variants of `vespo.adaptive`.
 """
 
 from vespo import adaptive, kernels
 from vespo.aggregation import agg_loss
 from vespo.losses import (
     available_methods,
+    check_policy_inputs,
     compute_policy_loss,
     method_hparams,
     policy_loss_terms,
@@ -22,6 +23,7 @@ __all__ = [
     "adaptive",
     "agg_loss",
     "available_methods",
+    "check_policy_inputs",
     "compute_policy_loss",
     "kernels",
     "method_hparams",

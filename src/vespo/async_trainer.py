@@ -47,6 +47,7 @@ from vespo.trainer import (
     load_policy,
     policy_log_probs,
     ppo_update,
+    warn_skipped_updates,
 )
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
@@ -414,6 +415,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
             if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
                 metrics |= evaluate(model, tokenizer, eval_set, cfg)
             logger.log(metrics, step)
+            warn_skipped_updates(step, metrics)
             if step % cfg.save_every == 0 or step == cfg.total_training_steps:
                 save_checkpoint(run_dir, step, model, optimizer, gen, extra={"async": {"next_batch": pool.next_batch}})
             if bar is not None:

@@ -384,6 +384,31 @@ def compute_policy_loss(
     return loss, metrics
 
 
+def check_policy_inputs(
+    *,
+    log_prob: Tensor | None,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    rollout_log_prob: Tensor | None = None,
+    allow_empty_rows: bool = False,
+) -> None:
+    """The loss's input checks (structure and the fused value test) run once, for a caller that then calls the loss
+    per micro-batch with `validate=False` (the trainer, once per rollout batch). Stricter than `validate=True`
+    in one way: NaN/inf in the padding is an error too, since `validate=False` does not zero it. `log_prob=None`
+    checks the batch's data before any forward pass."""
+    ref = old_log_prob if log_prob is None else log_prob  # the shape every input must have
+    dtype = _check_structure(ref, old_log_prob, advantages, response_mask, rollout_log_prob, None)
+    mask = response_mask.to(dtype)
+    tensors = [None if t is None else t.detach().to(dtype) for t in (log_prob, old_log_prob, advantages)]
+    rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
+    if _check_values(
+        *tensors, mask, rollout, None,
+        binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows, sequence_weights=False,
+    ):  # fmt: skip
+        raise ValueError("log-probs or advantages contain NaN or inf in the padding (masked-out positions)")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Input checks: structure (free, always) and values (one fused test, `validate=True`)
 

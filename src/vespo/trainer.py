@@ -35,7 +35,7 @@ from vespo.config import (
 )
 from vespo.data import load_records
 from vespo.evaluation import evaluate_records, format_prompts
-from vespo.losses import ROLLOUT_IS_THRESHOLD, compute_policy_loss, default_loss_agg_mode
+from vespo.losses import ROLLOUT_IS_THRESHOLD, check_policy_inputs, compute_policy_loss, default_loss_agg_mode
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
 from vespo.runs import (
     Logger,
@@ -187,11 +187,19 @@ def ppo_update(
     Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
     importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
     Micro-batch losses are normalised by the whole mini-batch's token/sequence count, so accumulating them equals
-    one big batch.
+    one big batch. The rollout batch is validated once here; the micro-batch calls skip validation (no host sync).
+    A mini-batch whose gradient norm is not finite is skipped, as veRL does, and counted in `actor/nonfinite_grad`.
     """
     seqs_per_mini = cfg.ppo_mini_batch_size * cfg.rollout_n
     mode = cfg.loss_agg_mode or default_loss_agg_mode(cfg.method)
     rollout_lp = rollout.rollout_log_prob if cfg.use_rollout_log_prob else None
+    check_policy_inputs(
+        log_prob=None,
+        old_log_prob=old_log_prob,
+        advantages=advantages,
+        response_mask=rollout.response_mask,
+        rollout_log_prob=rollout_lp,
+    )
     n_rows = advantages.shape[0]
     order = torch.randperm(n_rows) if cfg.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
     history = []
@@ -219,6 +227,7 @@ def ppo_update(
                 loss_agg_mode=mode,
                 global_num_tokens=n_tokens,
                 global_num_seqs=n_seqs,
+                validate=False,  # validated once per rollout batch above; log-probs of the model are <= 0
                 **({} if ctx is None else {"batch_context": ctx}),
                 **cfg.hparams,
             )
@@ -235,10 +244,14 @@ def ppo_update(
             seq_log_w.append(((log_prob.detach() - old_log_prob[mb]) * mask).sum(-1))  # (b,)
             for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
                 sums[key] = sums.get(key, 0.0) + (value if key in _ADDITIVE else value / len(micro))
-        sums["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)  # before clipping
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)  # before clipping
+        sums["actor/grad_norm"] = grad_norm
         sums["is/top1pct_w_share"] = _top_share(torch.cat(seq_log_w))
+        finite = bool(torch.isfinite(grad_norm))  # one sync per optimizer step: a NaN step would poison the weights
+        sums["actor/nonfinite_grad"] = float(not finite)
         before = [p.detach().clone() for p in model.parameters()] if cfg.log_update_norm else None
-        optimizer.step()
+        if finite:
+            optimizer.step()
         if before is not None:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
             sums["actor/update_norm"] = torch.stack(
                 [(p.detach() - b).norm() for p, b in zip(model.parameters(), before, strict=True)]
@@ -360,6 +373,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
             metrics |= evaluate(model, tokenizer, eval_set, cfg)
         logger.log(metrics, step)
+        warn_skipped_updates(step, metrics)
         if step % cfg.save_every == 0 or step == cfg.total_training_steps:
             save_checkpoint(run_dir, step, model, optimizer, gen)
         if bar is not None:
@@ -372,6 +386,13 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     model.save_pretrained(run_dir / "final")
     tokenizer.save_pretrained(run_dir / "final")
     return metrics
+
+
+def warn_skipped_updates(step: int, metrics: dict[str, float]) -> None:
+    """One stderr line when a step skipped updates with a non-finite gradient (veRL skips them too, silently)."""
+    if metrics["actor/nonfinite_grad"] > 0:
+        skipped = round(metrics["actor/nonfinite_grad"] * metrics["actor/num_mini_batches"])
+        print(f"vespo train: step {step}: skipped {skipped} update(s) with a non-finite gradient", file=sys.stderr)
 
 
 def _step_metrics(rewards: Tensor, rollout: Rollout, old_log_prob: Tensor, history: list[dict]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from vespo.adaptive import BatchContext, uses_batch_context
+from vespo.adaptive import BatchContext, batch_context, uses_batch_context
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from vespo.losses import default_loss_agg_mode, kl_k3, policy_loss_terms, validate_hparams
 
@@ -81,6 +81,12 @@ class VespoGRPOConfig(GRPOConfig):
         validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
 
 
+def _loss_mask(inputs: dict[str, Any]) -> Tensor:
+    """(B, T) the completion tokens the loss sees (TRL's completion mask, times its tool mask if any)."""
+    mask = inputs["completion_mask"]
+    return mask if inputs.get("tool_mask") is None else mask * inputs["tool_mask"]
+
+
 class VespoGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose policy loss is a vespo method (`VespoGRPOConfig.vespo_method`).
 
@@ -101,6 +107,7 @@ class VespoGRPOTrainer(GRPOTrainer):
                 "VespoGRPOTrainer does not implement the MoE router auxiliary loss; set router_aux_loss_coef=0"
             )
         self.vespo_loss_agg_mode = self.args.vespo_loss_agg_mode or default_loss_agg_mode(self.args.vespo_method)
+        self._vespo_context: tuple[int, BatchContext] | None = None  # (first micro-batch of the step, its statistics)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if uses_batch_context(self.args.vespo_method) and generate_every % self.args.gradient_accumulation_steps:
             raise ValueError(
@@ -110,21 +117,11 @@ class VespoGRPOTrainer(GRPOTrainer):
             )
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
-        per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model,
-            torch.cat([prompt_ids, completion_ids], dim=1),
-            torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1),
-            compute_entropy=True,
-            **{k: inputs.get(k) for k in _FORWARD_KEYS},
-        )  # (B, T) each
+        mask = _loss_mask(inputs)  # (B, T)
+        per_token_logps, entropies = self._log_probs(model, inputs, compute_entropy=True)  # (B, T) each
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old  # None: generation and update aligned, mu = pi
 
-        is_level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
         loss_mat, metrics = policy_loss_terms(
             self.args.vespo_method,
             log_prob=per_token_logps,
@@ -132,10 +129,10 @@ class VespoGRPOTrainer(GRPOTrainer):
             advantages=inputs["advantages"],
             response_mask=mask,
             rollout_is_weights=inputs.get("importance_sampling_ratio"),  # vLLM: (B, T) token modes, (B, 1) sequence
-            rollout_is_level=is_level,
+            rollout_is_level=self._is_level,
             allow_empty_rows=True,  # TRL pads micro-batches and masks tool tokens
             validate=False,  # model log-probs; no host sync per micro-batch
-            **({"batch_context": self._staleness_context()} if uses_batch_context(self.args.vespo_method) else {}),
+            **({"batch_context": self._step_context(model)} if uses_batch_context(self.args.vespo_method) else {}),
             **self.args.vespo_hparams,
         )
         mode = "train" if self.model.training else "eval"
@@ -153,17 +150,67 @@ class VespoGRPOTrainer(GRPOTrainer):
         self._log_vespo_metrics(metrics, mode)
         return loss
 
-    def _staleness_context(self) -> BatchContext:
-        """The optimizer step's position k among the N = steps_per_generation * num_iterations / GA steps that reuse one
-        generation batch (TRL's buffer; `_step` counts micro-batches and is advanced after the loss). Eval: k=0, N=1.
+    @property
+    def _is_level(self) -> str:
+        """Level of TRL's vLLM importance-sampling ratio: (B, 1) per sequence or (B, T) per token."""
+        return "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
 
-        Only k and N: the adaptive methods' other statistics come from this micro-batch (docs/adaptive.md).
+    def _log_probs(self, model: torch.nn.Module, inputs: dict[str, Any], compute_entropy: bool) -> tuple[Tensor, Any]:
+        """Per-token log-probs (B, T) of a micro-batch's completions under `model` (and entropies if asked)."""
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            inputs["completion_ids"].size(1),
+            compute_entropy=compute_entropy,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )
+        return logps, entropies
+
+    def _step_context(self, model: torch.nn.Module) -> BatchContext:
+        """The adaptive methods' statistics for the current optimizer step, computed once per step and cached.
+
+        Train: the step's accumulation window is micro-batches `_step - _step % GA` .. + GA - 1 of TRL's generation
+        buffer (`_step` counts micro-batches and advances after the loss; the window lies in one generation batch,
+        checked in `__init__`). At its first micro-batch one no-grad forward over the window gives every sequence's
+        log W (`vespo.adaptive.batch_context`, as the loss computes it), gathered across processes, so every
+        micro-batch of every process decides on the same statistics, as one pass over the step's inputs would. k is
+        the step's position among the N = steps_per_generation * num_iterations / GA steps that reuse the generation
+        batch. Eval: nothing is accumulated; the call's own batch decides (k = 0, N = 1).
         """
         if not self.model.training:
             return BatchContext(mini_batch_index=0, num_mini_batches=1)
         ga = self.args.gradient_accumulation_steps
+        start = self._step - self._step % ga
+        if self._vespo_context is not None and self._vespo_context[0] == start:
+            return self._vespo_context[1]
         generate_every = self.args.steps_per_generation * self.num_iterations
-        return BatchContext(mini_batch_index=(self._step % generate_every) // ga, num_mini_batches=generate_every // ga)
+        rows = []  # (b, 3) per micro-batch: log W, A, valid
+        with torch.no_grad():
+            for step in range(start, start + ga):
+                mb = self._buffered_inputs[step % self.args.steps_per_generation]
+                log_prob, _ = self._log_probs(model, mb, compute_entropy=False)
+                old = mb.get("old_per_token_logps")
+                ctx = batch_context(
+                    log_prob=log_prob,
+                    old_log_prob=log_prob if old is None else old,
+                    advantages=mb["advantages"],
+                    response_mask=_loss_mask(mb),
+                    rollout_is_weights=mb.get("importance_sampling_ratio"),
+                    rollout_is_level=self._is_level,
+                )
+                rows.append(torch.stack([ctx.log_w, ctx.advantages, ctx.valid.to(ctx.log_w.dtype)], -1))
+        local = torch.cat(rows)  # (GA * B, 3)
+        every = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0))  # padding: valid = 0
+        ctx = BatchContext(
+            log_w=every[:, 0],
+            advantages=every[:, 1],
+            valid=every[:, 2] > 0,
+            mini_batch_index=(start % generate_every) // ga,
+            num_mini_batches=generate_every // ga,
+        )
+        self._vespo_context = (start, ctx)
+        return ctx
 
     def _global_counts(self, inputs: dict[str, Any], mask: Tensor, mode: str) -> dict[str, Any]:
         """Denominators that make the micro-batches of one optimizer step sum to the step's loss (TRL's normaliser).

@@ -7,7 +7,10 @@ process that imports `verl` through the `verl.plugins` entry point that vespo's 
 
 Hyperparameters come from Hydra through `VespoPolicyLossConfig` (docs/integrations.md has the override lines).
 The loss is aggregated by veRL's own `agg_loss` with `config.global_batch_info`, so micro-batches and data-parallel
-ranks are normalised by the whole mini-batch, as veRL's built-in losses are.
+ranks are normalised by the whole mini-batch, as veRL's built-in losses are. The batch-adaptive methods
+(`vespo.adaptive`) need the whole mini-batch's log W, which a veRL `PolicyLossFn` does not receive: they run only
+where one call sees the whole mini-batch (checked per call), or per micro-batch on explicit opt-in; `vespo_schedule`
+(it needs the mini-batch index) is refused (docs/adaptive.md).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
+from vespo.adaptive import uses_batch_context
 from vespo.losses import available_methods, method_hparams, policy_loss_terms, validate_hparams
 
 Tensor = torch.Tensor
@@ -58,6 +62,9 @@ class VespoPolicyLossConfig(PolicyLossConfig):
         bypass_mode (`bool`): mirror of `algorithm.rollout_correction.bypass_mode` so that bypass mode is refused
             when the config is built; wire it with
             `+actor_rollout_ref.actor.policy_loss.bypass_mode=${algorithm.rollout_correction.bypass_mode}`.
+        adaptive_per_micro_batch (`bool`): opt-in for the batch-adaptive methods (`vespo_moment`, `vespo_ess`,
+            `vespo_selfnorm`) to decide per micro-batch and rank when a call does not see the whole mini-batch
+            (inexact: gradient accumulation then changes the update). Off: such a call raises.
     Validation runs when the config is built (driver and workers), so bad values fail before training starts.
     """
 
@@ -65,6 +72,7 @@ class VespoPolicyLossConfig(PolicyLossConfig):
     hparams: dict = field(default_factory=dict)
     rollout_is: Optional[str] = None  # noqa: UP045 (OmegaConf/Hydra parse typing.Optional on Python 3.10)
     bypass_mode: bool = False
+    adaptive_per_micro_batch: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -96,19 +104,45 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
             "policy_loss.hparams.rollout_is_threshold has no effect in veRL, which truncates the weights itself: "
             "set algorithm.rollout_correction.rollout_is_threshold"
         )
+    if method == "vespo_schedule":
+        raise ValueError(
+            "loss_mode vespo_vespo_schedule is not available in veRL: its PolicyLossFn receives no mini-batch index "
+            "(config.global_batch_info has only dp_size, batch_num_tokens, global_batch_size, loss_scale_factor); "
+            "use vespo train or VespoGRPOTrainer (docs/adaptive.md)"
+        )
     validate_hparams(method, **hparams)  # the core's one check of names, types and values
 
 
-def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, dict[str, Any]]:
-    """(hyperparameters, rollout IS level, global batch info) from veRL's actor config; defaults if it has none."""
+def _policy_loss_settings(config: Any) -> tuple[dict[str, object], str | None, dict[str, Any], bool]:
+    """(hyperparameters, rollout IS level, global batch info, adaptive opt-in) from veRL's actor config; defaults if
+    it has none."""
     if config is None:
-        return {}, None, {}
+        return {}, None, {}, False
     policy_loss = config.get("policy_loss") or {}
     _validate(policy_loss)
     return (
         dict(policy_loss.get("hparams") or {}),
         policy_loss.get("rollout_is"),
         dict(config.get("global_batch_info") or {}),
+        bool(policy_loss.get("adaptive_per_micro_batch", False)),
+    )
+
+
+def _check_whole_mini_batch(method: str, rows: int, batch_info: dict[str, Any]) -> None:
+    """A batch-adaptive method must see the whole mini-batch in one call (veRL hands a PolicyLossFn one micro-batch
+    of one rank and no mini-batch statistics); host ints only, no sync. Raises before any compute otherwise. No
+    global batch info at all (a direct call, outside veRL's workers) means the call is the batch."""
+    dp, total = batch_info.get("dp_size") or 1, batch_info.get("global_batch_size")
+    if all(v is None for v in batch_info.values()) or (dp == 1 and total == rows):
+        return
+    seen = f"{rows} of its {'?' if total is None else total} sequences (dp_size={dp})"
+    raise ValueError(
+        f"loss_mode {verl_loss_name(method)} decides from the whole mini-batch, but this call sees {seen} and "
+        "veRL passes no mini-batch statistics to a policy loss; exact only "
+        "with one micro-batch per mini-batch on one data-parallel rank: actor_rollout_ref.actor."
+        "ppo_micro_batch_size_per_gpu >= ppo_mini_batch_size * rollout.n (with use_dynamic_bsz, "
+        "ppo_max_token_len_per_gpu holding the whole mini-batch) and trainer.nnodes * trainer.n_gpus_per_node = 1; "
+        "or decide per micro-batch (inexact) with +actor_rollout_ref.actor.policy_loss.adaptive_per_micro_batch=True"
     )
 
 
@@ -122,6 +156,7 @@ def make_policy_loss_fn(method: str) -> Callable[..., tuple[Tensor, dict[str, An
     with one host sync (veRL's metric convention).
     """
     method_hparams(method)  # unknown method -> ValueError now, not at the first training step
+    adaptive = uses_batch_context(method)
 
     def policy_loss_fn(
         old_log_prob: Tensor,
@@ -132,7 +167,9 @@ def make_policy_loss_fn(method: str) -> Callable[..., tuple[Tensor, dict[str, An
         config: Any = None,
         rollout_is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
-        hparams, level, batch_info = _policy_loss_settings(config)
+        hparams, level, batch_info, per_micro_batch = _policy_loss_settings(config)
+        if adaptive and not per_micro_batch:
+            _check_whole_mini_batch(method, log_prob.shape[0], batch_info)
         loss_mat, metrics = policy_loss_terms(
             method,
             log_prob=log_prob,
