@@ -79,11 +79,11 @@ def test_noisy_solution_text_is_wrong_only_in_the_box():
 def test_chain_problems_follow_the_lagged_running_sum():
     from vespo.task import CHAIN_LAG, Problem, chain_problems
 
-    # seeds 2 9 1 4 1: x5 = 1 + 2 = 3, x6 = 3 + 9 = 12 -> 2, x7 = 2 + 1 = 3 (each step: previous + five back, mod 10)
-    assert CHAIN_LAG == 5
+    # seeds 2 9 1: x3 = 1 + 2 = 3, x4 = 3 + 9 = 12 -> 2, x5 = 2 + 1 = 3 (each step: previous + three back, mod 10)
+    assert CHAIN_LAG == 3
     p = chain_problems(1, seed=0, num_operands=3)[0]
-    assert p.prompt.startswith("3 steps: =") and len(p.prompt.split("=")) == 6
-    assert solution_text(Problem("3 steps: =2 =9 =1 =4 =1 ", "3")) == "23 92 13 \\boxed{3}"
+    assert p.prompt.startswith("3 steps: =") and len(p.prompt.split("=")) == 4
+    assert solution_text(Problem("3 steps: =2 =9 =1 ", "3")) == "23 92 13 \\boxed{3}"
     probs = chain_problems(50, seed=3, num_operands=7)
     assert probs == chain_problems(50, seed=3, num_operands=7)
     for q in probs:  # the answer is the last running digit the solution writes, and the box repeats it
@@ -103,13 +103,13 @@ def test_chain_solution_has_the_advertised_length_and_fixed_offset_dependencies(
         prompt = tok(p.prompt, add_special_tokens=False).input_ids
         target = tok(solution_text(p), add_special_tokens=False).input_ids
         assert len(target) + 1 == chain_response_tokens(k)  # + <eos>
-        # every step's addend is a copy of the running digit 14 tokens back, prompt seeds included: the offsets a
+        # every step's addend is a copy of the running digit 8 tokens back, prompt seeds included: the offsets a
         # small model must learn do not grow with the length
         text = tok.convert_ids_to_tokens(prompt + target)
         first = len(prompt)
         for t in range(k):
             addend, value, prev = text[first + 3 * t], text[first + 3 * t + 1], text[first + 3 * t - 2]
-            assert addend == text[first + 3 * t - 14]
+            assert addend == text[first + 3 * t - 8]
             assert int(value) == (int(prev) + int(addend)) % 10
 
 
@@ -117,7 +117,7 @@ def test_chain_noisy_demonstrations_are_wrong_only_in_the_box():
     from vespo.rewards import math_reward
     from vespo.task import Problem
 
-    p = Problem("3 steps: =2 =9 =1 =4 =1 ", "3")
+    p = Problem("3 steps: =2 =9 =1 ", "3")
     rng = random.Random(0)
     noisy = [solution_text(p, noisy_rng=rng) for _ in range(30)]
     assert math_reward([solution_text(p)], ["3"]) == [1.0]

@@ -53,8 +53,8 @@ def _sft_cache_key(cfg: TrainConfig) -> str:
         "sft_label_noise",
         "eval_size",
     )
-    # arithmetic keeps its existing cache entries; chain format 2 = the lagged running sum (format 1 is not learnable)
-    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 2}
+    # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2)
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 3}
     fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": _sft_steps(cfg)}
     blob = json.dumps(fields | task | {"v": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

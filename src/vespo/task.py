@@ -97,7 +97,7 @@ def arithmetic_problems(count: int, *, seed: int, num_operands: int = 3, max_ope
     return out
 
 
-CHAIN_LAG = 5
+CHAIN_LAG = 3
 """Chain task: each new digit is the previous digit plus the digit `CHAIN_LAG` places back (mod 10)."""
 _STEPS = " steps: "
 
@@ -113,9 +113,9 @@ def chain_sequence(seed_digits: list[int], steps: int) -> list[int]:
 def chain_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
     """`count` chain problems: `CHAIN_LAG` random seed digits, answer the digit after `num_operands` more steps.
 
-    Prompt "20 steps: =2 =9 =1 =4 =1 " (20 steps from seeds 2, 9, 1, 4, 1); the solution writes each step as the
-    addend it takes (the digit five places back) and the new running digit, "22 92 15 45 15 ... \\boxed{d}", so the
-    answer depends on every step and the length is a knob (`chain_response_tokens`). Every dependency sits at a fixed
+    Prompt "20 steps: =2 =9 =1 " (20 steps from seeds 2, 9, 1); the solution writes each step as the addend it takes
+    (the digit three places back) and the new running digit, "23 92 13 ... \\boxed{d}", so the answer depends on every
+    step and the length is a knob (`chain_response_tokens`). Every dependency sits at a fixed
     offset of at most 3 * CHAIN_LAG - 1 tokens whatever the length, and each step's addend is written out (a copy,
     learnable on its own) before the sum that needs it, so a tiny model learns it by SFT (docs/training.md).
     Deterministic in `seed`.
@@ -156,7 +156,7 @@ def embedded_split(
 
 def solution_text(problem: Problem, *, noisy_rng: random.Random | None = None) -> str:
     """The SFT target: running partial sums, then the boxed answer ("3+8+5=" -> "11,16 \\boxed{16}"; a chain problem
-    "20 steps: =2 =9 =1 =4 =1 " -> "22 92 15 45 15 ... \\boxed{d}", `chain_problems`).
+    "20 steps: =2 =9 =1 " -> "23 92 13 ... \\boxed{d}", `chain_problems`).
 
     With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3; never negative, mod 10 for chains).
     """
