@@ -1,0 +1,67 @@
+"""The mechanism metrics of a finished `vespo sweep`, per method, lr and N (mean over seeds and rollout steps).
+
+One command per sweep: `python benchmarks/robustness_mechanism.py benchmarks/results/robustness/arithmetic` writes
+mechanism.csv and mechanism.md beside its results.md. For the stalest mini-batch of every rollout step (the last
+one; the first is fresh) it reports the mean log W, the ESS of W, the share of sum W on the top 1% of sequences,
+the gradient norm before clipping and the update norm, next to the fresh mini-batch's gradient and update norms and
+the cell's final held-out accuracy (docs/results.md, the trainer grid).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = {  # output column -> metrics key (per rollout step)
+    "log_w_mean_last": "is/log_w_mean/last_mini_batch",
+    "ess_last": "weight/ess/last_mini_batch",
+    "top1pct_share_last": "is/top1pct_w_share/last_mini_batch",
+    "grad_norm_first": "actor/grad_norm/first_mini_batch",
+    "grad_norm_last": "actor/grad_norm/last_mini_batch",
+    "update_norm_first": "actor/update_norm/first_mini_batch",
+    "update_norm_last": "actor/update_norm/last_mini_batch",
+}
+
+
+def main(sweep_dir: Path) -> None:
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for summary in sorted((sweep_dir / "cells").glob("*/N*/seed*/summary.json")):
+        cell = json.loads(summary.read_text())
+        rows = [json.loads(line) for line in (summary.parent / "metrics.jsonl").read_text().splitlines() if line]
+        steps = [r for r in rows if "reward/mean" in r]
+        stats = {col: float(np.mean([r[key] for r in steps if key in r])) for col, key in COLUMNS.items()}
+        groups[(cell["variant"], cell["N"])].append(stats | {"final_eval_acc": cell["final_eval_acc"]})
+    out = []
+    for (variant, n), cells in sorted(groups.items()):
+        out.append(
+            {"variant": variant, "N": n, "seeds": len(cells)}
+            | {k: float(np.mean([c[k] for c in cells])) for k in [*COLUMNS, "final_eval_acc"]}
+        )
+    with (sweep_dir / "mechanism.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(out[0]))
+        w.writeheader()
+        w.writerows(out)
+    head = "| variant | N | held-out | log W (L) | ESS (L) | top-1% (L) | grad F / L | update F / L |"
+    lines = [
+        "# Mechanism per cell group (mean over seeds and rollout steps; F = fresh, L = stalest mini-batch)",
+        "",
+        head,
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out:
+        lines.append(
+            f"| {r['variant']} | {r['N']} | {r['final_eval_acc']:.3f} | {r['log_w_mean_last']:.2f} | "
+            f"{r['ess_last']:.2f} | {r['top1pct_share_last']:.2f} | {r['grad_norm_first']:.2g} / "
+            f"{r['grad_norm_last']:.2g} | {r['update_norm_first']:.2g} / {r['update_norm_last']:.2g} |"
+        )
+    (sweep_dir / "mechanism.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
