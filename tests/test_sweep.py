@@ -116,3 +116,23 @@ def test_chain_task_needs_room_for_its_response():
     with pytest.raises(SystemExit):  # `task` is a Literal: tyro refuses the choice and lists the accepted ones
         parse_args(["--task", "chains"])
     assert parse_args(["--task", "chain", "--num-operands", "3"]).max_response_length == 16  # 3 steps: 14 tokens
+
+
+def test_lr_robustness_figure_reads_finished_cells(tmp_path):
+    from vespo.sweep import plot_lr_robustness
+
+    cfg = SweepConfig(
+        out_dir=str(tmp_path),
+        methods=("vespo", "grpo"),
+        staleness=(1, 4),
+        seeds=(0, 1),
+        optimizer_steps=8,
+        lr=(1e-4, 9e-4),
+    )
+    grid = cells(cfg)
+    for i, c in enumerate(grid[:-1]):  # one cell unfinished: the figure still draws from the others
+        d = tmp_path / "cells" / c.name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"final_eval_acc": 0.1 * (i % 5), "initial_eval_acc": 0.25}))
+    plot_lr_robustness(cfg, grid)
+    assert (tmp_path / "fig_lr_robustness.png").stat().st_size > 0
