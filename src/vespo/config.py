@@ -145,8 +145,8 @@ class TrainConfig:
     max_operand: int = 9
     """Embedded arithmetic task: largest operand (chain digits are 0-9)."""
     sft_steps: int | None = None
-    """Embedded warm start: SFT steps (cached by config hash in cache_dir); None: 400 for arithmetic, 4000 for chain
-    (the chain's step rule needs ~2000 steps to be learned; docs/training.md)."""
+    """Embedded warm start: SFT steps (cached by config hash in cache_dir); None: 400 for arithmetic, 8000 for chain
+    (at 4000 the chain's digits are 87% right and held-out accuracy is near chance; at 8000, 100% and 0.5)."""
     sft_lr: float = 3e-3
     """Embedded warm start: SFT learning rate."""
     sft_batch_size: int = 32

@@ -32,7 +32,7 @@ CHECKPOINT = "checkpoints/last.pt"
 # Embedded warm start (cached by config hash)
 
 
-SFT_STEPS = {"arithmetic": 400, "chain": 4000}
+SFT_STEPS = {"arithmetic": 400, "chain": 8000}
 """Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
 
 
