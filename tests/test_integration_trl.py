@@ -167,6 +167,7 @@ def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
     assert grads[0].abs().max() > 1e-4
     # the weights are far from 1, so the check is not the on-policy limit in disguise
+    ours._flush_vespo_metrics()  # metrics stay tensors until TRL logs
     assert ours._metrics["train"]["weight/min_pos"][-1] < 0.9 or ours._metrics["train"]["weight/min_neg"][-1] < 0.9
     assert ours._metrics["train"]["vespo/Z"][-1] == pytest.approx(
         theirs._metrics["train"]["vespo/phi_seq_mean"][-1], rel=1e-5
@@ -198,6 +199,7 @@ def test_normaliser_matches_trl_for_grpo_style_seq_mean(tokenizer, dataset, tmp_
     a = ours._compute_loss(ours.model, inputs)
     b = theirs._compute_loss(theirs.model, inputs)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    ours._flush_vespo_metrics()
     assert ours._metrics["train"]["clip/frac"][-1] > 0
 
 
@@ -254,6 +256,7 @@ def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_p
 
     accumulated, single = grad_of(split, mbs), grad_of(whole, [one])
     torch.testing.assert_close(accumulated, single, rtol=1e-5, atol=1e-8)
+    split._flush_vespo_metrics()
     metrics = split._metrics["train"]
     control = {"vespo_moment": "adaptive/c2_neg", "vespo_ess": "adaptive/tau_pos", "vespo_selfnorm": "adaptive/Z_pos"}
     chosen = metrics[control[method]][-2:]  # both micro-batches chose the same kernel, and not the paper's

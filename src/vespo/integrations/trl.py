@@ -100,6 +100,7 @@ class VespoGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._vespo_pending: dict[str, list[tuple[tuple[str, ...], Tensor]]] = {"train": [], "eval": []}
         if not isinstance(self.args, VespoGRPOConfig):
             raise ValueError(f"VespoGRPOTrainer needs a VespoGRPOConfig, got {type(self.args).__name__}")
         if self.aux_loss_enabled:
@@ -231,12 +232,26 @@ class VespoGRPOTrainer(GRPOTrainer):
         return counts
 
     def _log_vespo_metrics(self, metrics: dict[str, Tensor], mode: str) -> None:
-        """Append each metric, averaged over processes with one gather, to TRL's `self._metrics[mode]`."""
-        names = list(metrics)
-        local = torch.stack([metrics[k].float().reshape(()) for k in names])  # (K,)
-        gathered = self.accelerator.gather(local).reshape(-1, len(names)).mean(0)  # (K,)
-        for name, value in zip(names, gathered.tolist(), strict=True):
-            self._metrics[mode][name].append(value)
+        """Keep this micro-batch's metrics as one (K,) tensor until `log` (no host sync per micro-batch)."""
+        names = tuple(metrics)
+        self._vespo_pending[mode].append((names, torch.stack([metrics[k].float().reshape(()) for k in names])))
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's `log`, after the pending vespo metrics have moved into `self._metrics`."""
+        self._flush_vespo_metrics()
+        super().log(logs, start_time)
+
+    def _flush_vespo_metrics(self) -> None:
+        """Move the pending vespo metrics into TRL's `self._metrics`, averaged over processes with one gather and
+        one host sync per logged step."""
+        for mode, pending in self._vespo_pending.items():
+            if not pending:
+                continue
+            local = torch.stack([values for _, values in pending])  # (M, K), K fixed by the method and beta
+            gathered = self.accelerator.gather(local).reshape(-1, *local.shape).mean(0)  # (M, K)
+            for (names, _), row in zip(pending, gathered.tolist(), strict=True):
+                for name, value in zip(names, row, strict=True):
+                    self._metrics[mode][name].append(value)
+            pending.clear()
 
 __all__ = ["VespoGRPOConfig", "VespoGRPOTrainer"]
