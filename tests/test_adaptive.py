@@ -1,4 +1,4 @@
-"""Adaptive VESPO (vespo.adaptive): inactive = paper VESPO, on-policy = REINFORCE, hand-solved controllers,
+"""Adaptive VESPO (vespo.losses.adaptive): inactive = paper VESPO, on-policy = REINFORCE, hand-solved controllers,
 micro-batch invariance with a BatchContext, extreme log W, no host syncs, validation."""
 
 import math
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from vespo import compute_policy_loss
-from vespo.adaptive import ADAPTIVE_METHODS, BatchContext, batch_context, moment_control, top_share
+from vespo.losses.adaptive import ADAPTIVE_METHODS, BatchContext, batch_context, moment_control
+from vespo.losses.core import top_share
 
 CTX = BatchContext(mini_batch_index=2, num_mini_batches=4)  # only vespo_schedule reads k and N
 

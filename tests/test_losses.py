@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import vespo
 from vespo import compute_policy_loss, policy_loss_terms
-from vespo.adaptive import ADAPTIVE_METHODS
 from vespo.kernels import phi_max
 from vespo.losses import default_loss_agg_mode, register_method
+from vespo.losses.adaptive import ADAPTIVE_METHODS
 
 # vespo_schedule needs the staleness index of its mini-batch (a BatchContext); tests/test_adaptive.py covers it.
 METHODS = [m for m in vespo.available_methods() if m != "vespo_schedule"]

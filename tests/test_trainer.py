@@ -198,7 +198,7 @@ def test_micro_batch_accumulation_equals_one_big_batch():
 
 def test_inputs_are_validated_once_per_rollout_batch_not_per_micro_batch(monkeypatch):
     """The fused value check (one host sync) runs once per ppo_update, however many micro-batches there are."""
-    import vespo.losses as losses
+    import vespo.losses.compute as losses
 
     calls = []
     real = losses._check_values

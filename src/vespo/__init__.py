@@ -2,10 +2,10 @@
 
 Public API: `compute_policy_loss`, `policy_loss_terms`, `available_methods`, `register_method`, `method_hparams`,
 `validate_hparams`, `check_policy_inputs`, and the `kernels` module (phi, K, phi_max, surrogate, ESS). Importing
-vespo also registers the batch-adaptive VESPO variants of `vespo.adaptive`.
+vespo registers every method, the batch-adaptive VESPO variants of `vespo.losses.adaptive` included.
 """
 
-from vespo import adaptive, kernels
+from vespo import kernels
 from vespo.aggregation import agg_loss
 from vespo.losses import (
     available_methods,
@@ -20,7 +20,6 @@ from vespo.losses import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "adaptive",
     "agg_loss",
     "available_methods",
     "check_policy_inputs",

@@ -26,10 +26,9 @@ import numpy as np
 import torch
 import tyro
 
-from vespo.adaptive import BatchContext, uses_batch_context
 from vespo.advantages import group_advantages
 from vespo.kernels import effective_sample_size
-from vespo.losses import available_methods, compute_policy_loss, validate_hparams
+from vespo.losses import BatchContext, available_methods, compute_policy_loss, uses_batch_context, validate_hparams
 
 Tensor = torch.Tensor
 

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 import transformers
 
-from vespo.adaptive import BatchContext, batch_context, uses_batch_context
 from vespo.advantages import group_advantages
 from vespo.aggregation import agg_loss
 from vespo.config import (
@@ -35,7 +34,15 @@ from vespo.config import (
 )
 from vespo.data import load_records
 from vespo.evaluation import evaluate_records, format_prompts
-from vespo.losses import ROLLOUT_IS_THRESHOLD, check_policy_inputs, compute_policy_loss, default_loss_agg_mode
+from vespo.losses import (
+    ROLLOUT_IS_THRESHOLD,
+    BatchContext,
+    batch_context,
+    check_policy_inputs,
+    compute_policy_loss,
+    default_loss_agg_mode,
+    uses_batch_context,
+)
 from vespo.rollout import Rollout, decode_responses, response_log_probs, sample
 from vespo.runs import (
     Logger,

@@ -13,9 +13,16 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from vespo.adaptive import BatchContext, batch_context, uses_batch_context
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
-from vespo.losses import default_loss_agg_mode, kl_k3, policy_loss_terms, validate_hparams
+from vespo.losses import (
+    BatchContext,
+    batch_context,
+    default_loss_agg_mode,
+    kl_k3,
+    policy_loss_terms,
+    uses_batch_context,
+    validate_hparams,
+)
 
 Tensor = torch.Tensor
 
@@ -174,7 +181,7 @@ class VespoGRPOTrainer(GRPOTrainer):
         Train: the step's accumulation window is micro-batches `_step - _step % GA` .. + GA - 1 of TRL's generation
         buffer (`_step` counts micro-batches and advances after the loss; the window lies in one generation batch,
         checked in `__init__`). At its first micro-batch one no-grad forward over the window gives every sequence's
-        log W (`vespo.adaptive.batch_context`, as the loss computes it), gathered across processes, so every
+        log W (`vespo.losses.adaptive.batch_context`, as the loss computes it), gathered across processes, so every
         micro-batch of every process decides on the same statistics, as one pass over the step's inputs would. k is
         the step's position among the N = steps_per_generation * num_iterations / GA steps that reuse the generation
         batch. Eval: nothing is accumulated; the call's own batch decides (k = 0, N = 1).

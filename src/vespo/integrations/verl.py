@@ -8,7 +8,7 @@ process that imports `verl` through the `verl.plugins` entry point that vespo's 
 Hyperparameters come from Hydra through `VespoPolicyLossConfig` (docs/integrations.md has the override lines).
 The loss is aggregated by veRL's own `agg_loss` with `config.global_batch_info`, so micro-batches and data-parallel
 ranks are normalised by the whole mini-batch, as veRL's built-in losses are. The batch-adaptive methods
-(`vespo.adaptive`) need the whole mini-batch's log W, which a veRL `PolicyLossFn` does not receive: they run only
+(`vespo.losses.adaptive`) need the whole mini-batch's log W, which a veRL `PolicyLossFn` does not receive: they run only
 where one call sees the whole mini-batch (checked per call), or per micro-batch on explicit opt-in; `vespo_schedule`
 (it needs the mini-batch index) is refused (docs/adaptive.md).
 """
@@ -23,8 +23,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
-from vespo.adaptive import uses_batch_context
-from vespo.losses import available_methods, method_hparams, policy_loss_terms, validate_hparams
+from vespo.losses import available_methods, method_hparams, policy_loss_terms, uses_batch_context, validate_hparams
 
 Tensor = torch.Tensor
 

@@ -28,21 +28,20 @@ from typing import Literal
 import torch
 
 from vespo.kernels import effective_sample_size, vespo_log_phi
-from vespo.losses import (
-    _LOG_W_MAX,
-    _LOG_W_MIN,
-    _compact,
-    _fold_log_weight,
-    _row_sum,
-    _seq_advantage,
-    _token_log_ratio,
-    _weight_metrics,
-    register_method,
+from vespo.losses.core import (
+    LOG_W_MAX,
+    LOG_W_MIN,
+    compact_advantages,
+    rollout_log_weight,
+    seq_advantage,
+    seq_log_ratio,
+    top_share,
+    weight_metrics,
 )
+from vespo.losses.registry import register_method
 
 Tensor = torch.Tensor
 _BISECT_ITERS = 40  # bisection halves the bracket 40 times: ~1e-12 of its width, far below float32 resolution
-_TOP_SHARE = 0.01  # metrics: share of the total weight carried by the top 1% of sequences
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,6 @@ class BatchContext:
     valid: Tensor | None = None
     mini_batch_index: int | None = None
     num_mini_batches: int | None = None
-
-
-def uses_batch_context(method: str) -> bool:
-    """Whether `method` decides from mini-batch statistics (then pass it a `BatchContext` per micro-batch)."""
-    return method in ADAPTIVE_METHODS
 
 
 def batch_context(
@@ -86,7 +80,7 @@ def batch_context(
     mask = response_mask.float() if not response_mask.is_floating_point() else response_mask
     dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32
     mask, old = mask.to(dtype), old_log_prob.detach().to(dtype)
-    log_w = _row_sum(_token_log_ratio(log_prob.detach().to(dtype), old), mask)  # (M,)
+    log_w = seq_log_ratio(log_prob.detach().to(dtype), old, mask)  # (M,)
     if rollout_log_prob is not None or rollout_is_weights is not None:
         rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
         weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
@@ -94,11 +88,11 @@ def batch_context(
             rollout_is_level = "sequence"
         if weights is not None and rollout_is_level not in ("token", "sequence"):
             raise ValueError(f"rollout_is_weights need rollout_is_level 'token' or 'sequence': {rollout_is_level!r}")
-        fold, _ = _fold_log_weight(old, rollout, weights, rollout_is_level, mask, rollout_is_threshold)
+        fold, _ = rollout_log_weight(old, rollout, weights, rollout_is_level, mask, rollout_is_threshold)
         log_w = log_w + fold
     adv = advantages.detach().to(dtype)
     adv = adv.reshape(-1, 1).expand(mask.shape) if adv.dim() == 1 or adv.shape[-1] == 1 else adv
-    return BatchContext(log_w, _seq_advantage(adv, mask), mask.sum(-1) > 0, mini_batch_index, num_mini_batches)
+    return BatchContext(log_w, seq_advantage(adv, mask), mask.sum(-1) > 0, mini_batch_index, num_mini_batches)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -198,17 +192,6 @@ def selfnorm_gain(
     return (-log_z).clamp(max=math.log(max_gain)), torch.exp(log_z)
 
 
-def top_share(log_weights: Tensor, valid: Tensor, share: float = _TOP_SHARE) -> Tensor:
-    """Share of the total weight carried by the ceil(share * n) largest weights (weights in log space), 0-dim."""
-    lw = log_weights.masked_fill(~valid, -math.inf)
-    w = torch.exp(lw - lw.max().clamp(min=-1e30))  # max-shifted: no overflow; -inf rows give 0
-    w = torch.nan_to_num(w, nan=0.0)
-    top = torch.sort(w, descending=True).values
-    k = torch.ceil(share * valid.sum()).clamp(min=1)
-    ranks = torch.arange(top.numel(), device=top.device)
-    return (top * (ranks < k)).sum() / top.sum().clamp(min=1e-30)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # The registered methods share one body: sequence log W -> controller -> phi -> loss
 
@@ -228,15 +211,15 @@ def _adaptive_loss(
     """loss = -sg(phi_g(W)) * A * log pi (B, T), with (c1, c2, log gain) per sign from the controller `kind`."""
     log_w = seq_log_ratio  # (B,) log prod_t pi/mu from the core (or computed here when called directly)
     if log_w is None:
-        log_w = _row_sum(_token_log_ratio(log_prob.detach(), old_log_prob), mask)
+        log_w = seq_log_ratio(log_prob.detach(), old_log_prob, mask)
     if rollout_log_w is not None:
         log_w = log_w + rollout_log_w
-    log_w = log_w.clamp(_LOG_W_MIN, _LOG_W_MAX)  # (B,) as `vespo`
-    a_seq = _seq_advantage(advantages, mask)  # (B,)
+    log_w = log_w.clamp(LOG_W_MIN, LOG_W_MAX)  # (B,) as `vespo`
+    a_seq = seq_advantage(advantages, mask)  # (B,)
     seq_valid = mask.sum(-1) > 0
     # the decision's statistics: the whole mini-batch if given, else this batch
     if ctx is not None and ctx.log_w is not None:
-        g_log_w = ctx.log_w.to(log_w.dtype).clamp(_LOG_W_MIN, _LOG_W_MAX)
+        g_log_w = ctx.log_w.to(log_w.dtype).clamp(LOG_W_MIN, LOG_W_MAX)
         g_pos, g_valid = ctx.advantages >= 0, ctx.valid
     else:
         g_log_w, g_pos, g_valid = log_w, a_seq >= 0, seq_valid
@@ -266,14 +249,14 @@ def _adaptive_loss(
     idx = (a_seq < 0).long()  # (B,) 0 for A >= 0, 1 for A < 0
     log_phi = vespo_log_phi(log_w, c1[idx], c2[idx]) + log_gain[idx]  # (B,)
     phi = torch.exp(log_phi)  # detached: log_w came from log_prob.detach()
-    loss = log_prob * (-phi.unsqueeze(-1) * _compact(advantages))  # (B, T)
+    loss = log_prob * (-phi.unsqueeze(-1) * compact_advantages(advantages))  # (B, T)
 
     g_idx = (~g_pos).long()
     after = vespo_log_phi(g_log_w, c1[g_idx], c2[g_idx]) + log_gain[g_idx]  # (M,) the controlled kernel, log phi
     metrics["adaptive/ess_before"] = effective_sample_size(before, g_valid)
     metrics["adaptive/ess"] = effective_sample_size(after, g_valid)
     metrics["adaptive/top1_share"] = top_share(after, g_valid)
-    metrics |= _weight_metrics("weight", phi, a_seq, seq_valid)
+    metrics |= weight_metrics("weight", phi, a_seq, seq_valid)
     metrics["vespo/Z"] = (phi * seq_valid).sum() / seq_valid.sum().clamp(min=1)
     return loss, {k: v.detach() for k, v in metrics.items()}
 
@@ -436,4 +419,4 @@ def vespo_schedule(
 
 ADAPTIVE_METHODS = ("vespo_ess", "vespo_moment", "vespo_schedule", "vespo_selfnorm")
 
-__all__ = ["ADAPTIVE_METHODS", "BatchContext", "batch_context", "uses_batch_context"]
+__all__ = ["ADAPTIVE_METHODS", "BatchContext", "batch_context"]

@@ -1,0 +1,368 @@
+"""Entry points of the loss library: `compute_policy_loss` (scalar loss) and `policy_loss_terms` (loss matrix),
+with the input checks (structure always; values in one fused test, one host sync).
+
+Every method is a pure function registered with `register_method`:
+
+    fn(log_prob, old_log_prob, advantages, mask, *, **hparams) -> (loss_mat, metrics)
+
+of float tensors of shape (B, T) (`advantages` is a (B, T) view, constant along a row, stride 0, when the caller
+gave one advantage per sequence; `mask` is float 0/1), returning the per-token loss matrix and a dict of 0-dim
+detached metric tensors. A method registered with `rollout_correction="fold"` also takes the keyword
+`rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W. Any
+method may also declare the keywords `log_ratio` (B, T) (detached log(pi/mu), clamped to [-20, 20]) and
+`seq_log_ratio` (B,) (its masked row sum, log W): the core computes them once per call and passes them (default
+None: compute them yourself when called directly). Methods whose weights depend on statistics of the whole
+mini-batch (`vespo.adaptive`) declare `batch_context`, which the caller passes through unchanged.
+Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments with the paper defaults; they are
+checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
+`vespo.aggregation`.
+
+Train-inference mismatch is corrected here, once, for every method: the caller passes the sampler's log-probs
+(`rollout_log_prob`) or an engine's ready weights (`rollout_is_weights`, what veRL and TRL hand over), and the
+method's registered `rollout_correction` says how they apply: "token" multiplies each token's loss by
+min(mu/pi_rollout, C), "sequence" by min(prod_t mu/pi_rollout, C), "fold" passes the sum of the token-level
+truncated log-weights to the method (VESPO: W = pi/mu * prod_t min(mu/pi_rollout, C), as the official code).
+C = `rollout_is_threshold` (default `ROLLOUT_IS_THRESHOLD` = 2, veRL's default, which the official VESPO code
+receives), a hyperparameter of every method; None means no truncation.
+
+The public entry points are `compute_policy_loss` (scalar loss and 0-dim metric tensors) and `policy_loss_terms`
+(loss matrix, for engines that aggregate themselves). Both check their inputs with one fused test (one host
+synchronisation); `validate=False` skips it for engines that validated upstream (padding must then be finite).
+
+Notation: pi = current policy (log_prob), mu = behaviour policy the weights are taken against (old_log_prob),
+pi_rollout = the inference engine that sampled (rollout_log_prob, train-inference mismatch).
+Every method reduces to REINFORCE, -A * log pi, when log_prob == old_log_prob and no rollout correction is given.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Literal
+
+import torch
+
+from vespo.aggregation import LOSS_AGG_MODES, agg_loss
+from vespo.losses.core import (
+    LOG_PROB_MAX,
+    ratio_metrics,
+    rollout_is_factor,
+    rollout_log_weight,
+    row_sum,
+    token_log_ratio,
+)
+from vespo.losses.registry import default_loss_agg_mode, get_method, validate_hparams
+
+Tensor = torch.Tensor
+
+
+def policy_loss_terms(
+    method: str,
+    *,
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    rollout_log_prob: Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
+    rollout_is_level: Literal["token", "sequence"] | None = None,
+    allow_empty_rows: bool = False,
+    validate: bool = True,
+    batch_context: object | None = None,
+    **hparams: object,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`method`'s per-token loss matrix (B, T), rollout correction applied, and its 0-dim detached metric tensors.
+
+    Train-inference correction: `rollout_log_prob` (B, T), the sampler's log-probs, or `rollout_is_weights`, an
+    engine's ready, already truncated weights: (B, T) per token, or per sequence as (B, 1) or (B, T) constant along
+    a row. Ready weights multiply the loss as given (as veRL's and TRL's own losses do) except for "fold" methods,
+    which need `rollout_is_level` ("token" / "sequence"; (B, 1) implies "sequence") to fold them into W.
+    `allow_empty_rows=True` lets rows with no valid token through (they contribute exactly zero); by default such a
+    row is an error, since it usually means a masking bug upstream. `validate=False` skips the value checks (one
+    fused test, one host sync): for engines that validated upstream; padding must then be finite. Padding entries of
+    the returned matrix are unspecified: aggregate with the mask.
+    """
+    spec = get_method(method)
+    hp = validate_hparams(method, **hparams)
+    threshold = hp.pop("rollout_is_threshold")
+    if batch_context is not None and "batch_context" not in spec.inputs:
+        raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
+    dtype = _check_structure(log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, rollout_is_weights)
+    if rollout_log_prob is not None and rollout_is_weights is not None:
+        raise ValueError("pass rollout_log_prob or rollout_is_weights, not both")
+    if rollout_is_level not in (None, "token", "sequence"):
+        raise ValueError(f"rollout_is_level must be 'token', 'sequence' or None, got {rollout_is_level!r}")
+    if rollout_is_weights is not None and rollout_is_weights.shape[-1] == 1 and log_prob.shape[-1] > 1:
+        if rollout_is_level == "token":
+            raise ValueError("rollout_is_weights of shape (B, 1) are per sequence, but rollout_is_level is 'token'")
+        rollout_is_level = "sequence"
+    fold = spec.rollout_correction == "fold"
+    if fold and rollout_is_weights is not None and rollout_is_level is None:
+        raise ValueError(
+            f"{method!r} folds the rollout IS weight into its sequence weight W and must know whether the weights "
+            "are per 'token' or per 'sequence': set rollout_is_level"
+        )
+    mask = response_mask.to(dtype)  # (B, T) 0/1
+    lp, old, adv = log_prob.to(dtype), old_log_prob.detach().to(dtype), advantages.detach().to(dtype)
+    rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
+    weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
+    if validate and _check_values(
+        lp, old, adv, mask, rollout, weights,
+        binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows,
+        sequence_weights=fold and rollout_is_level == "sequence",
+    ):  # fmt: skip
+        # NaN/inf in the padding (valid positions are fine): zero it so that 0 * NaN cannot reach a sum (slow path)
+        valid = mask > 0
+        row_valid = valid.any(-1, keepdim=True)  # (B, 1), for per-sequence inputs of empty rows
+
+        def clean(t: Tensor) -> Tensor:
+            return torch.where(valid if t.shape == valid.shape else row_valid.reshape(t.shape), t, 0.0)
+
+        lp, old, adv = clean(lp), clean(old), clean(adv)
+        rollout = None if rollout is None else clean(rollout)
+        weights = None if weights is None else clean(weights)
+    if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
+        adv = adv.reshape(-1, 1).expand(lp.shape)
+
+    log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
+    shared = {"log_ratio": log_ratio, "seq_log_ratio": row_sum(log_ratio, mask), "batch_context": batch_context}
+    if fold:
+        shared["rollout_log_w"], ro_metrics = rollout_log_weight(
+            old, rollout, weights, rollout_is_level, mask, threshold
+        )
+    loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
+    if not fold:
+        factor, ro_metrics = rollout_is_factor(old, rollout, weights, mask, spec.rollout_correction, threshold)
+        if factor is not None:
+            loss_mat = loss_mat * factor  # (B, T) or (B, 1), detached
+    metrics.update(ro_metrics)
+    metrics.update(ratio_metrics(shared["seq_log_ratio"], adv, mask))
+    return loss_mat, metrics
+
+
+def compute_policy_loss(
+    method: str,
+    *,
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    rollout_log_prob: Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
+    rollout_is_level: Literal["token", "sequence"] | None = None,
+    loss_agg_mode: str | None = None,
+    global_num_tokens: float | Tensor | None = None,
+    global_num_seqs: float | Tensor | None = None,
+    allow_empty_rows: bool = False,
+    validate: bool = True,
+    batch_context: object | None = None,
+    **hparams: object,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar policy loss of `method` and its metrics as 0-dim detached tensors (`float(v)` converts; call it once
+    per logged step, not per micro-batch, to avoid host synchronisation).
+
+    Shapes: `log_prob`, `old_log_prob`, `rollout_log_prob`, `response_mask` are (B, T); `advantages` is (B,) or
+    (B, T). `loss_agg_mode=None` uses the method's own default (`default_loss_agg_mode`). `global_num_tokens` /
+    `global_num_seqs` (> 0) normalise by the whole mini-batch when this call sees one micro-batch. Hyperparameters
+    are keyword arguments with the paper defaults (`method_hparams(method)`); rollout correction,
+    `allow_empty_rows` and `validate` as in `policy_loss_terms`; `batch_context` (mini-batch statistics for the
+    batch-adaptive methods, `vespo.adaptive.batch_context`) makes a micro-batch call decide as the whole mini-batch.
+    """
+    mode = default_loss_agg_mode(method) if loss_agg_mode is None else loss_agg_mode
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; choose one of {list(LOSS_AGG_MODES)}")
+    counts = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
+    for name, value in counts.items():
+        _check_count(name, value, validate)
+    loss_mat, metrics = policy_loss_terms(
+        method,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        rollout_log_prob=rollout_log_prob,
+        rollout_is_weights=rollout_is_weights,
+        rollout_is_level=rollout_is_level,
+        allow_empty_rows=allow_empty_rows,
+        validate=validate,
+        batch_context=batch_context,
+        **hparams,
+    )
+    loss = agg_loss(loss_mat, response_mask, mode, **counts)
+    metrics["loss/pg"] = loss.detach()
+    return loss, metrics
+
+
+def check_policy_inputs(
+    *,
+    log_prob: Tensor | None,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    rollout_log_prob: Tensor | None = None,
+    allow_empty_rows: bool = False,
+) -> None:
+    """The loss's input checks (structure and the fused value test) run once, for a caller that then calls the loss
+    per micro-batch with `validate=False` (the trainer, once per rollout batch). Stricter than `validate=True`
+    in one way: NaN/inf in the padding is an error too, since `validate=False` does not zero it. `log_prob=None`
+    checks the batch's data before any forward pass."""
+    ref = old_log_prob if log_prob is None else log_prob  # the shape every input must have
+    dtype = _check_structure(ref, old_log_prob, advantages, response_mask, rollout_log_prob, None)
+    mask = response_mask.to(dtype)
+    tensors = [None if t is None else t.detach().to(dtype) for t in (log_prob, old_log_prob, advantages)]
+    rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
+    if _check_values(
+        *tensors, mask, rollout, None,
+        binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows, sequence_weights=False,
+    ):  # fmt: skip
+        raise ValueError("log-probs or advantages contain NaN or inf in the padding (masked-out positions)")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Input checks: structure (free, always) and values (one fused test, `validate=True`)
+
+
+def _check_structure(
+    log_prob: object,
+    old_log_prob: object,
+    advantages: object,
+    response_mask: object,
+    rollout_log_prob: object,
+    rollout_is_weights: object,
+) -> torch.dtype:
+    """Types, dtypes and shapes (no data is read); returns the compute dtype (float64 stays, the rest float32)."""
+    named = {
+        "log_prob": log_prob,
+        "old_log_prob": old_log_prob,
+        "advantages": advantages,
+        "response_mask": response_mask,
+        "rollout_log_prob": rollout_log_prob,
+        "rollout_is_weights": rollout_is_weights,
+    }
+    for name, t in named.items():
+        if t is None and name.startswith("rollout"):
+            continue
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if name != "response_mask" and not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if response_mask.is_floating_point() is False and response_mask.dtype not in (
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64
+    ):  # fmt: skip
+        raise ValueError(f"response_mask must be bool, integer or floating point, got {response_mask.dtype}")
+    if log_prob.dim() != 2:
+        raise ValueError(f"log_prob must be a (B, T) tensor, got shape {tuple(log_prob.shape)}")
+    shape = tuple(log_prob.shape)
+    if 0 in shape:
+        raise ValueError(f"log_prob is empty: shape {shape}")
+    for name in ("old_log_prob", "response_mask", "rollout_log_prob"):
+        t = named[name]
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {shape}")
+    if tuple(advantages.shape) not in (shape[:1], (shape[0], 1), shape):
+        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(advantages.shape)}")
+    if rollout_is_weights is not None and tuple(rollout_is_weights.shape) not in ((shape[0], 1), shape):
+        raise ValueError(
+            f"rollout_is_weights must have shape {shape} or {(shape[0], 1)}, got {tuple(rollout_is_weights.shape)}"
+        )
+    return torch.float64 if log_prob.dtype == torch.float64 else torch.float32
+
+
+def _check_count(name: str, value: object, validate: bool) -> None:
+    """A global token/sequence count must be a finite number > 0 (a tensor is checked with the fused test)."""
+    if value is None:
+        return
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        if validate and not bool(torch.isfinite(value) & (value > 0)):
+            raise ValueError(f"{name} must be a finite number > 0, got {value.item()}")
+        return
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _check_values(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    rollout_log_prob: Tensor | None,
+    rollout_is_weights: Tensor | None,
+    *,
+    binary: bool,
+    allow_empty_rows: bool,
+    sequence_weights: bool,
+) -> bool:
+    """One fused test of every value condition (one host sync); returns whether the padding needs zeroing.
+
+    At valid positions: log-probs finite and <= LOG_PROB_MAX, advantages finite, IS weights finite and >= 0 (and
+    constant along a row when they are per sequence); the mask binary; every row non-empty unless allowed. The fast
+    test looks at all positions with cheap reductions; only if it fails are valid and padding positions told apart
+    (a bad valid value raises a one-line ValueError naming the input; NaN/inf only in the padding returns True).
+    """
+    lengths = mask.sum(-1)  # (B,)
+    logps = {"log_prob": log_prob, "old_log_prob": old_log_prob, "rollout_log_prob": rollout_log_prob}
+    flags = []
+    for t in logps.values():
+        if t is not None:
+            lo, hi = torch.aminmax(t.detach())
+            flags.append((lo > -math.inf) & (hi <= LOG_PROB_MAX))  # NaN fails both comparisons
+    flags.append(torch.isfinite(advantages.sum()))  # overflow of a finite sum only sends us to the exact check
+    if rollout_is_weights is not None:
+        lo, hi = torch.aminmax(rollout_is_weights)
+        flags.append((lo >= 0) & (hi < math.inf))
+        if sequence_weights and rollout_is_weights.shape == mask.shape:
+            flags.append(_row_spread(rollout_is_weights, mask) <= 1e-6)
+    lo, hi = torch.aminmax(mask)
+    flags.append((lo >= 0) & (hi <= 1))
+    if not binary:  # within [0, 1], m * m == m exactly when m is 0 or 1; row sums of 0/1 are exact
+        flags.append((torch.linalg.vecdot(mask, mask) == lengths).all())
+    if not allow_empty_rows:
+        flags.append((lengths > 0).all())
+    if bool(torch.stack(flags).all()):  # the one host sync
+        return False
+
+    # Slow path (something is off somewhere): find it, or conclude that only the padding is non-finite.
+    valid = mask > 0
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("response_mask must be binary (0/1 or bool)")
+    if not allow_empty_rows and not bool((lengths > 0).all()):
+        rows = torch.nonzero(lengths == 0).flatten()[:10].tolist()
+        raise ValueError(f"response_mask has rows with no valid token: {rows} (allow_empty_rows=True skips them)")
+    for name, t in logps.items():
+        if t is None:
+            continue
+        at_valid = t.detach()[valid]
+        if not bool(torch.isfinite(at_valid).all()):
+            raise ValueError(f"{name} contains NaN or inf at valid (masked-in) positions")
+        top = at_valid.max().item() if at_valid.numel() else 0.0
+        if top > LOG_PROB_MAX:
+            raise ValueError(f"{name} has values up to {top:.4g} at valid positions: log-probabilities must be <= 0")
+    a = advantages if advantages.shape == mask.shape else advantages.reshape(-1, 1).expand(mask.shape)
+    if not bool(torch.isfinite(a[valid]).all()):
+        raise ValueError("advantages contain NaN or inf at valid (masked-in) positions")
+    if rollout_is_weights is not None:
+        w = rollout_is_weights if rollout_is_weights.shape == mask.shape else rollout_is_weights.expand(mask.shape)
+        w = w[valid]
+        if not bool((torch.isfinite(w) & (w >= 0)).all()):
+            raise ValueError("rollout_is_weights must be finite and >= 0 at valid positions")
+        if sequence_weights and rollout_is_weights.shape == mask.shape:
+            clean = torch.where(valid, rollout_is_weights, 0.0)
+            if not bool(_row_spread(clean, mask) <= 1e-6):
+                raise ValueError(
+                    "rollout_is_level is 'sequence' but rollout_is_weights vary along a sequence: they are "
+                    "token-level weights, set rollout_is_level='token'"
+                )
+    full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
+    return any(not bool(torch.isfinite(t.detach()).all()) for t in full)
+
+
+def _row_spread(w: Tensor, mask: Tensor) -> Tensor:
+    """Largest relative deviation of `w` (B, T) from its row's first valid value, over valid positions."""
+    first = w.gather(1, (mask > 0).to(torch.uint8).argmax(-1, keepdim=True))  # (B, 1)
+    return ((w - first).abs() * mask).amax() / first.abs().amax().clamp(min=1.0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Shared pieces: reductions, rollout correction, metrics

@@ -1,0 +1,215 @@
+"""The policy-loss registry: one entry per method, with its hyperparameters, their checks and how the method applies
+the train-inference correction. `register_method` adds one; every other module asks the registry, never a list.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from vespo.aggregation import LOSS_AGG_MODES
+from vespo.losses.core import ROLLOUT_IS_THRESHOLD
+
+Tensor = torch.Tensor
+LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+ROLLOUT_CORRECTIONS = ("token", "sequence", "fold")
+
+
+@dataclass(frozen=True)
+class _Interval:
+    """A real interval written as in maths, e.g. "(0, inf)" or "[0, 1)"; `reason` cites where it comes from."""
+
+    text: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        match = re.fullmatch(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", self.text.strip())
+        if match is None:
+            raise ValueError(f"interval must look like '(0, inf)' or '[0, 1)', got {self.text!r}")
+        object.__setattr__(self, "_parsed", (match[1] == "[", float(match[2]), float(match[3]), match[4] == "]"))
+
+    def contains(self, x: float) -> bool:
+        lo_closed, lo, hi, hi_closed = self._parsed
+        return (x > lo or (lo_closed and x == lo)) and (x < hi or (hi_closed and x == hi))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: its function, defaults and checks (`register_method` builds it)."""
+
+    fn: LossFn
+    default_loss_agg_mode: str
+    rollout_correction: str  # "token" | "sequence" | "fold"
+    inputs: frozenset[str]  # which of the core's precomputed `_OPTIONAL_INPUTS` the function takes
+    hparams: dict[str, object]  # name -> default
+    kinds: dict[str, object]  # name -> type annotation (float, int, str, bool, Literal[...], float | None)
+    bounds: dict[str, _Interval]
+    check: Callable[[dict[str, object]], str | None] | None
+
+
+_REGISTRY: dict[str, MethodSpec] = {}
+# Keyword inputs (not hyperparameters) the core passes to a method that declares them, computed once per call:
+_OPTIONAL_INPUTS = (
+    "rollout_log_w",  # (B,) or None: log of the train-inference weight to fold into W ("fold" methods only)
+    "log_ratio",  # (B, T) detached log(pi/mu) per token, clamped to [-20, 20]
+    "seq_log_ratio",  # (B,) masked row sum of `log_ratio`: log W with the per-token guard
+    "batch_context",  # caller-supplied mini-batch statistics (`vespo.adaptive.BatchContext`) or None
+)
+# Hyperparameters every method has, applied by the core (not passed to the method function).
+_COMMON_HPARAMS: dict[str, tuple[object, object, _Interval]] = {
+    "rollout_is_threshold": (ROLLOUT_IS_THRESHOLD, float | None, _Interval("(0, inf)", "or None: no truncation")),
+}
+
+
+def register_method(
+    name: str,
+    *,
+    default_loss_agg_mode: str = "token-mean",
+    rollout_correction: Literal["token", "sequence", "fold"] = "token",
+    bounds: dict[str, str | tuple[str, str]] | None = None,
+    check: Callable[[dict[str, object]], str | None] | None = None,
+) -> Callable[[LossFn], LossFn]:
+    """Register a policy-loss function under `name`; registering a name twice raises (no silent overwrite).
+
+    The function's keyword-only arguments are its hyperparameters: their defaults are the paper's, their annotations
+    (float, int, str, bool, `Literal[...]`, `float | None`) the accepted types. `bounds` maps a
+    hyperparameter to its allowed interval, "(0, inf)" or ("[0, 1)", "why"); `check(hparams)` returns a message for
+    constraints between hyperparameters (or None). `validate_hparams` applies all of them. `default_loss_agg_mode`
+    is the aggregation of the method's primary source; `rollout_correction` how the sampler ratio applies (see the
+    module docstring); "fold" methods take the keyword `rollout_log_w`.
+    """
+    if default_loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown default_loss_agg_mode {default_loss_agg_mode!r}")
+    if rollout_correction not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"rollout_correction must be one of {ROLLOUT_CORRECTIONS}, got {rollout_correction!r}")
+
+    def decorator(fn: LossFn) -> LossFn:
+        if name in _REGISTRY:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        params = inspect.signature(fn).parameters
+        if ("rollout_log_w" in params) != (rollout_correction == "fold"):
+            raise ValueError(f"{name!r}: a method takes `rollout_log_w` exactly when rollout_correction='fold'")
+        hints = typing.get_type_hints(fn)
+        inputs = frozenset(_OPTIONAL_INPUTS) & set(params)
+        hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in _OPTIONAL_INPUTS}
+        clash = sorted(set(hp) & set(_COMMON_HPARAMS))
+        if clash:
+            raise ValueError(f"{name!r}: {clash} are applied by the core for every method; do not declare them")
+        kinds = {k: hints.get(k, object) for k in hp}
+        parsed = {k: _Interval(*((v,) if isinstance(v, str) else v)) for k, v in (bounds or {}).items()}
+        stray = sorted(set(parsed) - set(hp))
+        if stray:
+            raise ValueError(f"bounds given for {stray}, which are not hyperparameters of {name!r}")
+        for k, (default, kind, interval) in _COMMON_HPARAMS.items():
+            hp[k], kinds[k], parsed[k] = default, kind, interval
+        _REGISTRY[name] = MethodSpec(fn, default_loss_agg_mode, rollout_correction, inputs, hp, kinds, parsed, check)
+        return fn
+
+    return decorator
+
+
+def available_methods() -> list[str]:
+    """Names of all registered policy-loss methods, sorted."""
+    return sorted(_REGISTRY)
+
+
+def method_hparams(method: str) -> dict[str, object]:
+    """The hyperparameters `method` accepts, with their (paper) defaults."""
+    return dict(get_method(method).hparams)
+
+
+def default_loss_agg_mode(method: str) -> str:
+    """The aggregation `method`'s primary source uses (used when `loss_agg_mode=None`); docs/losses.md cites each."""
+    return get_method(method).default_loss_agg_mode
+
+
+def rollout_correction(method: str) -> str:
+    """How `method` applies the train-inference IS ratio: "token", "sequence" or "fold" (into its W)."""
+    return get_method(method).rollout_correction
+
+
+def validate_hparams(method: str, **hparams: object) -> dict[str, object]:
+    """Check hyperparameter names, types and values of `method`; return all of them (defaults filled in).
+
+    The one place hyperparameters are checked: the losses call it once per call, configs when they are built, and
+    the TRL/veRL adapters when theirs are. Raises a one-line ValueError naming the hyperparameter and what is
+    accepted. Ints are accepted (and returned as floats) where a float is annotated.
+    """
+    spec = get_method(method)
+    unknown = sorted(set(hparams) - set(spec.hparams))
+    if unknown:
+        raise ValueError(f"{method!r} got unknown hyperparameter(s) {unknown}; it accepts {sorted(spec.hparams)}")
+    out = dict(spec.hparams)
+    for name, value in hparams.items():
+        out[name] = _check_type(method, name, value, spec.kinds[name])
+    for name, interval in spec.bounds.items():
+        value = out[name]
+        if value is not None and not interval.contains(value):
+            why = f" ({interval.reason})" if interval.reason else ""
+            raise ValueError(
+                f"{method} hyperparameter {name} must be in {interval.text}{why}, got {hparams.get(name)!r}"
+            )
+    if spec.check is not None:
+        problem = spec.check(out)
+        if problem:
+            raise ValueError(f"{method} hyperparameters: {problem}")
+    return out
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _check_type(method: str, name: str, value: object, kind: object) -> object:
+    """`value` if it has the annotated type (ints are accepted for floats), else ValueError."""
+    where = f"{method} hyperparameter {name}"
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Literal:
+        if value not in args or not isinstance(value, str):
+            raise ValueError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    if type(None) in args:  # Optional[...]
+        if value is None:
+            return None
+        kind = next(a for a in args if a is not type(None))
+    if kind is float:
+        if not _is_real(value) or not math.isfinite(value):
+            raise ValueError(f"{where} must be a finite real number, got {value!r}")
+        return float(value)
+    if kind is int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise ValueError(f"{where} must be an integer, got {value!r}")
+        return int(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def get_method(method: str) -> MethodSpec:
+    if method not in _REGISTRY:
+        raise ValueError(f"unknown policy-loss method {method!r}; known methods: {available_methods()}")
+    return _REGISTRY[method]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def uses_batch_context(method: str) -> bool:
+    """Whether `method` decides from mini-batch statistics (it declares `batch_context`; pass it a
+    `vespo.losses.adaptive.BatchContext` per micro-batch)."""
+    return "batch_context" in get_method(method).inputs
