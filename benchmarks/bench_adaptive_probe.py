@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.lab import LabCell, LabConfig, run_cell
+from vespo.experiments.lab import LabCell, LabConfig, run_cell
 
 OUT = Path(__file__).parent / "results" / "adaptive"
 ARMS = [  # (label, method, hparams)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.runs import read_metrics
-from vespo.sweep import SweepConfig, sweep
+from vespo.experiments.sweep import SweepConfig, sweep
+from vespo.train.runs import read_metrics
 
 RESULTS = Path(__file__).parent / "results"
 OUT = RESULTS / "async_lag"

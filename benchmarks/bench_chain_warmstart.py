@@ -17,9 +17,7 @@ from pathlib import Path
 
 import torch
 
-from vespo.config import TrainConfig
-from vespo.runs import SFT_STEPS, _sft_cache_key, embedded_policy_path
-from vespo.task import (
+from vespo.embedded.task import (
     build_tiny_model,
     build_tokenizer,
     chain_response_tokens,
@@ -27,7 +25,9 @@ from vespo.task import (
     sft_warm_start,
     solution_text,
 )
-from vespo.trainer import evaluate, load_data, load_policy
+from vespo.embedded.warm_start import SFT_STEPS, embedded_policy_path, sft_cache_key
+from vespo.train.config import TrainConfig
+from vespo.train.sync import evaluate, load_data, load_policy
 
 OUT = Path(__file__).parent / "results"
 
@@ -63,7 +63,7 @@ def teacher_forced_digit_accuracy(model, tok, records: list[dict]) -> float:
 
 
 def _problem(record: dict):
-    from vespo.task import Problem
+    from vespo.embedded.task import Problem
 
     return Problem(record["prompt"], record["answer"])
 
@@ -80,7 +80,7 @@ def main() -> None:
         row = {"K": k, "response_tokens": chain_response_tokens(k), "sft_steps": SFT_STEPS["chain"]}
         row["s_per_sft_step"] = seconds_per_step(k)
         row["projected_sft_minutes"] = row["s_per_sft_step"] * SFT_STEPS["chain"] / 60
-        cached = (Path(cfg.cache_dir).expanduser() / f"embedded-{_sft_cache_key(cfg)}" / "config.json").is_file()
+        cached = (Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}" / "config.json").is_file()
         if cached or args.build:
             t0 = time.perf_counter()
             model, tok = load_policy(embedded_policy_path(cfg))

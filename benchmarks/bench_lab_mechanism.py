@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.lab import LabCell, LabConfig, run_cell
+from vespo.experiments.lab import LabCell, LabConfig, run_cell
 
 OUT = Path(__file__).parent / "results"
 ARMS = {  # name -> (optimizer, base lr, adam_eps); cells run at 3x the base lr

@@ -3,7 +3,7 @@
 Run: `.venv/bin/python benchmarks/bench_trl_throughput.py` (about 2 minutes on 2 shared cores); writes
 benchmarks/results/trl_throughput.{json,csv,png} and prints a summary table.
 
-Both trainers get the same SFT-warm-started embedded model (vespo.task's tiny Llama + character tokenizer, copied to
+Both trainers get the same SFT-warm-started embedded model (vespo.embedded.task's tiny Llama + character tokenizer, copied to
 a temp dir and loaded from there by both), the same embedded arithmetic train split, the same reward
 (`vespo.rewards.math_reward`), the same batch geometry and staleness N, the same optimiser (AdamW, constant LR, same
 betas, grad clip 1.0), the same number of samples, and the same torch thread count. Each is warmed up by one short
@@ -109,7 +109,7 @@ def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str, variant: str 
     """The sync arms use the shared geometry ("shuffle" with `shuffle=True`); "async" generates `async_prompts`
     prompts per batch (mini-batch as sync) with lag bounded by `async_max_staleness`, and runs proportionally more
     rollout steps (same samples)."""
-    from vespo.config import TrainConfig
+    from vespo.train.config import TrainConfig
 
     prompts = b.async_prompts if variant == "async" else b.prompts
     extra = {"mode": "async", "max_staleness": b.async_max_staleness} if variant == "async" else {}
@@ -140,8 +140,8 @@ def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str, variant: str 
 
 
 def run_vespo(b: Bench, *, steps: int, seed: int, tag: str, variant: str = "sync") -> dict:
-    from vespo.runs import read_metrics
-    from vespo.trainer import train
+    from vespo.train.runs import read_metrics
+    from vespo.train.sync import train
 
     run_dir = Path(b.work_dir) / f"vespo-{variant}-{tag}"
     cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir), variant=variant)
@@ -206,8 +206,8 @@ def trl_trainer(b: Bench, *, steps: int, seed: int, out_dir: str, reward):
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from vespo.config import TrainConfig
-    from vespo.task import arithmetic_split
+    from vespo.embedded.task import arithmetic_split
+    from vespo.train.config import TrainConfig
 
     defaults = TrainConfig()
     train_set, _ = arithmetic_split(
@@ -321,8 +321,8 @@ def summarise(b: Bench, *, loop_s, gen_s, reward_s, e2e_s, opt_steps, rewards, s
 
 def prepare_model(work_dir: Path) -> str:
     """The SFT-warm-started embedded model + tokenizer (built once by vespo and cached), copied to a temp dir."""
-    from vespo.config import TrainConfig
-    from vespo.runs import embedded_policy_path
+    from vespo.embedded.warm_start import embedded_policy_path
+    from vespo.train.config import TrainConfig
 
     src = embedded_policy_path(TrainConfig())
     dst = work_dir / "model"
@@ -369,7 +369,7 @@ def main() -> None:
 
     import transformers
 
-    from vespo.config import TrainConfig
+    from vespo.train.config import TrainConfig
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -32,8 +32,8 @@ def main(out_path: str) -> None:
     from test_integration_trl import _config, _digit_reward, _inputs
 
     import vespo
+    from vespo.embedded.task import arithmetic_problems, build_tiny_model, build_tokenizer
     from vespo.integrations.trl import VespoGRPOConfig, VespoGRPOTrainer
-    from vespo.task import arithmetic_problems, build_tiny_model, build_tokenizer
 
     rank = int(os.environ["RANK"])
     tokenizer = build_tokenizer()

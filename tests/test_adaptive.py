@@ -265,11 +265,13 @@ def test_schedule_without_its_index_and_context_for_a_fixed_method_are_errors():
 
 
 def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
-    from vespo import trainer
+    from _support import run_update as _update
+
     from vespo.advantages import group_advantages
-    from vespo.config import TrainConfig
+    from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
     from vespo.rollout import sample
-    from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer
+    from vespo.train.config import TrainConfig
+    from vespo.train.learner import policy_log_probs
 
     tok = build_tokenizer()
     prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:4]]
@@ -282,8 +284,10 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
             method=method, train_batch_size=4, ppo_mini_batch_size=1, rollout_n=4, micro_batch_size=micro, lr=0.05
         )
         with torch.no_grad():
-            old, _ = trainer.policy_log_probs(model, rollout, torch.arange(16), cfg, with_entropy=False)
-        hist = trainer.ppo_update(model, torch.optim.SGD(model.parameters(), lr=cfg.lr), rollout, adv, old, None, cfg)
+            old, _ = policy_log_probs(
+                model, rollout, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+            )
+        hist = _update(model, torch.optim.SGD(model.parameters(), lr=cfg.lr), rollout, adv, old, cfg)
         return torch.cat([p.detach().flatten() for p in model.parameters()]), hist
 
     one, hist = update(16, "vespo_selfnorm")
@@ -291,14 +295,16 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
     torch.testing.assert_close(split, one, rtol=1e-5, atol=1e-6)
     assert hist[-1]["adaptive/log_gain_pos"] != 0.0  # stale mini-batch: the controller acted
     # deciding from each micro-batch alone moves the weights elsewhere: the test above can fail
-    monkeypatch.setattr(trainer, "_batch_context", lambda *a: BatchContext(mini_batch_index=a[7], num_mini_batches=4))
+    import vespo.train.learner as learner
+
+    monkeypatch.setattr(learner, "_batch_context", lambda *a: BatchContext(mini_batch_index=a[7], num_mini_batches=4))
     local, _ = update(3, "vespo_selfnorm")
     assert not torch.allclose(local, one, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("method", ADAPTIVE_METHODS)
 def test_lab_trains_the_adaptive_methods(method):
-    from vespo.lab import LabCell, LabConfig, run_cell
+    from vespo.experiments.lab import LabCell, LabConfig, run_cell
 
     out = run_cell(LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
     assert out["summary"]["finite"] == 1 and math.isfinite(out["summary"]["final_reward"])

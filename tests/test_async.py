@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from vespo import async_trainer
-from vespo.async_sampler import Schedule, WeightStore, batch_seed, pack_rollout
-from vespo.async_trainer import _sigterm_as_interrupt, lag_bucket
-from vespo.config import TrainConfig, parse_args
+from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
+from vespo.embedded.warm_start import sft_warm_start
 from vespo.rewards import math_reward
-from vespo.rollout import sample
-from vespo.runs import read_metrics
-from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import train
+from vespo.rollout import pack_rollout, sample
+from vespo.train import async_ as async_trainer
+from vespo.train import train
+from vespo.train.async_ import _sigterm_as_interrupt, lag_bucket
+from vespo.train.config import TrainConfig, parse_args
+from vespo.train.runs import read_metrics
+from vespo.train.sampler import Schedule, WeightStore, batch_seed
 
 CTX = torch.multiprocessing.get_context("spawn")
 
@@ -274,8 +275,10 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
 
 def test_shuffle_permutes_rows_before_cutting_mini_batches():
     """`shuffle` (veRL's actor option; TRL always shuffles) == the unshuffled update on the permuted batch."""
+    from _support import run_update as _update
+
     from vespo.advantages import group_advantages
-    from vespo.trainer import policy_log_probs, ppo_update
+    from vespo.train.learner import policy_log_probs
 
     tok = build_tokenizer()
     prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:4]]
@@ -289,9 +292,11 @@ def test_shuffle_permutes_rows_before_cutting_mini_batches():
         perm = torch.randperm(16) if not shuffle else torch.arange(16)  # the unshuffled run gets the same order
         r, adv = r.select(perm), adv[perm]
         with torch.no_grad():
-            old, _ = policy_log_probs(model, r, torch.arange(16), cfg, with_entropy=False)
+            old, _ = policy_log_probs(
+                model, r, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+            )
         torch.manual_seed(7)
-        hist = ppo_update(model, torch.optim.SGD(model.parameters(), lr=0.1), r, adv, old, None, cfg)
+        hist = _update(model, torch.optim.SGD(model.parameters(), lr=0.1), r, adv, old, cfg)
         results.append(([h["loss/pg"] for h in hist], [p.detach().clone() for p in model.parameters()]))
     (loss_a, params_a), (loss_b, params_b) = results
     assert loss_a == pytest.approx(loss_b, rel=1e-5, abs=1e-7)

@@ -14,13 +14,13 @@ import sys
 import pytest
 import torch
 
-from vespo.config import TrainConfig
-from vespo.runs import CHECKPOINT, save_checkpoint, start_run
+from vespo.train.config import TrainConfig
+from vespo.train.runs import CHECKPOINT, save_checkpoint, start_run
 
 _DRIVER = r"""
 import contextlib, io, json, sys, traceback
 import transformers
-import vespo.runs, vespo.trainer
+import vespo.train.setup
 from vespo.cli import main
 
 class ModelLoad(BaseException):
@@ -31,7 +31,7 @@ def refuse(*args, **kwargs):
 
 transformers.AutoModelForCausalLM.from_pretrained = refuse
 transformers.AutoTokenizer.from_pretrained = refuse
-vespo.runs.embedded_policy_path = vespo.trainer.embedded_policy_path = refuse
+vespo.train.setup.embedded_policy_path = refuse
 results = []
 for argv in json.load(sys.stdin):
     out, err, loaded, code = io.StringIO(), io.StringIO(), False, None

@@ -7,8 +7,9 @@ import zlib
 
 import pytest
 
-from vespo import data
+from vespo.data import benchmarks as data
 from vespo.rewards import code_reward
+from vespo.rewards.math import PROMPT_SUFFIX
 
 
 def _write_jsonl(path, rows):
@@ -20,7 +21,7 @@ def test_load_jsonl_math_and_code(tmp_path):
     math = _write_jsonl(tmp_path / "m.jsonl", [{"prompt": "1+1?", "answer": 2}, {"prompt": "2+2?", "answer": "4"}])
     assert data.load_jsonl(math) == [{"prompt": "1+1?", "answer": "2"}, {"prompt": "2+2?", "answer": "4"}]
     code = _write_jsonl(tmp_path / "c.jsonl", [{"prompt": "echo", "tests": [{"input": "a", "output": "a"}]}])
-    assert data.record_kind(data.load_jsonl(code)) == "code"
+    assert data.record_kind(data.load_jsonl(code)[0]) == "code"
 
 
 @pytest.mark.parametrize(
@@ -75,8 +76,8 @@ def test_dapo_rows_are_rewritten_and_deduplicated():
 
     records = data.dapo_math_records([row("What is 2+3?", "5"), row("What is 2+3?", "5"), row("Compute 7*6.", "42")])
     assert records == [
-        {"prompt": "What is 2+3? " + data.PROMPT_SUFFIX, "answer": "5"},
-        {"prompt": "Compute 7*6. " + data.PROMPT_SUFFIX, "answer": "42"},
+        {"prompt": "What is 2+3? " + PROMPT_SUFFIX, "answer": "5"},
+        {"prompt": "Compute 7*6. " + PROMPT_SUFFIX, "answer": "42"},
     ]
 
 
@@ -88,7 +89,7 @@ def test_hub_loader_reads_a_local_dataset_dir(tmp_path, monkeypatch):
         "aime24",
         data.Benchmark("aime24", "math", 32, "avg", data._hub_math(str(tmp_path), "train", "problem")),
     )
-    assert data.BENCHMARKS["aime24"].load() == [{"prompt": "Find x. " + data.PROMPT_SUFFIX, "answer": "7"}]
+    assert data.BENCHMARKS["aime24"].load() == [{"prompt": "Find x. " + PROMPT_SUFFIX, "answer": "7"}]
 
 
 def test_benchmark_table_matches_the_paper():

@@ -49,7 +49,7 @@ def test_report_files(tmp_path):
 
 
 def test_vespo_eval_end_to_end_on_a_tiny_local_model(tmp_path, capsys):
-    from vespo.task import build_tiny_model, build_tokenizer
+    from vespo.embedded.task import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     build_tiny_model(tokenizer).save_pretrained(tmp_path / "model")
@@ -65,7 +65,7 @@ def test_vespo_eval_end_to_end_on_a_tiny_local_model(tmp_path, capsys):
 
 
 def test_one_prompt_format_plain_unless_chat_is_asked_for():
-    from vespo.task import build_tokenizer
+    from vespo.embedded.task import build_tokenizer
 
     tok = build_tokenizer()
     with pytest.raises(ValueError, match="no chat template"):
@@ -78,9 +78,9 @@ def test_one_prompt_format_plain_unless_chat_is_asked_for():
 
 
 def test_trainer_held_out_evaluation_is_the_shared_evaluator(monkeypatch):
-    """`vespo.trainer.evaluate` goes through `evaluate_records` (same prompts, same verifier) and reports avg@1."""
-    from vespo.config import TrainConfig
-    from vespo.trainer import evaluate
+    """`vespo.train.setup.evaluate` goes through `evaluate_records` (same prompts, same verifier) and reports avg@1."""
+    from vespo.train.config import TrainConfig
+    from vespo.train.setup import evaluate
 
     seen = {}
 

@@ -11,9 +11,9 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 import vespo  # noqa: E402
+from vespo.embedded.task import arithmetic_problems, build_tiny_model, build_tokenizer  # noqa: E402
 from vespo.integrations.trl import VespoGRPOConfig, VespoGRPOTrainer  # noqa: E402
 from vespo.losses.adaptive import BatchContext  # noqa: E402
-from vespo.task import arithmetic_problems, build_tiny_model, build_tokenizer  # noqa: E402
 
 
 def _digit_reward(completions, **kwargs):

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from vespo import compute_policy_loss
-from vespo.kernels import effective_sample_size, variance_bound_K, vespo_log_phi
-from vespo.lab import (
+from vespo.experiments.lab import (
     LabCell,
     LabConfig,
     cli,
@@ -22,6 +21,7 @@ from vespo.lab import (
     success_threshold,
     token_log_probs,
 )
+from vespo.kernels import effective_sample_size, variance_bound_K, vespo_log_phi
 
 
 def _all_sequences(length: int, vocab: int) -> torch.Tensor:

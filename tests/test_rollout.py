@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from vespo.rollout import _top_p_filter, decode_responses, generate_texts, response_log_probs, sample
-from vespo.task import build_tiny_model, build_tokenizer
+from vespo.embedded.task import build_tiny_model, build_tokenizer
+from vespo.rollout import decode_responses, generate_texts, response_log_probs, sample
+from vespo.rollout.hf import top_p_filter
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,9 @@ def test_logit_noise_makes_a_controlled_mismatch(tiny):
 
 def test_top_p_keeps_smallest_nucleus():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = torch.isfinite(_top_p_filter(logits, 0.7))
+    kept = torch.isfinite(top_p_filter(logits, 0.7))
     assert kept.tolist() == [[True, True, False, False]]
-    assert torch.isfinite(_top_p_filter(logits, 1.0)).all()
+    assert torch.isfinite(top_p_filter(logits, 1.0)).all()
 
 
 def test_generate_texts_is_seeded_and_shaped(tiny):

@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from vespo.config import ConfigError, TrainConfig, to_yaml
-from vespo.runs import CHECKPOINT, Logger, check_run, load_checkpoint, read_metrics, restore, save_checkpoint, start_run
+from vespo.train.config import ConfigError, TrainConfig, to_yaml
+from vespo.train.runs import (
+    CHECKPOINT,
+    Logger,
+    check_run,
+    load_checkpoint,
+    read_metrics,
+    restore,
+    save_checkpoint,
+    start_run,
+)
 
 
 def _saved_run(tmp_path, step=3, **kw) -> TrainConfig:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vespo.sweep import PRESETS, Cell, SweepConfig, cells, summarize, sweep, train_config
+from vespo.experiments.sweep import PRESETS, Cell, SweepConfig, cells, summarize, sweep, train_config
 
 
 def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
@@ -109,7 +109,7 @@ def test_lr_and_task_are_grid_axes():
 
 
 def test_chain_task_needs_room_for_its_response():
-    from vespo.config import parse_args
+    from vespo.train.config import parse_args
 
     with pytest.raises(ValueError, match=r"max_response_length >= 95"):
         parse_args(["--task", "chain", "--num-operands", "30", "--max-response-length", "40"])
@@ -119,7 +119,7 @@ def test_chain_task_needs_room_for_its_response():
 
 
 def test_lr_robustness_figure_reads_finished_cells(tmp_path):
-    from vespo.sweep import plot_lr_robustness
+    from vespo.experiments.sweep import plot_lr_robustness
 
     cfg = SweepConfig(
         out_dir=str(tmp_path),

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from vespo.task import arithmetic_problems, arithmetic_split, build_tiny_model, build_tokenizer, solution_text
+from vespo.embedded.task import arithmetic_problems, arithmetic_split, build_tiny_model, build_tokenizer, solution_text
 
 
 def test_tokenizer_encodes_characters_and_boxed_as_one_token():
@@ -77,7 +77,7 @@ def test_noisy_solution_text_is_wrong_only_in_the_box():
 
 
 def test_chain_problems_follow_the_lagged_running_sum():
-    from vespo.task import CHAIN_LAG, Problem, chain_problems
+    from vespo.embedded.task import CHAIN_LAG, Problem, chain_problems
 
     # seeds 2 9 1: x3 = 1 + 2 = 3, x4 = 3 + 9 = 12 -> 2, x5 = 2 + 1 = 3 (each step: previous + three back, mod 10)
     assert CHAIN_LAG == 3
@@ -94,7 +94,7 @@ def test_chain_problems_follow_the_lagged_running_sum():
 
 
 def test_chain_solution_has_the_advertised_length_and_fixed_offset_dependencies():
-    from vespo.task import chain_problems, chain_response_tokens
+    from vespo.embedded.task import chain_problems, chain_response_tokens
 
     tok = build_tokenizer()
     assert chain_response_tokens(20) == 65 and chain_response_tokens(84) == 257
@@ -114,8 +114,8 @@ def test_chain_solution_has_the_advertised_length_and_fixed_offset_dependencies(
 
 
 def test_chain_noisy_demonstrations_are_wrong_only_in_the_box():
+    from vespo.embedded.task import Problem
     from vespo.rewards import math_reward
-    from vespo.task import Problem
 
     p = Problem("3 steps: =2 =9 =1 ", "3")
     rng = random.Random(0)
@@ -126,7 +126,7 @@ def test_chain_noisy_demonstrations_are_wrong_only_in_the_box():
 
 
 def test_embedded_split_chain_is_fixed_and_disjoint():
-    from vespo.task import embedded_split
+    from vespo.embedded.task import embedded_split
 
     train, held = embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
     assert (train, held) == embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)

@@ -12,13 +12,18 @@ import time
 
 import pytest
 import torch
+from _support import run_update as _update
 
 from vespo.advantages import group_advantages
-from vespo.config import ConfigError, TrainConfig, parse_args
+from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
+from vespo.embedded.warm_start import embedded_policy_path, sft_warm_start
+from vespo.losses.core import top_share as _top_share
 from vespo.rollout import sample
-from vespo.runs import embedded_policy_path, read_metrics
-from vespo.task import arithmetic_split, build_tiny_model, build_tokenizer, sft_warm_start
-from vespo.trainer import _top_share, build_optimizer, load_data, policy_log_probs, ppo_update, train
+from vespo.train import train
+from vespo.train.config import ConfigError, TrainConfig, parse_args
+from vespo.train.learner import policy_log_probs
+from vespo.train.runs import read_metrics
+from vespo.train.setup import build_optimizer, load_data
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +122,11 @@ def test_mini_batches_are_sequential_and_increasingly_stale():
     )
     rows = torch.arange(12)
     with torch.no_grad():
-        old, _ = policy_log_probs(model, rollout, rows, cfg, with_entropy=False)
+        old, _ = policy_log_probs(
+            model, rollout, rows, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    history = ppo_update(model, opt, rollout, adv, old, None, cfg)
+    history = _update(model, opt, rollout, adv, old, cfg)
     assert len(history) == cfg.num_mini_batches == 3
     # first mini-batch: the weights have not moved since mu was computed -> W == 1 exactly for every sequence
     assert history[0]["is/log_w_min"] == history[0]["is/log_w_max"] == 0.0
@@ -143,9 +150,11 @@ def test_mechanism_metrics_update_size_and_weight_concentration():
     )
     rows = torch.arange(12)
     with torch.no_grad():
-        old, _ = policy_log_probs(model, rollout, rows, cfg, with_entropy=False)
+        old, _ = policy_log_probs(
+            model, rollout, rows, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    history = ppo_update(model, opt, rollout, adv, old, None, cfg)
+    history = _update(model, opt, rollout, adv, old, cfg)
     n_moved = sum(int((p.grad != 0).sum()) for p in model.parameters() if p.grad is not None)
     first = history[0]["actor/update_norm"]
     assert first == pytest.approx(cfg.lr * n_moved**0.5, rel=0.02)  # bias-corrected Adam: |step| = lr per weight
@@ -185,9 +194,11 @@ def test_micro_batch_accumulation_equals_one_big_batch():
                 lr=1e-3,
             )
             with torch.no_grad():
-                old, _ = policy_log_probs(model, rollout, torch.arange(16), cfg, with_entropy=False)
+                old, _ = policy_log_probs(
+                    model, rollout, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+                )
             opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-            hist = ppo_update(model, opt, rollout, adv, old, None, cfg)
+            hist = _update(model, opt, rollout, adv, old, cfg)
             results.append(([p.detach().clone() for p in model.parameters()], [h["loss/pg"] for h in hist]))
     (p_small, l_small), (p_small2, l_small2), (p_big, l_big), (p_big2, l_big2) = results
     assert l_small == pytest.approx(l_big, rel=1e-5, abs=1e-7)
@@ -206,27 +217,31 @@ def test_inputs_are_validated_once_per_rollout_batch_not_per_micro_batch(monkeyp
     model, rollout, adv = _batch(n_prompts=4, seed=1)
     cfg = TrainConfig(method="vespo", train_batch_size=4, ppo_mini_batch_size=2, rollout_n=4, micro_batch_size=3)
     with torch.no_grad():
-        old, _ = policy_log_probs(model, rollout, torch.arange(16), cfg, with_entropy=False)
-    ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, None, cfg)
+        old, _ = policy_log_probs(
+            model, rollout, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+        )
+    _update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, cfg)
     assert len(calls) == 1  # 2 mini-batches x 3 micro-batches, one check
     bad = old.clone()
     bad[0, 0] = math.nan  # a valid position: the check names it before any update
     with pytest.raises(ValueError, match="old_log_prob contains NaN"):
-        ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, bad, None, cfg)
+        _update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, bad, cfg)
 
 
 def test_a_non_finite_gradient_skips_the_update_and_is_counted():
     model, rollout, adv = _batch()
     cfg = TrainConfig(method="vespo", train_batch_size=3, ppo_mini_batch_size=1, rollout_n=4, micro_batch_size=4)
     with torch.no_grad():
-        old, _ = policy_log_probs(model, rollout, torch.arange(12), cfg, with_entropy=False)
+        old, _ = policy_log_probs(
+            model, rollout, torch.arange(12), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+        )
     before = [p.detach().clone() for p in model.parameters()]
     poison = next(model.parameters()).register_hook(lambda g: torch.full_like(g, math.nan))
-    history = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, None, cfg)
+    history = _update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, cfg)
     poison.remove()
     assert [h["actor/nonfinite_grad"] for h in history] == [1.0, 1.0, 1.0]
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))  # no NaN reached them
-    history = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, None, cfg)
+    history = _update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, cfg)
     assert [h["actor/nonfinite_grad"] for h in history] == [0.0, 0.0, 0.0]
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -347,7 +362,8 @@ def test_embedded_warm_start_is_cached(tmp_path):
 def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
     """`--dataset BytedTsinghua-SIA/DAPO-Math-17k` is deduplicated and reformatted; `--eval-dataset math500` loads the
     benchmark in the paper's prompt format; both as the trainer's records."""
-    from vespo import data
+    from vespo.data import benchmarks as data
+    from vespo.rewards.math import PROMPT_SUFFIX
 
     def fake_hub(hub_id, split, **kwargs):
         if hub_id == data.DAPO_MATH_HUB_ID:
@@ -359,8 +375,8 @@ def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
     monkeypatch.setattr(data, "_load_hub", fake_hub)
     cfg = TrainConfig(dataset=data.DAPO_MATH_HUB_ID, eval_dataset="math500", train_batch_size=1)
     train_set, held_out = load_data(cfg)
-    assert train_set == [{"prompt": "What is 2+3? " + data.PROMPT_SUFFIX, "answer": "5"}]
-    assert held_out == [{"prompt": "Find x. " + data.PROMPT_SUFFIX, "answer": "7"}]
+    assert train_set == [{"prompt": "What is 2+3? " + PROMPT_SUFFIX, "answer": "5"}]
+    assert held_out == [{"prompt": "Find x. " + PROMPT_SUFFIX, "answer": "7"}]
 
 
 def test_trains_on_code_records_with_code_reward_and_refuses_math_reward_for_them(local_model_and_data, tmp_path):
@@ -380,7 +396,7 @@ def test_trains_on_code_records_with_code_reward_and_refuses_math_reward_for_the
 
 
 def test_reward_function_gets_trl_keyword_columns(monkeypatch):
-    from vespo.trainer import grade
+    from vespo.rewards.batch import grade_batch as grade
 
     seen = {}
 

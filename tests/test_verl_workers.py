@@ -36,7 +36,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{world_size: [per-rank results]}: both world sizes run at once, every scenario in one process group each."""
-    from vespo.task import build_tiny_model, build_tokenizer
+    from vespo.embedded.task import build_tiny_model, build_tokenizer
 
     tmp = tmp_path_factory.mktemp("verl_workers")
     model_dir = tmp / "model"

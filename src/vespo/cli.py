@@ -10,9 +10,17 @@ import sys
 
 # name -> ("module", "function", "one-line help"); each function takes the remaining argv.
 _COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("vespo.trainer", "cli", "RL-train a causal LM (embedded default task when run with no arguments)"),
-    "sweep": ("vespo.sweep", "cli", "grid of methods x staleness N x seeds, with tables and paper-style plots"),
-    "lab": ("vespo.lab", "cli", "exact sequence-level workbench: methods x length T x staleness N x lr, in seconds"),
+    "train": ("vespo.train.launch", "cli", "RL-train a causal LM (embedded default task when run with no arguments)"),
+    "sweep": (
+        "vespo.experiments.sweep",
+        "cli",
+        "grid of methods x staleness N x seeds, with tables and paper-style plots",
+    ),
+    "lab": (
+        "vespo.experiments.lab",
+        "cli",
+        "exact sequence-level workbench: methods x length T x staleness N x lr, in seconds",
+    ),
     "eval": ("vespo.evaluation", "cli", "avg@k / pass@k on math and code benchmarks"),
     "kernels": ("vespo.plots", "kernels_cli", "draw the paper's Figure 2: phi(W) and surrogates per method"),
     "bound": ("vespo.kernels", "bound_cli", "print the variance bound K and phi_max for (c1, c2)"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from vespo.data import Benchmark, resolve_benchmark
+from vespo.data import Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.rewards.code import score_code
 from vespo.rewards.math import score_math
 
@@ -80,7 +80,7 @@ def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[fl
     if len(records) != len(samples):
         raise ValueError(f"got {len(records)} problems but samples for {len(samples)}")
     flat = [c for group in samples for c in group]
-    if "answer" in records[0]:
+    if record_kind(records[0]) == "math":
         scores = score_math(
             flat, [r["answer"] for r, group in zip(records, samples, strict=True) for _ in group]
         ).scores
@@ -91,19 +91,6 @@ def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[fl
         out.append(scores[i : i + len(group)])
         i += len(group)
     return out
-
-
-def format_prompts(tokenizer, prompts: list[str], *, chat: bool) -> list[str]:
-    """The one prompt format of training and evaluation: the text as is, or, with ``chat``, the user turn through
-    the tokenizer's chat template (instruct models). A model trained on plain prompts is evaluated on plain ones."""
-    if not chat:
-        return list(prompts)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat prompts were asked for (apply_chat_template) but the tokenizer has no chat template")
-    return [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-        for p in prompts
-    ]
 
 
 def sample_completions(
@@ -194,6 +181,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wrap prompts in the tokenizer's chat template (instruct models; as `vespo train --apply-chat-template`)",
     )
+    p.add_argument(
+        "--backend",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="generation engine: hf (any device) or vllm (CUDA, pip install -e '.[vllm]'; not run on the CPU CI)",
+    )
     p.add_argument("--out", default="eval_results", help="directory for results.md and results.json")
     return p
 
@@ -202,25 +195,31 @@ def cli(argv: list[str]) -> int:
     """``vespo eval``: check every input, load the model, evaluate the benchmarks, print and write the table."""
     parser = _parser()
     args = parser.parse_args(argv)
-    from vespo.config import ConfigError, check_model
+    from vespo.models import check_model_source, load_policy
+    from vespo.rollout.vllm import vllm_available
 
     if not (math.isfinite(args.temperature) and args.temperature > 0):
         parser.error(f"--temperature must be a finite number > 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
     try:
-        check_model(args.model)
+        try:
+            check_model_source(args.model)
+        except ValueError as exc:
+            raise ValueError(f"model: {exc}") from None
         names = [name.strip() for name in args.benchmarks.split(",") if name.strip()]
         if not names:
             raise ValueError("--benchmarks: give at least one benchmark")
         benchmarks = [resolve_benchmark(name, k=args.k) for name in names]
-    except (ConfigError, ValueError) as exc:
+    except ValueError as exc:
         parser.error(str(exc))
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model)
+    if args.backend == "vllm" and not vllm_available():
+        parser.error("--backend vllm needs vLLM installed (pip install -e '.[vllm]') and a CUDA device")
+    model, tokenizer = load_policy(args.model)
+    if args.backend == "vllm":
+        model = args.model  # vLLM loads the weights itself
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    gen["use_vllm"] = args.backend == "vllm"
     results = evaluate_benchmarks(model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, **gen)
     md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, "chat": args.chat, **gen})
     print(md.read_text(), end="")

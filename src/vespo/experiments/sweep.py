@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import tyro
 
-from vespo.config import TrainConfig, parse_args
-from vespo.runs import CHECKPOINT, embedded_policy_path, read_metrics
-from vespo.task import chain_response_tokens
+from vespo.embedded.task import chain_response_tokens
+from vespo.embedded.warm_start import embedded_policy_path
+from vespo.train.config import TrainConfig, parse_args
+from vespo.train.runs import CHECKPOINT, read_metrics
 
 # preset -> {variant name: (method, hparams)}; the default preset is filled from `methods`
 PRESETS: dict[str, dict[str, tuple[str, dict]]] = {

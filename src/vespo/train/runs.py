@@ -1,19 +1,18 @@
 """Run management around the training loop: the run directory, checkpoints with every RNG state, the metrics log
 (JSONL + TensorBoard, wandb/trackio when asked), the reward plot, the progress bar and the embedded warm-start cache.
 
-`vespo.trainer` (and the async learner) keep the loop; everything here is bookkeeping that must not change a number
+`vespo.train.sync` (and the async learner) keep the loop; everything here is bookkeeping that must not change a number
 of the run, so a run killed at any point and resumed from its last checkpoint continues bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import json
 import os
 import random
-import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,74 +20,10 @@ import numpy as np
 import torch
 import yaml
 
-from vespo.config import ConfigError, TrainConfig, to_yaml
-from vespo.task import build_tiny_model, build_tokenizer, embedded_split, sft_warm_start
+from vespo.train.config import ConfigError, TrainConfig, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Embedded warm start (cached by config hash)
-
-
-SFT_STEPS = {"arithmetic": 400, "chain": 8000}
-"""Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
-
-
-def _sft_steps(cfg: TrainConfig) -> int:
-    """SFT steps of the warm start: `sft_steps`, or the task's default."""
-    return SFT_STEPS[cfg.task] if cfg.sft_steps is None else cfg.sft_steps
-
-
-def _sft_cache_key(cfg: TrainConfig) -> str:
-    """Hash of everything the embedded warm start depends on (so sweeps over methods/N/seeds reuse one)."""
-    keys = (
-        "num_operands",
-        "max_operand",
-        "sft_steps",
-        "sft_lr",
-        "sft_batch_size",
-        "sft_seed",
-        "sft_label_noise",
-        "eval_size",
-    )
-    # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2)
-    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 3}
-    fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": _sft_steps(cfg)}
-    blob = json.dumps(fields | task | {"v": 1}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def embedded_policy_path(cfg: TrainConfig) -> Path:
-    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory."""
-    path = Path(cfg.cache_dir).expanduser() / f"embedded-{_sft_cache_key(cfg)}"
-    if (path / "config.json").is_file():
-        return path
-    task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
-    train_set, _ = embedded_split(cfg.task, **task)
-    tokenizer = build_tokenizer()
-    positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
-    model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
-    with torch.random.fork_rng(devices=[]):
-        sft_warm_start(
-            model,
-            tokenizer,
-            train_set,
-            steps=_sft_steps(cfg),
-            lr=cfg.sft_lr,
-            batch_size=cfg.sft_batch_size,
-            seed=cfg.sft_seed,
-            label_noise=cfg.sft_label_noise,
-        )
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:  # atomic publish; a concurrent process may have won the race, which is fine (same content)
-        tmp.rename(path)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -325,6 +260,21 @@ def plot_run(run_dir: str | Path) -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def warn_skipped_updates(step: int, metrics: dict[str, float]) -> None:
+    """One stderr line when a step skipped updates with a non-finite gradient (veRL skips them too, silently)."""
+    if metrics["actor/nonfinite_grad"] > 0:
+        skipped = round(metrics["actor/nonfinite_grad"] * metrics["actor/num_mini_batches"])
+        print(f"vespo train: step {step}: skipped {skipped} update(s) with a non-finite gradient", file=sys.stderr)
+
+
+def finish_run(run_dir: Path, logger: Logger, model, tokenizer) -> None:
+    """Close the logs, draw reward.png and save the final policy to run_dir/final."""
+    logger.close()
+    plot_run(run_dir)
+    model.save_pretrained(run_dir / "final")
+    tokenizer.save_pretrained(run_dir / "final")
 
 
 def progress_bar(cfg: TrainConfig, start: int):

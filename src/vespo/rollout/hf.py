@@ -3,51 +3,18 @@
 The sampler records log pi_rollout(y_t) = log_softmax(logits / temperature)[y_t] at generation time (before top-p
 truncation, as veRL/vLLM report them). The trainer recomputes the same quantity under its own weights with
 `response_log_probs`, so any difference between the two is train-inference mismatch (paper Sec. 4.6).
-Backends: vLLM when it is importable and CUDA is available (selected automatically), Hugging Face otherwise.
+This module is the Hugging Face backend (KV-cached sampling in the trainer's own process, or in a sampler process
+through `HFEngine`); `vespo.rollout.vllm` is the vLLM one.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import tempfile
-from dataclasses import dataclass
-
 import torch
 import transformers
 
+from vespo.rollout.types import Rollout
+
 Tensor = torch.Tensor
-
-
-@dataclass
-class Rollout:
-    """A sampled batch, prompts repeated n times consecutively (rows i*n .. i*n+n-1 belong to prompt i).
-
-    Layout is left-padded prompt then right-padded response, so the response starts at column P for every row.
-    """
-
-    input_ids: Tensor  # (B, P + T) prompt then response token ids
-    attention_mask: Tensor  # (B, P + T) 1 on real tokens
-    response_mask: Tensor  # (B, T) 1 on response tokens up to and including <eos>
-    rollout_log_prob: Tensor  # (B, T) sampler log-probs of the sampled tokens, 0 on padding
-
-    @property
-    def prompt_len(self) -> int:
-        return self.input_ids.shape[1] - self.response_mask.shape[1]
-
-    @property
-    def response_ids(self) -> Tensor:  # (B, T)
-        return self.input_ids[:, self.prompt_len :]
-
-    def select(self, rows: Tensor | slice) -> Rollout:
-        """The sub-batch of the given rows (a mini- or micro-batch)."""
-        fields = (self.input_ids, self.attention_mask, self.response_mask, self.rollout_log_prob)
-        return Rollout(*(t[rows] for t in fields))
-
-
-def vllm_available() -> bool:
-    """True when the vLLM backend can be used (vLLM importable and a CUDA device present)."""
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 
 
 def _position_ids(attention_mask: Tensor) -> Tensor:
@@ -55,7 +22,7 @@ def _position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
-def _top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     """Nucleus filtering: keep the smallest set of tokens whose probability mass reaches `top_p` (Holtzman et al.)."""
     if top_p >= 1.0:
         return logits
@@ -109,7 +76,7 @@ def sample(
             noise = torch.randn(logits.shape, generator=generator, device=device)
             logits = logits + logit_noise_std * noise
         logp = logits.log_softmax(-1)  # (B, V) sampler distribution before top-p
-        probs = _top_p_filter(logits, top_p).softmax(-1)
+        probs = top_p_filter(logits, top_p).softmax(-1)
         tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
         tok = torch.where(alive, tok, torch.full_like(tok, pad))
         tokens.append(tok)
@@ -164,31 +131,25 @@ def generate_texts(
     prompts: list[str],
     *,
     n: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
     seed: int | None = None,
     batch_size: int = 64,
-    use_vllm: bool | None = None,
+    use_vllm: bool = False,
+    **sampling: float,
 ) -> list[list[str]]:
-    """Per prompt, `n` sampled completion strings. `model` is a loaded HF model or a local path / Hub id.
+    """Per prompt, `n` sampled completion strings. `model` is a loaded HF model or a local path / Hub id;
+    `sampling` is `sample`'s max_new_tokens, temperature and top_p.
 
-    Uses vLLM when `use_vllm` (default: when `vllm_available()`), the HF sampler otherwise (prompts are processed in
-    chunks of `batch_size`).
+    Uses vLLM when `use_vllm` (CUDA; `vespo eval --backend vllm`), the HF sampler otherwise (prompts are processed
+    in chunks of `batch_size`).
     """
-    if vllm_available() if use_vllm is None else use_vllm:
-        return _generate_texts_vllm(
-            model,
-            tokenizer,
-            prompts,
-            n=n,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-        )
+    if use_vllm:
+        from vespo.rollout.vllm import generate_texts_vllm
+
+        return generate_texts_vllm(model, tokenizer, prompts, n=n, seed=seed, **sampling)
     if isinstance(model, str):
-        model = transformers.AutoModelForCausalLM.from_pretrained(model)
+        from vespo.models import load_model
+
+        model = load_model(model)
     generator = torch.Generator(device=next(model.parameters()).device)
     if seed is not None:
         generator.manual_seed(seed)
@@ -197,43 +158,39 @@ def generate_texts(
     out: list[list[str]] = []
     chunk = max(1, batch_size // n)
     for i in range(0, len(prompts), chunk):
-        rollout = sample(
-            model,
-            tokenizer,
-            prompts[i : i + chunk],
-            n=n,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            generator=generator,
-        )
+        rollout = sample(model, tokenizer, prompts[i : i + chunk], n=n, generator=generator, **sampling)
         texts = decode_responses(tokenizer, rollout)
         out += [texts[j : j + n] for j in range(0, len(texts), n)]
     model.train(was_training)
     return out
 
 
-def _generate_texts_vllm(
-    model: transformers.PreTrainedModel | str,
-    tokenizer: transformers.PreTrainedTokenizerBase,
-    prompts: list[str],
-    *,
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-) -> list[list[str]]:
-    """vLLM backend of `generate_texts` (an in-memory model is saved to a temp dir first). Not exercised on CPU CI."""
-    from vllm import LLM, SamplingParams
+class HFEngine:
+    """`vespo.rollout.sample` on a private copy of the policy (in `sampler_dtype`)."""
 
-    with contextlib.ExitStack() as stack:
-        path = model
-        if not isinstance(model, str):
-            path = stack.enter_context(tempfile.TemporaryDirectory())
-            model.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-        llm = LLM(model=path, seed=seed or 0)
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
-        results = llm.generate(prompts, params)
-    return [[c.text for c in r.outputs] for r in results]
+    def __init__(self, policy_path: str, cfg):
+        from vespo.models import load_policy
+
+        self.model, self.tokenizer = load_policy(policy_path, dtype=getattr(torch, cfg.sampler_dtype))
+        self.model.eval().requires_grad_(False)
+        self.cfg = cfg
+
+    @torch.no_grad()
+    def load(self, named: list[tuple[str, Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, t in named:
+            params[name].copy_(t)
+
+    def generate(self, prompts: list[str], seed: int):
+        cfg = self.cfg
+        return sample(
+            self.model,
+            self.tokenizer,
+            prompts,
+            n=cfg.rollout_n,
+            max_new_tokens=cfg.max_response_length,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            generator=torch.Generator().manual_seed(seed),
+            logit_noise_std=cfg.rollout_logit_noise,
+        )

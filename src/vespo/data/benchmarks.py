@@ -1,8 +1,8 @@
-"""Datasets of the paper by Hub id and columns, plus local JSONL, as plain records the trainer and `vespo eval` use.
+"""Datasets of the paper by Hub id and columns, as plain records: the training sets, the evaluation benchmarks and
+their protocol (avg@k / pass@k), and `load_records`, which resolves any source by name.
 
-Math records are ``{"prompt": str, "answer": str}``; code records are ``{"prompt": str, "tests": list[dict]}`` with
-test cases in the formats of `vespo.rewards.code`. Hub ids and columns follow the official VESPO preprocessing
-(FloyedShen/VESPO recipe/vespo/tools/preprocess_datasets.py) and the benchmarks' own cards.
+Hub ids and columns follow the official VESPO preprocessing (FloyedShen/VESPO
+recipe/vespo/tools/preprocess_datasets.py) and the benchmarks' own cards.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import base64
 import io
 import json
-import math
 import pickle
-import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vespo.rewards.math import PROMPT_SUFFIX
+from vespo.data.prompts import CODE_INSTRUCTION, math_prompt
+from vespo.data.records import check_records, load_jsonl, record_kind
 
 # DAPO-Math-17k wraps each question in its own "Answer: $Answer" instructions; the paper swaps them for PROMPT_SUFFIX.
 _DAPO_PREFIX = (
@@ -26,14 +25,8 @@ _DAPO_PREFIX = (
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
 )
 _DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
-CODE_INSTRUCTION = "Write a complete Python solution and put it in a single ```python code block."
 LIVECODEBENCH_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")
 """Files of livecodebench/code_generation_lite: release_vN is the first N files (v6 = all six)."""
-
-
-def math_prompt(question: str) -> str:
-    """The paper's math prompt: the question followed by the step-by-step / ``\\boxed{}`` instruction."""
-    return f"{question.strip()} {PROMPT_SUFFIX}"
 
 
 def _load_hub(hub_id: str, split: str, **kwargs):
@@ -142,80 +135,6 @@ def load_livecodebench(release: int = 6) -> list[dict]:
     return livecodebench_records(_load_hub("livecodebench/code_generation_lite", "train", data_files=files))
 
 
-def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_key: str = "answer") -> dict:
-    """One row as a gradable record ``{"prompt", "answer"}`` or ``{"prompt", "tests"}`` (other columns kept), or a
-    ValueError starting with ``where``. Numbers are answers ("6"); null, lists, booleans and empty strings are not."""
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or 'tests'")
-    prompt = row.get(prompt_key)
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"{where}: '{prompt_key}' must be a non-empty string, got {prompt!r}")
-    has_answer, has_tests = answer_key in row, "tests" in row
-    if has_answer == has_tests:
-        raise ValueError(f"{where}: need exactly one of '{answer_key}' (math) or 'tests' (code)")
-    record = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)} | {"prompt": prompt}
-    if has_answer:
-        answer = row[answer_key]
-        number = isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer)
-        if not (number or (isinstance(answer, str) and answer.strip())):
-            raise ValueError(f"{where}: '{answer_key}' must be a non-empty string or a number, got {answer!r}")
-        record["answer"] = str(answer)
-    elif not isinstance(row["tests"], list) or not row["tests"] or not all(isinstance(t, dict) for t in row["tests"]):
-        raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/rewards.md)")
-    return record
-
-
-def check_records(
-    rows, source: str, *, where: Callable[[int], str] | None = None, skip_bad: bool = False, **keys: str
-) -> list[dict]:
-    """`check_record` over rows; with ``skip_bad`` bad rows are dropped and counted in a warning instead."""
-    where = where or (lambda i: f"{source} row {i}")
-    records, bad = [], []
-    for i, row in enumerate(rows):
-        try:
-            records.append(check_record(row, where(i), **keys))
-        except ValueError as exc:
-            if not skip_bad:
-                raise
-            bad.append(str(exc))
-    if bad:
-        warnings.warn(f"{source}: skipped {len(bad)} row(s) that cannot be graded; first: {bad[0]}", stacklevel=2)
-    if not records:
-        raise ValueError(f"{source}: no records" + (f" ({len(bad)} bad rows skipped)" if bad else ""))
-    if len({"answer" in r for r in records}) != 1:
-        raise ValueError(f"{source}: mixes math ('answer') and code ('tests') records")
-    return records
-
-
-def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list[dict]:
-    """Local records, one JSON object a line (or one JSON array in a ``.json`` file): ``{"prompt", "answer"}``
-    (math) or ``{"prompt", "tests"}`` (code); `prompt_key` / `answer_key` rename other columns, the rest are kept.
-
-    Prompts are used verbatim (add `math_prompt`'s instruction yourself if you want it). Errors name the file and
-    line; with ``skip_bad`` rows that cannot be graded are skipped and counted instead.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read ({exc})") from None
-    if Path(path).suffix == ".json" and text.lstrip().startswith("["):  # one array of records
-        try:
-            rows = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        return check_records(rows, str(path), where=lambda i: f"{path} record {i}", skip_bad=skip_bad, **keys)
-    rows, lines = [], []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
-        lines.append(lineno)
-    return check_records(rows, str(path), where=lambda i: f"{path}:{lines[i]}", skip_bad=skip_bad, **keys)
-
-
 def load_records(
     source: str, *, split: str = "train", prompt_key: str = "prompt", answer_key: str = "answer", skip_bad=False
 ) -> list[dict]:
@@ -240,11 +159,6 @@ def load_records(
             f"(set --prompt-key / --answer-key)"
         )
     return check_records(rows, source, skip_bad=skip_bad, **keys)
-
-
-def record_kind(records: list[dict]) -> str:
-    """``"math"`` or ``"code"``, from the records' keys."""
-    return "math" if "answer" in records[0] else "code"
 
 
 @dataclass(frozen=True)
@@ -289,7 +203,7 @@ def resolve_benchmark(name: str, *, k: int | None = None) -> Benchmark:
         bench = BENCHMARKS[name]
         return bench if k is None else Benchmark(bench.name, bench.kind, k, bench.metric, bench.load)
     if name.endswith((".json", ".jsonl")):
-        kind = record_kind(load_jsonl(name))
+        kind = record_kind(load_jsonl(name)[0])
         default_k, metric = (4, "avg") if kind == "math" else (10, "pass")
         return Benchmark(Path(name).stem, kind, k or default_k, metric, lambda: load_jsonl(name))
     raise ValueError(f"unknown benchmark {name!r}: choose from {sorted(BENCHMARKS)} or give a .json/.jsonl path")

@@ -130,121 +130,15 @@ class SampledBatch:
     created: float  # time.time() when put on the queue
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Engines: how a sampler generates. HF (tested here) and vLLM (GPU; not run here).
+def build_engine(kind: str, policy_path: str, cfg):
+    """The sampler's generation engine: "hf" (`vespo.rollout.hf.HFEngine`) or "vllm" (CUDA only)."""
+    if kind == "vllm":
+        from vespo.rollout.vllm import VLLMEngine
 
+        return VLLMEngine(policy_path, cfg)
+    from vespo.rollout.hf import HFEngine
 
-class HFEngine:
-    """`vespo.rollout.sample` on a private copy of the policy (in `sampler_dtype`)."""
-
-    def __init__(self, policy_path: str, cfg):
-        from vespo.trainer import _DTYPES, load_policy
-
-        self.model, self.tokenizer = load_policy(policy_path)
-        self.model.to(_DTYPES[cfg.sampler_dtype]).eval().requires_grad_(False)
-        self.cfg = cfg
-
-    @torch.no_grad()
-    def load(self, named: list[tuple[str, Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        for name, t in named:
-            params[name].copy_(t)
-
-    def generate(self, prompts: list[str], seed: int):
-        from vespo.rollout import sample
-
-        cfg = self.cfg
-        return sample(
-            self.model,
-            self.tokenizer,
-            prompts,
-            n=cfg.rollout_n,
-            max_new_tokens=cfg.max_response_length,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            generator=torch.Generator().manual_seed(seed),
-            logit_noise_std=cfg.rollout_logit_noise,
-        )
-
-
-class VLLMEngine:
-    """vLLM in the sampler's own process; each published version is pushed in place with the model runner's
-    `load_weights` (as TRL's colocate mode and veRL's sharding manager do), then the prefix cache is reset.
-
-    Log-probs are vLLM's "processed" ones (after temperature), vespo's convention when top_p = 1 (with top_p < 1,
-    check whether the vLLM version in use reports them before or after truncation). Needs CUDA: written against
-    vLLM's `LLM` API with the in-process driver worker, and not run here; `pack_rollout` is tested on HF samples.
-    """
-
-    def __init__(self, policy_path: str, cfg):
-        from vllm import LLM
-
-        self.tokenizer = _tokenizer(policy_path)
-        self.llm = LLM(
-            model=str(policy_path),
-            dtype=cfg.sampler_dtype,
-            seed=cfg.seed,
-            logprobs_mode="processed_logprobs",
-        )
-        self.cfg = cfg
-
-    def load(self, named: list[tuple[str, Tensor]]) -> None:
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(named)
-        self.llm.reset_prefix_cache()
-
-    def generate(self, prompts: list[str], seed: int):
-        from vllm import SamplingParams
-
-        cfg = self.cfg
-        params = SamplingParams(
-            n=cfg.rollout_n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_tokens=cfg.max_response_length,
-            logprobs=0,  # the sampled token's log-prob only
-            seed=seed,
-        )
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        prompt_ids, response_ids, logps = [], [], []
-        for out in outputs:
-            for comp in out.outputs:
-                prompt_ids.append(list(out.prompt_token_ids))
-                response_ids.append(list(comp.token_ids))
-                logps.append([d[t].logprob for d, t in zip(comp.logprobs, comp.token_ids, strict=True)])
-        return pack_rollout(prompt_ids, response_ids, logps, pad_id=self.tokenizer.pad_token_id)
-
-
-def _tokenizer(path: str):
-    """The policy's tokenizer alone (vLLM loads the weights itself); pad = eos when unset, as `load_policy`."""
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def pack_rollout(prompt_ids: list[list[int]], response_ids: list[list[int]], logps: list[list[float]], *, pad_id: int):
-    """Token lists from an inference engine -> `Rollout` (prompt left-padded, response right-padded, mask = tokens
-    generated up to and including <eos>, sampler log-probs 0 on padding), the layout `vespo.rollout.sample` returns."""
-    from vespo.rollout import Rollout
-
-    b = len(prompt_ids)
-    p, t = max(map(len, prompt_ids)), max(1, max(map(len, response_ids)))
-    ids = torch.full((b, p + t), pad_id, dtype=torch.long)
-    attn = torch.zeros(b, p + t, dtype=torch.long)
-    lp = torch.zeros(b, t)
-    for i, (pi, ri, li) in enumerate(zip(prompt_ids, response_ids, logps, strict=True)):
-        ids[i, p - len(pi) : p] = torch.tensor(pi, dtype=torch.long)
-        attn[i, p - len(pi) : p] = 1
-        ids[i, p : p + len(ri)] = torch.tensor(ri, dtype=torch.long)
-        attn[i, p : p + len(ri)] = 1
-        lp[i, : len(li)] = torch.tensor(li, dtype=torch.float32)
-    return Rollout(ids, attn, attn[:, p:].clone(), lp)
-
-
-ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}
+    return HFEngine(policy_path, cfg)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -283,15 +177,14 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
     import transformers
 
     from vespo.advantages import group_advantages
-    from vespo.config import load_reward_fn
-    from vespo.evaluation import format_prompts
+    from vespo.data import format_prompts
+    from vespo.rewards.batch import grade_batch, load_reward_fn
     from vespo.rollout import decode_responses
-    from vespo.trainer import grade
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
     reward_fn = load_reward_fn(cfg.reward_fn)
-    engine = ENGINES[cfg.sampler_engine](policy_path, cfg)
+    engine = build_engine(cfg.sampler_engine, policy_path, cfg)
     version = store.pull(engine.load, -1)
     events.put(("ready", rank, None))
     idle_since = time.perf_counter()
@@ -308,7 +201,7 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in chosen], chat=cfg.apply_chat_template)
         rollout = engine.generate(prompts, seed)
         t1 = time.perf_counter()
-        rewards = grade(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
+        rewards = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         t2 = time.perf_counter()
         item = SampledBatch(

@@ -1,6 +1,6 @@
 """Asynchronous training with bounded staleness: `vespo train --async` (config `mode: async`).
 
-`num_samplers` sampler processes (vespo.async_sampler) each hold their own copy of the policy, draw prompts, generate
+`num_samplers` sampler processes (vespo.train.sampler) each hold their own copy of the policy, draw prompts, generate
 `rollout_n` responses per prompt recording their own log-probs mu, grade them and compute group advantages, and put
 the batch, tagged with its policy version, on a bounded queue. The learner (this module, `train_async`) reads top to
 bottom: take a mini-batch -> drop it if it lags more than `max_staleness` optimizer steps -> one optimizer step with
@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import queue
-import random
 import signal
 import sys
 import threading
@@ -27,28 +26,12 @@ import time
 import numpy as np
 import torch
 
-from vespo.async_sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
-from vespo.config import EMBEDDED, TrainConfig
 from vespo.rollout import Rollout
-from vespo.runs import (
-    Logger,
-    check_run,
-    embedded_policy_path,
-    plot_run,
-    progress_bar,
-    save_checkpoint,
-    start_run,
-)
-from vespo.trainer import (
-    _step_metrics,
-    build_optimizer,
-    evaluate,
-    load_data,
-    load_policy,
-    policy_log_probs,
-    ppo_update,
-    warn_skipped_updates,
-)
+from vespo.train.config import TrainConfig
+from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
+from vespo.train.runs import finish_run, progress_bar, save_checkpoint, warn_skipped_updates
+from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
+from vespo.train.setup import evaluate, setup_run, update_settings
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
 _STARTUP_S = 600.0  # a sampler that is not ready (model loaded, weights pulled) after this long fails the run
@@ -58,7 +41,7 @@ _JOIN_S = 10.0  # grace period for samplers to exit on stop before they are term
 
 _NO_MESSAGE_AT_START = (
     "no error message: it died before vespo code ran. Samplers are started with the 'spawn' method, which re-imports "
-    "the main module: a script that calls vespo.trainer.train must do so under `if __name__ == '__main__':`."
+    "the main module: a script that calls vespo.train.train must do so under `if __name__ == '__main__':`."
 )
 
 
@@ -305,43 +288,23 @@ class LagStats:
 
 def train_async(cfg: TrainConfig) -> dict[str, float]:
     """Run asynchronous RL training per a resolved `cfg` (mode == "async"); returns the last step's metrics."""
-    ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
-    train_set, eval_set = load_data(cfg)
-    torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
-    run_dir = start_run(cfg)
-
-    # learner policy (+ reference), optimizer, RNG, resume
-    policy_path = embedded_policy_path(cfg) if cfg.model == EMBEDDED else cfg.model
-    model, tokenizer = load_policy(policy_path)
-    ref_model = load_policy(policy_path)[0].eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    optimizer = build_optimizer(model, cfg)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)  # unused by the learner; kept so checkpoints share one layout
-    start, next_batch = 0, 0
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        start, next_batch = ckpt["step"], ckpt["async"]["next_batch"]
-    logger = Logger(cfg, run_dir, start)
-    do_eval = bool(eval_set) and cfg.eval_every > 0
-
+    run = setup_run(cfg, num_threads=cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
+    model, tokenizer = run.model, run.tokenizer
+    next_batch = run.checkpoint["async"]["next_batch"] if run.checkpoint is not None else 0
+    do_eval = bool(run.eval_set) and cfg.eval_every > 0
     n_mini = cfg.num_mini_batches
-    # ppo_update on one mini-batch; the sampler ratio enters the loss only in the decoupled form (see module doc)
-    unit_cfg = dataclasses.replace(
-        cfg, train_batch_size=cfg.ppo_mini_batch_size, use_rollout_log_prob=cfg.use_decoupled_loss, shuffle=False
-    )
-    opt_step = start * n_mini  # = the policy version of the learner's current weights
-    pool = SamplerPool(cfg, policy_path, train_set, model, step=opt_step, next_batch=next_batch)
+    settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
+    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    opt_step = run.start * n_mini  # = the policy version of the learner's current weights
+    pool = SamplerPool(cfg, run.policy_path, run.train_set, model, step=opt_step, next_batch=next_batch)
     stats, metrics, bar = LagStats(), {}, None
     t_loop, dropped_total = time.perf_counter(), 0
     with _sigterm_as_interrupt(), contextlib.closing(pool):
         pool.start(model, opt_step)
-        if do_eval and start == 0:
-            logger.log(evaluate(model, tokenizer, eval_set, cfg), 0)
-        bar = progress_bar(cfg, start)
-        for step in range(start + 1, cfg.total_training_steps + 1):
+        if do_eval and run.start == 0:
+            run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
+        bar = progress_bar(cfg, run.start)
+        for step in range(run.start + 1, cfg.total_training_steps + 1):
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
             per_unit: list[dict[str, float]] = []
             rewards = []
@@ -355,28 +318,38 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                     stats.add("units_dropped", lag)
                     dropped_total += unit.rollout.response_mask.shape[0]
                     continue
-                # 2. old log-probs: mu as the sampler recorded it, or pi_prox = the learner's weights right now
+                # 2. old log-probs: mu as the sampler recorded it (the behaviour policy itself), or with the
+                # decoupled loss pi_prox = the learner's weights right now, mu then entering as rollout_log_prob
                 rows = torch.arange(unit.rewards.numel())
+                mu = unit.rollout.rollout_log_prob  # (b, T)
                 model.eval()
                 with torch.no_grad():
-                    old_log_prob = unit.rollout.rollout_log_prob  # (b, T) mu, no recomputation pass
-                    if cfg.use_decoupled_loss:
-                        old_log_prob, _ = policy_log_probs(model, unit.rollout, rows, cfg, with_entropy=False)
+                    old_log_prob = (
+                        policy_log_probs(model, unit.rollout, rows, **lp_args)[0] if cfg.use_decoupled_loss else mu
+                    )
                     ref_log_prob = None
-                    if ref_model is not None:
-                        ref_log_prob, _ = policy_log_probs(ref_model, unit.rollout, rows, cfg, with_entropy=False)
-                # 3. one optimizer step on it with the trainer's update, then publish every sync_every steps
+                    if run.ref_model is not None:
+                        ref_log_prob = policy_log_probs(run.ref_model, unit.rollout, rows, **lp_args)[0]
+                # 3. one optimizer step on it, then publish every sync_every steps
                 model.train()
                 history = ppo_update(
-                    model, optimizer, unit.rollout, unit.advantages, old_log_prob, ref_log_prob, unit_cfg
+                    model,
+                    run.optimizer,
+                    unit.rollout,
+                    unit.advantages,
+                    old_log_prob,
+                    settings,
+                    ref_log_prob=ref_log_prob,
+                    rollout_log_prob=mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None,
                 )
                 model.eval()
                 opt_step += 1
                 pool.schedule.consume(1, trained=True)
                 if opt_step % cfg.sync_every == 0:
                     pool.store.publish(model, opt_step)
-                # 4. per-unit metrics, by lag
-                m = _step_metrics(unit.rewards, unit.rollout, old_log_prob, history)
+                # 4. per-unit metrics, by lag (no train-inference gap: the sampler's weights are not the learner's)
+                unit_metrics = rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length, train_log_prob=None)
+                m = to_floats(unit_metrics | summarize_update(history))
                 m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
                 per_unit.append(m)
                 rewards.append(unit.rewards)
@@ -384,7 +357,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 log_w = m.get("is/log_w_mean", 0.0)
                 if cfg.use_decoupled_loss:  # the stale part of W is pi_prox / mu
                     mask = unit.rollout.response_mask
-                    log_w = float(((old_log_prob - unit.rollout.rollout_log_prob) * mask).sum(-1).mean())
+                    log_w = float(((old_log_prob - mu) * mask).sum(-1).mean())
                 stats.add(f"lag_hist/{lag}", 1.0)
                 stats.add("lag_mean", float(lag))
                 stats.add(f"{bucket}/log_w_mean", log_w)
@@ -413,27 +386,25 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 "async/sampler_restarts": float(pool.restarts),
             }
             if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-                metrics |= evaluate(model, tokenizer, eval_set, cfg)
-            logger.log(metrics, step)
+                metrics |= evaluate(model, tokenizer, run.eval_set, cfg)
+            run.logger.log(metrics, step)
             warn_skipped_updates(step, metrics)
             if step % cfg.save_every == 0 or step == cfg.total_training_steps:
-                save_checkpoint(run_dir, step, model, optimizer, gen, extra={"async": {"next_batch": pool.next_batch}})
+                extra = {"async": {"next_batch": pool.next_batch}}
+                save_checkpoint(run.run_dir, step, model, run.optimizer, run.gen, extra=extra)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", lag=f"{metrics['async/lag_mean']:.1f}")
     if bar is not None:
         bar.close()
-    logger.close()
     summary = stats.summary() | {
         "loop_s": time.perf_counter() - t_loop,
         "sampler_restarts": pool.restarts,
         "lost_batches": pool.lost_batches,
         "samples_dropped": dropped_total,
     }
-    (run_dir / "async_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_run(run_dir)
-    model.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
+    (run.run_dir / "async_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    finish_run(run.run_dir, run.logger, model, tokenizer)
     return metrics
 
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import math
 import re
 import types
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -23,6 +21,8 @@ import tyro
 import yaml
 
 from vespo.losses import available_methods, validate_hparams
+from vespo.models import check_model_source, looks_local
+from vespo.rewards.batch import load_reward_fn
 
 EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -118,7 +118,12 @@ class TrainConfig:
     rollout_logit_noise: float = 0.0
     """Simulated train-inference mismatch: std of Gaussian noise added to the sampler's logits (0 = none)."""
     use_rollout_log_prob: bool = True
-    """Pass the sampler's log-probs to the loss as rollout_log_prob (mismatch correction); False ignores them."""
+    """Pass the sampler's log-probs to the loss as rollout_log_prob (mismatch correction); False ignores them. In async
+    mode the sampler's log-probs are the behaviour policy itself (old_log_prob) unless `use_decoupled_loss`, where
+    this flag decides whether mu enters as rollout_log_prob (W = pi/pi_prox * pi_prox/mu) or not (W = pi/pi_prox)."""
+    disable_dropout: bool = True
+    """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
+    log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
 
     # --- asynchronous training (docs/training.md, "Asynchronous training")
     mode: Literal["sync", "async"] = "sync"
@@ -337,76 +342,34 @@ def validate(cfg: TrainConfig) -> None:
     check_model(cfg.model)
     for name in ("dataset", "eval_dataset"):
         check_dataset(name, getattr(cfg, name))
-    load_reward_fn(cfg.reward_fn)
-
-
-def _looks_local(value: str) -> bool:
-    """A path rather than a Hub id ("org/name"): absolute, relative with ./ or ~, or more than one slash."""
-    return value.startswith(("/", ".", "~")) or value.count("/") > 1 or "\\" in value
+    try:
+        load_reward_fn(cfg.reward_fn)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_model(value: str) -> None:
-    """`model` is "embedded", an existing model directory, or a Hub id (only checkable by downloading it)."""
+    """`model` is "embedded", an existing model directory, or a Hub id (`vespo.models.check_model_source`)."""
     if value == EMBEDDED:
         return
-    path = Path(value).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model: {value} exists but is not a model directory (no config.json in it)")
-    elif _looks_local(value):
-        raise ConfigError(f"model: no such directory {value} (a Hub id looks like 'org/name')")
+    try:
+        check_model_source(value)
+    except ValueError as exc:
+        raise ConfigError(f"model: {exc}") from None
 
 
 def check_dataset(name: str, value: str | None) -> None:
     """A local data file (.json / .jsonl, or any existing path) must exist; other names are Hub ids or named sets."""
     if value is None or value == EMBEDDED:
         return
-    if value.endswith((".json", ".jsonl")) or _looks_local(value):
+    if value.endswith((".json", ".jsonl")) or looks_local(value):
         if not Path(value).expanduser().is_file():
             raise ConfigError(f"{name}: file not found: {value}")
 
 
-def load_reward_fn(spec: str) -> Callable[..., list[float]]:
-    """Import the `module:function` reward and check it can be called as fn(completions, **columns)."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ConfigError(f"reward_fn must look like 'module:function', got {spec!r}")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(f"reward_fn: cannot import module {module!r} ({exc})") from None
-    fn = getattr(mod, name, None)
-    if not callable(fn):
-        raise ConfigError(f"reward_fn: module {module!r} has no function {name!r}")
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return fn  # builtins without a signature: trust the caller
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    if not positional:
-        raise ConfigError(f"reward_fn: {spec} is not a reward function fn(completions, **columns) -> list[float]")
-    return fn
-
-
-def check_reward_columns(spec: str, columns: list[str]) -> None:
-    """The reward function can be called as fn(completions, **columns) with the dataset's columns."""
-    fn = load_reward_fn(spec)
-    try:
-        inspect.signature(fn).bind([], **dict.fromkeys(columns))
-    except TypeError as exc:
-        code = "tests" in columns
-        hint = " (code records {prompt, tests} need --reward-fn vespo.rewards:code_reward)" if code else ""
-        raise ConfigError(
-            f"reward_fn {spec} cannot be called as fn(completions, **columns) with the dataset's columns {columns}: "
-            f"{exc}{hint}"
-        ) from None
-    except ValueError:  # no signature to check
-        pass
-
-
 def _validate_task(cfg: TrainConfig) -> None:
     if cfg.task == "chain" and cfg.dataset == EMBEDDED:
-        from vespo.task import chain_response_tokens
+        from vespo.embedded.task import chain_response_tokens
 
         need = chain_response_tokens(cfg.num_operands)
         if cfg.num_operands < 2 or cfg.max_response_length < need:

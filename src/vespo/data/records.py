@@ -1,0 +1,94 @@
+"""The one record type: ``{"prompt": str, "answer": str}`` (math) or ``{"prompt": str, "tests": list[dict]}`` (code,
+test cases in the formats of `vespo.rewards.code`); other columns are kept and reach the reward function as keyword
+lists. Checking and local JSON/JSONL loading live here; named sets and benchmarks in `vespo.data.benchmarks`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+Record = dict
+"""A record is a plain dict (see the module docstring), so it travels to TRL, datasets and sampler processes as is."""
+
+
+def record_kind(record: dict) -> str:
+    """``"math"`` or ``"code"``: the one place the kind of a record is decided (by its keys)."""
+    return "code" if "tests" in record else "math"
+
+
+def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_key: str = "answer") -> dict:
+    """One row as a gradable record ``{"prompt", "answer"}`` or ``{"prompt", "tests"}`` (other columns kept), or a
+    ValueError starting with ``where``. Numbers are answers ("6"); null, lists, booleans and empty strings are not."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or 'tests'")
+    prompt = row.get(prompt_key)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: '{prompt_key}' must be a non-empty string, got {prompt!r}")
+    has_answer, has_tests = answer_key in row, "tests" in row
+    if has_answer == has_tests:
+        raise ValueError(f"{where}: need exactly one of '{answer_key}' (math) or 'tests' (code)")
+    record = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)} | {"prompt": prompt}
+    if has_answer:
+        answer = row[answer_key]
+        number = isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer)
+        if not (number or (isinstance(answer, str) and answer.strip())):
+            raise ValueError(f"{where}: '{answer_key}' must be a non-empty string or a number, got {answer!r}")
+        record["answer"] = str(answer)
+    elif not isinstance(row["tests"], list) or not row["tests"] or not all(isinstance(t, dict) for t in row["tests"]):
+        raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/rewards.md)")
+    return record
+
+
+def check_records(
+    rows, source: str, *, where: Callable[[int], str] | None = None, skip_bad: bool = False, **keys: str
+) -> list[dict]:
+    """`check_record` over rows; with ``skip_bad`` bad rows are dropped and counted in a warning instead."""
+    where = where or (lambda i: f"{source} row {i}")
+    records, bad = [], []
+    for i, row in enumerate(rows):
+        try:
+            records.append(check_record(row, where(i), **keys))
+        except ValueError as exc:
+            if not skip_bad:
+                raise
+            bad.append(str(exc))
+    if bad:
+        warnings.warn(f"{source}: skipped {len(bad)} row(s) that cannot be graded; first: {bad[0]}", stacklevel=2)
+    if not records:
+        raise ValueError(f"{source}: no records" + (f" ({len(bad)} bad rows skipped)" if bad else ""))
+    if len({record_kind(r) for r in records}) != 1:
+        raise ValueError(f"{source}: mixes math ('answer') and code ('tests') records")
+    return records
+
+
+def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list[dict]:
+    """Local records, one JSON object a line (or one JSON array in a ``.json`` file): ``{"prompt", "answer"}``
+    (math) or ``{"prompt", "tests"}`` (code); `prompt_key` / `answer_key` rename other columns, the rest are kept.
+
+    Prompts are used verbatim (add `math_prompt`'s instruction yourself if you want it). Errors name the file and
+    line; with ``skip_bad`` rows that cannot be graded are skipped and counted instead.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc})") from None
+    if Path(path).suffix == ".json" and text.lstrip().startswith("["):  # one array of records
+        try:
+            rows = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        return check_records(rows, str(path), where=lambda i: f"{path} record {i}", skip_bad=skip_bad, **keys)
+    rows, lines = [], []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+        lines.append(lineno)
+    return check_records(rows, str(path), where=lambda i: f"{path}:{lines[i]}", skip_bad=skip_bad, **keys)

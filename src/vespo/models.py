@@ -1,0 +1,43 @@
+"""Model and tokenizer loading: the one place a causal LM is loaded (trainer, samplers, evaluation, lab)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+
+def looks_local(value: str) -> bool:
+    """A path rather than a Hub id ("org/name"): absolute, relative with ./ or ~, or more than one slash."""
+    return value.startswith(("/", ".", "~")) or value.count("/") > 1 or "\\" in value
+
+
+def check_model_source(value: str) -> None:
+    """An existing model directory or a Hub id (only checkable by downloading it); a one-line ValueError otherwise."""
+    path = Path(value).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{value} exists but is not a model directory (no config.json in it)")
+    elif looks_local(value):
+        raise ValueError(f"no such directory {value} (a Hub id looks like 'org/name')")
+
+
+def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer of a Hub id or local dir, with pad = eos when it has no pad token (batched sampling pads)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> transformers.PreTrainedModel:
+    """A causal LM through `from_pretrained` (fp32 master weights by default)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def load_policy(
+    path: str | Path, *, dtype: torch.dtype = torch.float32
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """A causal LM (fp32 master weights by default) and its tokenizer through `from_pretrained`."""
+    return load_model(path, dtype=dtype), load_tokenizer(path)

@@ -1,0 +1,98 @@
+"""vLLM generation (CUDA only; written against vLLM's `LLM` API and not run on the CPU CI): the async samplers'
+engine and `vespo eval`'s backend.
+
+Log-probs are vLLM's "processed" ones (after temperature), the convention of `vespo.rollout.hf.sample`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import tempfile
+
+import torch
+import transformers
+
+from vespo.models import load_tokenizer
+from vespo.rollout.types import pack_rollout
+
+Tensor = torch.Tensor
+
+
+def vllm_available() -> bool:
+    """True when the vLLM backend can be used (vLLM importable and a CUDA device present)."""
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
+class VLLMEngine:
+    """vLLM in the sampler's own process; each published version is pushed in place with the model runner's
+    `load_weights` (as TRL's colocate mode and veRL's sharding manager do), then the prefix cache is reset.
+
+    Log-probs are vLLM's "processed" ones (after temperature), vespo's convention when top_p = 1 (with top_p < 1,
+    check whether the vLLM version in use reports them before or after truncation). Needs CUDA: written against
+    vLLM's `LLM` API with the in-process driver worker, and not run here; `pack_rollout` is tested on HF samples.
+    """
+
+    def __init__(self, policy_path: str, cfg):
+        from vllm import LLM
+
+        self.tokenizer = load_tokenizer(policy_path)
+        self.llm = LLM(
+            model=str(policy_path),
+            dtype=cfg.sampler_dtype,
+            seed=cfg.seed,
+            logprobs_mode="processed_logprobs",
+        )
+        self.cfg = cfg
+
+    def load(self, named: list[tuple[str, Tensor]]) -> None:
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.model.load_weights(named)
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompts: list[str], seed: int):
+        from vllm import SamplingParams
+
+        cfg = self.cfg
+        params = SamplingParams(
+            n=cfg.rollout_n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_response_length,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=seed,
+        )
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        prompt_ids, response_ids, logps = [], [], []
+        for out in outputs:
+            for comp in out.outputs:
+                prompt_ids.append(list(out.prompt_token_ids))
+                response_ids.append(list(comp.token_ids))
+                logps.append([d[t].logprob for d, t in zip(comp.logprobs, comp.token_ids, strict=True)])
+        return pack_rollout(prompt_ids, response_ids, logps, pad_id=self.tokenizer.pad_token_id)
+
+
+def generate_texts_vllm(
+    model: transformers.PreTrainedModel | str,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    n: int,
+    seed: int | None,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> list[list[str]]:
+    """vLLM backend of `generate_texts` (an in-memory model is saved to a temp dir first). Not exercised on CPU CI."""
+    from vllm import LLM, SamplingParams
+
+    with contextlib.ExitStack() as stack:
+        path = model
+        if not isinstance(model, str):
+            path = stack.enter_context(tempfile.TemporaryDirectory())
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+        llm = LLM(model=path, seed=seed or 0)
+        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+        results = llm.generate(prompts, params)
+    return [[c.text for c in r.outputs] for r in results]

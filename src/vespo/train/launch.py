@@ -1,0 +1,40 @@
+"""`vespo train`: parse and validate the config, then run the loop it names (sync or async). The loops never import
+each other; this is the one place that picks one."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
+
+
+def train(cfg: TrainConfig) -> dict[str, float]:
+    """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. Everything is
+    validated before any compute."""
+    cfg = resolve(cfg)
+    if cfg.mode == "async":
+        from vespo.train.async_ import train_async
+
+        return train_async(cfg)
+    from vespo.train.sync import train_sync
+
+    return train_sync(cfg)
+
+
+def cli(argv: list[str]) -> int:
+    """`vespo train [--config file.yaml] [flags]`."""
+    cfg = None
+    try:
+        cfg = parse_args(argv)
+        last = train(cfg)
+    except ConfigError as exc:  # bad input, found before any compute
+        print(f"vespo train: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        where = f" in {cfg.run_dir}" if cfg is not None else ""
+        print(f"vespo train: interrupted; the last checkpoint{where} is kept (--resume continues from it)")
+        return 130
+    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
+    print(f"run dir: {cfg.run_dir}")
+    return 0

@@ -1,0 +1,261 @@
+"""The learner: log-probs of a rollout under the policy, the N sequential mini-batch update, and the step's metrics.
+
+Every loop calls it (sync, async, and any user loop): it takes explicit settings (`UpdateSettings`), never a run
+config, and keeps metrics as tensors until `to_floats` converts a whole logged step at once (one host sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+
+from vespo.aggregation import agg_loss
+from vespo.losses import (
+    ROLLOUT_IS_THRESHOLD,
+    BatchContext,
+    batch_context,
+    check_policy_inputs,
+    compute_policy_loss,
+    default_loss_agg_mode,
+    kl_k3,
+    uses_batch_context,
+)
+from vespo.losses.core import seq_log_ratio, top_share
+from vespo.rollout import Rollout, response_log_probs
+
+Tensor = torch.Tensor
+_ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
+PER_INDEX = (
+    "is/log_w_mean",
+    "is/log_w_max",
+    "is/log_w_min",
+    "weight/ess",
+    "is/top1pct_w_share",
+    "actor/grad_norm",
+    "actor/update_norm",
+)
+"""Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results.md, mechanism)."""
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the N-mini-batch update needs, and nothing else (a loop builds it from its own config)."""
+
+    method: str = "vespo"
+    """Registered policy-loss method."""
+    hparams: dict = field(default_factory=dict)
+    """Its hyperparameters (validated by the registry when the config was built)."""
+    loss_agg_mode: str | None = None
+    """Aggregation; None = the method's own."""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per update (the staleness)."""
+    seqs_per_mini_batch: int = 64
+    """Sequences per optimizer step (prompts per mini-batch x rollout_n)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward pass (accumulation; does not change the result)."""
+    temperature: float = 1.0
+    """Sampling temperature the log-probs are taken at."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the reference (needs ref_log_prob)."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus."""
+    grad_clip: float = 1.0
+    """Max global gradient norm per optimizer step."""
+    shuffle: bool = False
+    """Shuffle rows before cutting mini-batches (global RNG)."""
+    log_update_norm: bool = False
+    """Log the size of each optimizer step (one copy of the weights per mini-batch)."""
+
+    @property
+    def agg_mode(self) -> str:
+        """The aggregation in use: `loss_agg_mode`, or the method's own default."""
+        return self.loss_agg_mode or default_loss_agg_mode(self.method)
+
+
+def micro_batches(rows: Tensor, size: int) -> list[Tensor]:
+    """`rows` cut into consecutive chunks of at most `size` (gradient accumulation)."""
+    return list(rows.split(size))
+
+
+def policy_log_probs(
+    model, rollout: Rollout, rows: Tensor, *, micro_batch_size: int, temperature: float, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """log pi (and entropy) of `rows`, (len(rows), T), computed micro-batch by micro-batch as the update sees them."""
+    outs = [
+        response_log_probs(model, rollout.select(mb), temperature=temperature, with_entropy=with_entropy)
+        for mb in micro_batches(rows, micro_batch_size)
+    ]
+    logp = torch.cat([o[0] for o in outs])  # (len(rows), T)
+    ent = torch.cat([o[1] for o in outs]) if with_entropy else None
+    return logp, ent
+
+
+def ppo_update(
+    model: transformers.PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    advantages: Tensor,
+    old_log_prob: Tensor,
+    settings: UpdateSettings,
+    *,
+    ref_log_prob: Tensor | None = None,
+    rollout_log_prob: Tensor | None = None,
+) -> list[dict[str, Tensor]]:
+    """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns their
+    metrics as 0-dim tensors.
+
+    Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
+    importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
+    `rollout_log_prob` (the sampler's log-probs, or None) enters the loss as its train-inference correction.
+    Micro-batch losses are normalised by the whole mini-batch's token/sequence count, so accumulating them equals
+    one big batch. The rollout batch is validated once here; the micro-batch calls skip validation. A mini-batch
+    whose gradient norm is not finite is skipped, as veRL does, and counted in `actor/nonfinite_grad`: the one host
+    sync per optimizer step.
+    """
+    s = settings
+    mode = s.agg_mode
+    check_policy_inputs(
+        log_prob=None,
+        old_log_prob=old_log_prob,
+        advantages=advantages,
+        response_mask=rollout.response_mask,
+        rollout_log_prob=rollout_log_prob,
+    )
+    n_rows = advantages.shape[0]
+    order = torch.randperm(n_rows) if s.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
+    history = []
+    for k in range(s.num_mini_batches):
+        rows = order[k * s.seqs_per_mini_batch : (k + 1) * s.seqs_per_mini_batch]
+        mini_mask = rollout.response_mask[rows]
+        n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
+        optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, Tensor] = {}
+        seq_log_w = []  # per-sequence log W of this mini-batch, for the weight-concentration diagnostic
+        micro = micro_batches(rows, s.micro_batch_size)
+        ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro))
+        for mb in micro:
+            mask = rollout.response_mask[mb]  # (b, T)
+            log_prob, entropy = response_log_probs(
+                model, rollout.select(mb), temperature=s.temperature, with_entropy=s.entropy_coeff > 0
+            )
+            loss, metrics = compute_policy_loss(
+                s.method,
+                log_prob=log_prob,
+                old_log_prob=old_log_prob[mb],
+                advantages=advantages[mb],
+                response_mask=mask,
+                rollout_log_prob=None if rollout_log_prob is None else rollout_log_prob[mb],
+                loss_agg_mode=mode,
+                global_num_tokens=n_tokens,
+                global_num_seqs=n_seqs,
+                validate=False,  # validated once per rollout batch above; log-probs of the model are <= 0
+                **({} if ctx is None else {"batch_context": ctx}),
+                **s.hparams,
+            )
+            if ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
+                kl = kl_k3(ref_log_prob[mb] - log_prob, clamp=10.0)  # (b, T)
+                kl_loss = agg_loss(kl, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
+                loss = loss + s.kl_coef * kl_loss
+                metrics["actor/kl_loss"] = kl_loss.detach()
+            if entropy is not None:
+                ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
+                loss = loss - s.entropy_coeff * ent_loss
+            loss.backward()
+            seq_log_w.append(seq_log_ratio(log_prob.detach(), old_log_prob[mb], mask.to(log_prob.dtype)))  # (b,)
+            for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
+                share = value if key in _ADDITIVE else value / len(micro)
+                sums[key] = sums[key] + share if key in sums else share
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)  # before clipping
+        sums["actor/grad_norm"] = grad_norm
+        sums["is/top1pct_w_share"] = top_share(torch.cat(seq_log_w))
+        finite = bool(torch.isfinite(grad_norm))  # one sync per optimizer step: a NaN step would poison the weights
+        sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
+        before = [p.detach().clone() for p in model.parameters()] if s.log_update_norm else None
+        if finite:
+            optimizer.step()
+        if before is not None:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
+            sums["actor/update_norm"] = torch.stack(
+                [(p.detach() - b).norm() for p, b in zip(model.parameters(), before, strict=True)]
+            ).norm()
+        history.append({key: v.detach() for key, v in sums.items()})
+    return history
+
+
+def _batch_context(
+    model,
+    rollout: Rollout,
+    rows: Tensor,
+    advantages: Tensor,
+    old_log_prob: Tensor,
+    rollout_lp: Tensor | None,
+    s: UpdateSettings,
+    k: int,
+    n_micro: int,
+) -> BatchContext | None:
+    """Mini-batch statistics for the methods that declare `batch_context` (None for the others): the staleness index
+    k, and with more than one micro-batch the whole mini-batch's log W from one extra no-grad forward, so that every
+    micro-batch's controller decides exactly as one pass over the mini-batch would."""
+    if not uses_batch_context(s.method):
+        return None
+    if n_micro == 1:  # the call sees the whole mini-batch itself
+        return BatchContext(mini_batch_index=k, num_mini_batches=s.num_mini_batches)
+    with torch.no_grad():
+        log_prob, _ = policy_log_probs(
+            model, rollout, rows, micro_batch_size=s.micro_batch_size, temperature=s.temperature
+        )
+    return batch_context(
+        log_prob=log_prob,
+        old_log_prob=old_log_prob[rows],
+        advantages=advantages[rows],
+        response_mask=rollout.response_mask[rows],
+        rollout_log_prob=None if rollout_lp is None else rollout_lp[rows],
+        rollout_is_threshold=s.hparams.get("rollout_is_threshold", ROLLOUT_IS_THRESHOLD),
+        mini_batch_index=k,
+        num_mini_batches=s.num_mini_batches,
+    )
+
+
+def rollout_metrics(
+    rewards: Tensor, rollout: Rollout, max_response_length: int, *, train_log_prob: Tensor | None
+) -> dict[str, Tensor]:
+    """Reward, response length (mean, p90, share cut at `max_response_length`) and, when the learner's log-probs of
+    the same weights the sampler used are given, the train-inference gap on the sampled tokens."""
+    mask = rollout.response_mask.bool()
+    lengths = rollout.response_mask.sum(-1).float()
+    out = {
+        "reward/mean": rewards.mean(),
+        "reward/std": rewards.std() if rewards.numel() > 1 else torch.zeros(()),
+        "response/length_mean": lengths.mean(),
+        "response/length_p90": torch.quantile(lengths, 0.9),
+        "response/clip_frac": (lengths >= max_response_length).float().mean(),
+        "actor/entropy": -rollout.rollout_log_prob[mask].mean(),  # MC estimate: mean -log pi of samples
+    }
+    if train_log_prob is not None:
+        gap = (train_log_prob - rollout.rollout_log_prob)[mask]  # log pi_train - log pi_rollout on sampled tokens
+        out["mismatch/log_ratio_abs_mean"] = gap.abs().mean()
+        out["mismatch/k3_kl"] = kl_k3(gap).mean()
+    return out
+
+
+def summarize_update(history: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The update's metrics over its mini-batches: the mean of each, plus the first and last mini-batch of the
+    `PER_INDEX` keys (the first is on-policy, the last the stalest: their gap is the staleness)."""
+    out = {key: torch.stack([h[key] for h in history]).float().mean() for key in history[0]}
+    out["actor/num_mini_batches"] = torch.tensor(float(len(history)))
+    for key in PER_INDEX:
+        if key in history[0]:
+            out[f"{key}/first_mini_batch"] = history[0][key]
+            out[f"{key}/last_mini_batch"] = history[-1][key]
+    return out
+
+
+def to_floats(metrics: dict[str, Tensor | float]) -> dict[str, float]:
+    """A logged step's metrics as Python floats: the tensors are stacked and copied to the host once."""
+    keys = [k for k, v in metrics.items() if isinstance(v, Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, Tensor)}
+    if keys:
+        values = torch.stack([metrics[k].detach().float().reshape(()).cpu() for k in keys]).tolist()
+        out |= dict(zip(keys, values, strict=True))
+    return {k: out[k] for k in metrics}

@@ -1,0 +1,150 @@
+"""Run setup shared by every loop: data and reward, policy (+ reference), optimizer, RNG streams and resume, turned
+into one `RunState`; and the held-out evaluation the loops run at their evaluation steps."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+
+from vespo.data import load_records
+from vespo.embedded.task import embedded_split
+from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
+from vespo.evaluation import evaluate_records
+from vespo.models import load_policy
+from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
+from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
+from vespo.train.learner import UpdateSettings
+from vespo.train.runs import Logger, check_run, restore, seed_everything, start_run
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything a loop needs to start or continue a run; `start` is the rollout step to continue after."""
+
+    run_dir: Path
+    policy_path: str | Path
+    model: transformers.PreTrainedModel
+    tokenizer: transformers.PreTrainedTokenizerBase
+    ref_model: transformers.PreTrainedModel | None
+    optimizer: torch.optim.Optimizer
+    gen: torch.Generator
+    start: int
+    checkpoint: dict | None
+    train_set: list[dict]
+    eval_set: list[dict] | None
+    reward_fn: Callable[..., list[float]]
+    logger: Logger
+
+
+def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
+    """Check the run dir and inputs (all before any compute), then load the policy, build the reference and the
+    optimizer, seed every RNG stream and restore a checkpoint on resume. config.yaml is written once the inputs have
+    loaded, so a bad input leaves no run behind."""
+    ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
+    try:
+        reward_fn = load_reward_fn(cfg.reward_fn)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    train_set, eval_set = load_data(cfg)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    run_dir = start_run(cfg)
+    policy_path = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
+    model, tokenizer = load_policy(policy_path)
+    if cfg.disable_dropout:
+        disable_dropout(model)
+    model.train()
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    optimizer = build_optimizer(model, cfg)
+    gen = seed_everything(cfg.seed)  # global streams + the sampling-noise generator, all checkpointed
+    start = restore(ckpt, model, optimizer, gen) if ckpt is not None else 0
+    logger = Logger(cfg, run_dir, start)
+    return RunState(
+        run_dir, policy_path, model, tokenizer, ref_model, optimizer, gen, start, ckpt, train_set, eval_set,
+        reward_fn, logger,
+    )  # fmt: skip
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout probability to 0 (TRL's `disable_dropout`): the update's train mode and the old log-probs'
+    eval mode then compute the same policy, so W == 1 exactly on the first mini-batch."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
+def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -> UpdateSettings:
+    """The learner's settings from a run config; the loop says how many mini-batches one update takes."""
+    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "kl_coef", "entropy_coeff", "grad_clip")
+    return UpdateSettings(
+        **{name: getattr(cfg, name) for name in (*shared, "log_update_norm")},
+        hparams=dict(cfg.hparams),
+        num_mini_batches=num_mini_batches,
+        seqs_per_mini_batch=cfg.ppo_mini_batch_size * cfg.rollout_n,
+        shuffle=shuffle,
+    )
+
+
+def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
+    """(training records, held-out records or None) through `vespo.data`, checked against the reward function's
+    signature; any problem is a ConfigError naming the file (and line) before the model loads."""
+    keys = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "skip_bad": cfg.skip_bad_records}
+    train_set = eval_set = None
+    try:
+        if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
+            task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
+            split = embedded_split(cfg.task, **task)
+            emb_train, emb_eval = ([dataclasses.asdict(p) for p in part] for part in split)
+            if cfg.dataset == EMBEDDED:
+                train_set, eval_set = emb_train, emb_eval
+        if cfg.dataset != EMBEDDED:
+            train_set = load_records(cfg.dataset, split=cfg.dataset_split, **keys)
+        if cfg.eval_dataset is not None:
+            eval_set = load_records(cfg.eval_dataset, split="test", **keys)[: cfg.eval_size]
+        if len(train_set) < cfg.train_batch_size:
+            raise ValueError(
+                f"dataset has {len(train_set)} prompts, fewer than train_batch_size={cfg.train_batch_size}"
+            )
+        check_reward_columns(cfg.reward_fn, reward_columns(train_set))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return train_set, eval_set
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The actor's optimizer: AdamW (`adamw_torch`, betas/eps/decay from cfg) or plain SGD without momentum (`sgd`),
+    whose steps shrink with the gradient where Adam's per-parameter normaliser rescales them (docs/results.md)."""
+    if cfg.optim == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay
+    )
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[str, float]:
+    """Held-out accuracy through the shared evaluator (`vespo.evaluation.evaluate_records`): one response per prompt
+    at the training temperature and prompt format, seeded apart from training, graded by the records' verifier."""
+    scores = evaluate_records(
+        model,
+        tokenizer,
+        records,
+        n=1,
+        chat=cfg.apply_chat_template,
+        chunk=cfg.micro_batch_size,
+        seed=cfg.seed + 12345,
+        max_new_tokens=cfg.max_response_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        progress=False,
+    )
+    return {"eval/accuracy": scores["eval/heldout/avg@1"]}
