@@ -21,6 +21,7 @@ the mini-batch. All controllers are fixed-iteration tensor bisections: no host s
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -203,13 +204,13 @@ def _adaptive_loss(
     advantages: Tensor,
     mask: Tensor,
     rollout_log_w: Tensor | None,
-    seq_log_ratio: Tensor | None,
+    seq_log_w: Tensor | None,
     ctx: BatchContext | None,
     c: tuple[float, float, float, float],
     hp: dict[str, object],
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """loss = -sg(phi_g(W)) * A * log pi (B, T), with (c1, c2, log gain) per sign from the controller `kind`."""
-    log_w = seq_log_ratio  # (B,) log prod_t pi/mu from the core (or computed here when called directly)
+    log_w = seq_log_w  # (B,) log prod_t pi/mu from the core (or computed here when called directly)
     if log_w is None:
         log_w = seq_log_ratio(log_prob.detach(), old_log_prob, mask)
     if rollout_log_w is not None:
@@ -288,134 +289,85 @@ def _moment_check(hp: dict[str, object]) -> str | None:
     return None
 
 
-@register_method(
+def _register_adaptive(name: str, kind: str, extra: dict[str, tuple[object, object]], doc: str, **registry) -> None:
+    """Register `name`: VESPO's four constants (paper defaults) plus the controller's `extra` hyperparameters
+    (name -> (default, type)), all keyword-only in the function's signature, which is what the registry reads."""
+    defaults = _PAPER | {k: default for k, (default, _) in extra.items()}
+
+    def method(log_prob, old_log_prob, advantages, mask, *, rollout_log_w=None, seq_log_ratio=None,
+               batch_context=None, **hp):  # fmt: skip
+        hp = defaults | hp
+        c = tuple(hp.pop(k) for k in _PAPER)
+        args = (log_prob, old_log_prob, advantages, mask, rollout_log_w, seq_log_ratio, batch_context, c, hp)
+        return _adaptive_loss(kind, *args)
+
+    P = inspect.Parameter
+    inputs = [
+        P(n, P.POSITIONAL_OR_KEYWORD, annotation=Tensor) for n in ("log_prob", "old_log_prob", "advantages", "mask")
+    ]
+    optional_inputs = {
+        "rollout_log_w": Tensor | None,
+        "seq_log_ratio": Tensor | None,
+        "batch_context": BatchContext | None,
+    }
+    optional = [P(n, P.KEYWORD_ONLY, default=None, annotation=a) for n, a in optional_inputs.items()]
+    kinds = dict.fromkeys(_PAPER, float) | {k: kind_ for k, (_, kind_) in extra.items()}
+    hparams = [P(k, P.KEYWORD_ONLY, default=v, annotation=kinds[k]) for k, v in defaults.items()]
+    method.__signature__ = inspect.Signature(inputs + optional + hparams)
+    method.__annotations__ = {p.name: p.annotation for p in inputs + optional + hparams}
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = doc
+    globals()[name] = register_method(name, rollout_correction="fold", **registry)(method)
+
+
+_register_adaptive(
     "vespo_moment",
-    rollout_correction="fold",
-    bounds=_C_BOUNDS | {"moment_target_pos": ("[1, inf)", "E_Q[W] = 1 on-policy"), "moment_target_neg": "[1, inf)"},
-    check=_moment_check,
-)
-def vespo_moment(
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    rollout_log_w: Tensor | None = None,
-    seq_log_ratio: Tensor | None = None,
-    batch_context: BatchContext | None = None,
-    c1_pos: float = 2.0,
-    c2_pos: float = 3.0,
-    c1_neg: float = 3.0,
-    c2_neg: float = 2.0,
-    moment_target_pos: float = 1.0,
-    moment_target_neg: float = 1.5,
-    c2_max: float = 50.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
+    "moment",
+    {"moment_target_pos": (1.0, float), "moment_target_neg": (1.5, float), "c2_max": (50.0, float)},
     """VESPO whose lambda = c2 is the multiplier of E_Q[W] <= C (paper Eqs. moment-constraint, lagrangian, Q-solution).
 
     Per sign, c2 = the smallest value >= the paper's with sum_i phi_i W_i / sum_i phi_i <= C over the mini-batch
     (c1 fixed), found by bisection in log c2 up to `c2_max`. Default C = max(1, c1/c2) per sign, (1, 1.5): E_Q[W]
     is 1 on-policy and tends to c1/c2 (the mean of Gamma(c1, c2)) when log W is spread wide, so the paper's
     constants never bind in either limit; the constraint binds when a heavy upper tail of W dominates Q.
-    """
-    c = (c1_pos, c2_pos, c1_neg, c2_neg)
-    hp = dict(moment_target_pos=moment_target_pos, moment_target_neg=moment_target_neg, c2_max=c2_max)
-    return _adaptive_loss(
-        "moment", log_prob, old_log_prob, advantages, mask, rollout_log_w, seq_log_ratio, batch_context, c, hp
-    )
-
-
-@register_method(
-    "vespo_ess", rollout_correction="fold", bounds=_C_BOUNDS | {"ess_target": ("(0, 1]", "normalised Kish ESS")}
+    """,
+    bounds=_C_BOUNDS | {"moment_target_pos": ("[1, inf)", "E_Q[W] = 1 on-policy"), "moment_target_neg": "[1, inf)"},
+    check=_moment_check,
 )
-def vespo_ess(
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    rollout_log_w: Tensor | None = None,
-    seq_log_ratio: Tensor | None = None,
-    batch_context: BatchContext | None = None,
-    c1_pos: float = 2.0,
-    c2_pos: float = 3.0,
-    c1_neg: float = 3.0,
-    c2_neg: float = 2.0,
-    ess_target: float = 0.5,
-) -> tuple[Tensor, dict[str, Tensor]]:
+_register_adaptive(
+    "vespo_ess",
+    "ess",
+    {"ess_target": (0.5, float)},
     """VESPO tempered to an ESS target: phi^tau = W^(tau c1) exp(tau c2 (1 - W)) per sign (same mode c1/c2).
 
     tau = 1 (the paper's kernel) when the group's Kish ESS of phi is >= `ess_target`; else the largest tau in
     [1/c1, 1] that reaches it (bisection; ESS of phi^tau decreases in tau), tau = 1/c1 if none does.
-    """
-    c = (c1_pos, c2_pos, c1_neg, c2_neg)
-    return _adaptive_loss(
-        "ess", log_prob, old_log_prob, advantages, mask, rollout_log_w, seq_log_ratio, batch_context, c,
-        {"ess_target": ess_target},
-    )  # fmt: skip
-
-
-@register_method(
-    "vespo_selfnorm", rollout_correction="fold", bounds=_C_BOUNDS | {"max_gain": ("[1, inf]", "1 = paper VESPO")}
+    """,
+    bounds=_C_BOUNDS | {"ess_target": ("(0, 1]", "normalised Kish ESS")},
 )
-def vespo_selfnorm(
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    rollout_log_w: Tensor | None = None,
-    seq_log_ratio: Tensor | None = None,
-    batch_context: BatchContext | None = None,
-    c1_pos: float = 2.0,
-    c2_pos: float = 3.0,
-    c1_neg: float = 3.0,
-    c2_neg: float = 2.0,
-    normalize: Literal["sign", "all"] = "sign",
-    max_gain: float = math.inf,
-) -> tuple[Tensor, dict[str, Tensor]]:
+_register_adaptive(
+    "vespo_selfnorm",
+    "selfnorm",
+    {"normalize": ("sign", Literal["sign", "all"]), "max_gain": (math.inf, float)},
     """Self-normalised VESPO: phi(W) / Z, Z = mean phi over the mini-batch's sign group ("sign") or all ("all").
 
     The gain 1/Z is capped at `max_gain`; max_gain = 1 only ever scales down, and is the paper's VESPO when Z >= 1.
     A batch whose every phi is tiny still steps in the direction of its least-stale samples (the weights of a
     group average 1); the price is that one sequence can carry up to the whole group's weight.
-    """
-    c = (c1_pos, c2_pos, c1_neg, c2_neg)
-    return _adaptive_loss(
-        "selfnorm", log_prob, old_log_prob, advantages, mask, rollout_log_w, seq_log_ratio, batch_context, c,
-        {"normalize": normalize, "max_gain": max_gain},
-    )  # fmt: skip
-
-
-@register_method(
-    "vespo_schedule", rollout_correction="fold", bounds=_C_BOUNDS | {"c2_scale_max": ("[1, inf)", "1 = paper VESPO")}
+    """,
+    bounds=_C_BOUNDS | {"max_gain": ("[1, inf]", "1 = paper VESPO")},
 )
-def vespo_schedule(
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    rollout_log_w: Tensor | None = None,
-    seq_log_ratio: Tensor | None = None,
-    batch_context: BatchContext | None = None,
-    c1_pos: float = 2.0,
-    c2_pos: float = 3.0,
-    c1_neg: float = 3.0,
-    c2_neg: float = 2.0,
-    c2_scale_max: float = 2.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
+_register_adaptive(
+    "vespo_schedule",
+    "schedule",
+    {"c2_scale_max": (2.0, float)},
     """VESPO with c2 scheduled on the staleness index k of the mini-batch: c2(k) = c2 (1 + (s - 1) k / (N - 1)).
 
     k = 0 (on-policy) uses the paper's c2, the last mini-batch k = N - 1 uses s * c2 (s = `c2_scale_max`): a tighter
     moment constraint (larger lambda) where the weights are stalest. Needs `batch_context` with k and N.
-    """
-    c = (c1_pos, c2_pos, c1_neg, c2_neg)
-    return _adaptive_loss(
-        "schedule", log_prob, old_log_prob, advantages, mask, rollout_log_w, seq_log_ratio, batch_context, c,
-        {"c2_scale_max": c2_scale_max},
-    )  # fmt: skip
-
+    """,
+    bounds=_C_BOUNDS | {"c2_scale_max": ("[1, inf)", "1 = paper VESPO")},
+)
 
 ADAPTIVE_METHODS = ("vespo_ess", "vespo_moment", "vespo_schedule", "vespo_selfnorm")
 
