@@ -15,8 +15,18 @@ def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
     for c in grid:
         tc = train_config(cfg, c)
         assert tc.num_mini_batches == c.n and tc.ppo_mini_batch_size == cfg.mini_batch_size
-        assert tc.total_training_steps * tc.num_mini_batches == 16  # optimizer steps
-        assert tc.total_training_steps * tc.train_batch_size * tc.rollout_n == 16 * 4 * 8  # samples
+        steps = max(16, 4 * c.n)  # at N = 8, 16 steps would be 2 rollout steps: scaled up to 4 rollout steps
+        assert tc.total_training_steps * tc.num_mini_batches == steps and tc.total_training_steps >= 4
+        assert tc.total_training_steps * tc.train_batch_size * tc.rollout_n == steps * 4 * 8  # samples
+
+
+def test_topr_both_ways_and_controls_reach_the_cells():
+    """`topr` is TOPR's own token-sum form, `topr-tokenmean` the length-normalised one the VESPO paper compared."""
+    cfg = SweepConfig(methods=("topr", "topr-tokenmean"), staleness=(1,), seeds=(0,))
+    modes = {c.variant: train_config(cfg, c).loss_agg_mode for c in cells(cfg)}
+    assert modes == {"topr": None, "topr-tokenmean": "token-mean"}  # None: the method's own, seq-mean-token-sum
+    controls = {c.variant: train_config(cfg, c) for c in cells(SweepConfig(preset="step_controls", staleness=(1,)))}
+    assert controls["vespo-meanphi"].step_scale == "mean_phi" and controls["vespo-targetkl"].target_kl == 0.02
 
 
 def test_lr_axis_adds_rows_and_reaches_each_cell():
@@ -39,7 +49,7 @@ def test_presets_and_validation():
         ("vespo-sqrt", {"length_norm": "sqrt"}),
         ("vespo-linear", {"length_norm": "linear"}),
     ]
-    assert set(PRESETS) == {"length_norm", "asymmetry"}
+    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls"}
     with pytest.raises(ValueError, match="multiple of every N"):
         cells(SweepConfig(staleness=(1, 3), optimizer_steps=16))
     with pytest.raises(ValueError, match="unknown preset"):
@@ -53,9 +63,11 @@ def test_summary_and_collapse_flag():
         {"step": s, "reward/mean": r} for s, r in enumerate([0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.1, 0.3], 1)
     ]
     rows[-1]["eval/accuracy"] = 0.1
+    rows[4]["eval/accuracy"] = 0.6
     s = summarize(Cell("grpo", "grpo", {}, 4, 0), rows, collapse_ratio=0.5)
     assert s["final_train_reward"] == pytest.approx(0.2)  # last quarter = last 2 steps
     assert (s["initial_eval_acc"], s["final_eval_acc"], s["collapsed"]) == (0.4, 0.1, True)
+    assert s["best_eval_acc"] == 0.6 and s["loss_agg_mode"] == "token-mean" and s["rollout_steps"] == 8
 
 
 def test_tiny_grid_end_to_end_and_resume(tmp_path):
@@ -80,6 +92,9 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
     assert {(r["variant"], r["N"]) for r in rows} == {("vespo", "1"), ("vespo", "2"), ("grpo", "1"), ("grpo", "2")}
     md = (tmp_path / "sw" / "results.md").read_text()
     assert "| vespo |" in md and "N=2" in md
+    assert "(n=1)" in md and "± 0.000" not in md  # one seed: the mean alone, never a fake CI
+    assert "`grpo` = grpo with token-mean" in md and "Noise floor: warm-start held-out accuracy" in md
+    assert "binomial SD of one evaluation (8 samples)" in md and "N = 1 gap between grpo, vespo" in md
     for fig in ("fig3_training_reward.png", "fig4_dynamics.png"):
         assert (tmp_path / "sw" / fig).stat().st_size > 0
     # finished cells are skipped: summaries come back unchanged without rerunning

@@ -21,6 +21,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "cli",
         "exact sequence-level workbench: methods x length T x staleness N x lr, in seconds",
     ),
+    "compare": (
+        "vespo.experiments.compare",
+        "cli",
+        "significance of a sweep's differences (Welch / paired bootstrap, Holm)",
+    ),
     "eval": ("vespo.evaluation", "cli", "avg@k / pass@k on math and code benchmarks"),
     "kernels": ("vespo.plots", "kernels_cli", "draw the paper's Figure 2: phi(W) and surrogates per method"),
     "bound": ("vespo.kernels", "bound_cli", "print the variance bound K and phi_max for (c1, c2)"),

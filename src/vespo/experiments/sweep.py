@@ -2,8 +2,11 @@
 
 Every cell uses the same mini-batch (`mini_batch_size` prompts x `rollout_n` responses) and the same total number of
 optimizer steps, hence the same number of samples; only the rollout batch (N mini-batches) changes with N, as in the
-paper (fixed mini-batch 256, varying global batch; Sec. 4.1). Outputs: results.csv (one row per cell), results.md
-(mean +- std over seeds), fig3_training_reward.png and fig4_dynamics.png in the style of the paper's Figures 3 and 4.
+paper (fixed mini-batch 256, varying global batch; Sec. 4.1). A cell runs at least `min_rollout_steps` rollout steps:
+where `optimizer_steps / N` is fewer, its optimizer steps are scaled up to `min_rollout_steps * N` (stated in the
+tables). Outputs: results.csv (one row per cell, final and best held-out accuracy), results.md (mean ± 95% CI over
+seeds and the evaluation noise floor; significance: `vespo compare`), fig3_training_reward.png and fig4_dynamics.png
+in the style of the paper's Figures 3 and 4.
 """
 
 from __future__ import annotations
@@ -22,21 +25,37 @@ import numpy as np
 import tyro
 
 from vespo.embedded.task import chain_response_tokens
-from vespo.embedded.warm_start import embedded_policy_path
+from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
+from vespo.experiments.stats import binomial_sd, format_ci
+from vespo.losses import default_loss_agg_mode
 from vespo.train.config import TrainConfig, parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
 
-# preset -> {variant name: (method, hparams)}; the default preset is filled from `methods`
-PRESETS: dict[str, dict[str, tuple[str, dict]]] = {
+Variant = tuple[str, dict, dict]
+"""(method, hparams, other `vespo train` settings): one row of a table."""
+NAMED: dict[str, Variant] = {
+    # the TOPR the VESPO paper compared against: "with length normalization" (Sec. 4.4), i.e. token-mean aggregation;
+    # plain "topr" is TOPR's own definition (its gradient sums over the sequence: seq-mean-token-sum)
+    "topr-tokenmean": ("topr", {}, {"loss_agg_mode": "token-mean"}),
+}
+"""Variants selectable by name in `methods` besides the registered methods."""
+# preset -> {variant name: (method, hparams, settings)}; the default preset is filled from `methods`
+PRESETS: dict[str, dict[str, Variant]] = {
     "length_norm": {  # paper Sec. 4.7 / App. G: VESPO without, with sqrt and with linear length normalisation
-        "vespo": ("vespo", {}),
-        "vespo-sqrt": ("vespo", {"length_norm": "sqrt"}),
-        "vespo-linear": ("vespo", {"length_norm": "linear"}),
+        "vespo": ("vespo", {}, {}),
+        "vespo-sqrt": ("vespo", {"length_norm": "sqrt"}, {}),
+        "vespo-linear": ("vespo", {"length_norm": "linear"}, {}),
     },
     "asymmetry": {  # paper Sec. 4.7: asymmetric (c1, c2) per advantage sign vs the same pair for both signs
-        "vespo": ("vespo", {}),
-        "vespo-sym23": ("vespo", {"c1_neg": 2.0, "c2_neg": 3.0}),
-        "vespo-sym32": ("vespo", {"c1_pos": 3.0, "c2_pos": 2.0}),
+        "vespo": ("vespo", {}, {}),
+        "vespo-sym23": ("vespo", {"c1_neg": 2.0, "c2_neg": 3.0}, {}),
+        "vespo-sym32": ("vespo", {"c1_pos": 3.0, "c2_pos": 2.0}, {}),
+    },
+    "topr": {"topr": ("topr", {}, {}), "topr-tokenmean": NAMED["topr-tokenmean"]},  # TOPR both ways
+    "step_controls": {  # issue 19: step-size controls for stale mini-batches, beyond the paper
+        "vespo": ("vespo", {}, {}),
+        "vespo-meanphi": ("vespo", {}, {"step_scale": "mean_phi"}),
+        "vespo-targetkl": ("vespo", {}, {"target_kl": 0.02}),
     },
 }
 FIG4_COLUMNS = (
@@ -53,10 +72,11 @@ FIG4_COLUMNS = (
 class SweepConfig:
     out_dir: str = "sweeps/staleness"
     """Output directory (cells/, results.csv, results.md, figures)."""
-    methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "sapo", "topr", "cispo", "bapo")
-    """Methods of the default grid (ignored when a preset is chosen)."""
+    methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "sapo", "topr", "topr-tokenmean", "cispo", "bapo")
+    """Methods of the default grid (ignored when a preset is chosen): registered methods, or `topr-tokenmean` (the
+    length-normalised TOPR the VESPO paper compared against; `topr` is TOPR's own token-sum form)."""
     preset: str | None = None
-    """Ablation preset instead of `methods`: length_norm | asymmetry."""
+    """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls."""
     staleness: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     """Staleness ratios N = train_batch_size / ppo_mini_batch_size."""
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -67,6 +87,9 @@ class SweepConfig:
     """Responses per prompt."""
     optimizer_steps: int = 192
     """Optimizer steps per cell, fixed across N (must be a multiple of every N): equal samples per cell."""
+    min_rollout_steps: int = 4
+    """Every cell runs at least this many rollout steps: at N > optimizer_steps / min_rollout_steps its optimizer steps
+    are scaled up to min_rollout_steps * N (more samples than the other cells; the tables say so)."""
     lr: tuple[float, ...] = (3e-4,)
     """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     task: tuple[str, ...] = ("arithmetic",)
@@ -78,6 +101,8 @@ class SweepConfig:
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 200
     """Held-out prompts per evaluation."""
+    eval_n: int = 1
+    """Samples per held-out prompt (avg@eval_n): the evaluation's binomial SD is ~ sqrt(p(1-p)/(eval_size*eval_n))."""
     jobs: int = 2
     """Cells run in parallel (one torch thread each)."""
     collapse_ratio: float = 0.5
@@ -90,6 +115,8 @@ class SweepConfig:
 
 @dataclass(frozen=True)
 class Cell:
+    """One run of the grid: a variant (method, hparams, settings) at staleness N, seed, lr and task."""
+
     variant: str
     method: str
     hparams: dict
@@ -97,16 +124,17 @@ class Cell:
     seed: int
     lr: float = 3e-4
     task: str = "arithmetic"
+    settings: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return f"{self.variant}/N{self.n}/seed{self.seed}"
 
 
-def variants(cfg: SweepConfig) -> dict[str, tuple[str, dict]]:
-    """Variant name -> (method, hparams) for the chosen preset or method list."""
+def variants(cfg: SweepConfig) -> dict[str, Variant]:
+    """Variant name -> (method, hparams, settings) for the chosen preset or method list."""
     if cfg.preset is None:
-        return {m: (m, {}) for m in cfg.methods}
+        return {m: NAMED.get(m, (m, {}, {})) for m in cfg.methods}
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[cfg.preset]
@@ -114,7 +142,7 @@ def variants(cfg: SweepConfig) -> dict[str, tuple[str, dict]]:
 
 def cells(cfg: SweepConfig) -> list[Cell]:
     """All grid cells, validated (each cell's TrainConfig is resolved) before anything runs."""
-    bad = [n for n in cfg.staleness if n < 1 or cfg.optimizer_steps % n]
+    bad = [n for n in cfg.staleness if n < 1 or _optimizer_steps(cfg, n) % n]
     if bad:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
     bad_lr = [lr for lr in cfg.lr if not 0 < lr < float("inf")]
@@ -125,9 +153,9 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         return variant + ("" if len(cfg.lr) == 1 else f"@lr{lr:g}") + ("" if len(cfg.task) == 1 else f"@{task}")
 
     out = [
-        Cell(label(v, lr, task), m, h, n, s, lr, task)
+        Cell(label(v, lr, task), m, h, n, s, lr, task, settings)
         for task in cfg.task
-        for v, (m, h) in variants(cfg).items()
+        for v, (m, h, settings) in variants(cfg).items()
         for lr in cfg.lr
         for n in cfg.staleness
         for s in cfg.seeds
@@ -137,9 +165,14 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     return out
 
 
+def _optimizer_steps(cfg: SweepConfig, n: int) -> int:
+    """A cell's optimizer steps: `optimizer_steps`, scaled up to `min_rollout_steps` rollout steps at large N."""
+    return max(cfg.optimizer_steps, cfg.min_rollout_steps * n)
+
+
 def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
     """`vespo train` flags of one cell: fixed mini-batch and optimizer steps, N mini-batches per rollout step."""
-    rollout_steps = cfg.optimizer_steps // cell.n
+    rollout_steps = _optimizer_steps(cfg, cell.n) // cell.n
     flags = {
         "method": cell.method,
         "seed": cell.seed,
@@ -151,6 +184,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "task": cell.task,
         "eval-every": max(1, rollout_steps // cfg.eval_points),
         "eval-size": cfg.eval_size,
+        "eval-n": cfg.eval_n,
         "save-every": max(1, rollout_steps // 8),
         "num-threads": 1,
         "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
@@ -158,7 +192,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
     }
     if cell.task == "chain":
         flags |= {"num-operands": cfg.chain_operands, "max-response-length": chain_response_tokens(cfg.chain_operands)}
-    flags |= {k.replace("_", "-"): v for k, v in cfg.extra.items()}
+    flags |= {k.replace("_", "-"): v for k, v in (cell.settings | cfg.extra).items()}
     argv = ["--no-progress"]
     for key, value in flags.items():
         if str(value) in ("True", "False"):  # tyro booleans are --flag / --no-flag
@@ -199,25 +233,36 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
 
 
 def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
-    """Final training reward (mean of the last quarter of rollout steps), initial/final held-out accuracy, collapse."""
+    """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
+    (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the share of
+    optimizer steps cut by grad_clip; the final response length."""
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
+    clipped = [r["actor/grad_clipped"] for r in rows if "actor/grad_clipped" in r]
+    lengths = [r["response/length_mean"] for r in rows if "response/length_mean" in r]
     return {
         "task": cell.task,
         "variant": cell.variant,
         "method": cell.method,
+        "loss_agg_mode": cell.settings.get("loss_agg_mode") or default_loss_agg_mode(cell.method),
         "N": cell.n,
         "seed": cell.seed,
+        "rollout_steps": len(rewards),
         "final_train_reward": float(np.mean(tail)),
         "initial_eval_acc": evals[0],
         "final_eval_acc": evals[-1],
+        "best_eval_acc": max(evals[1:] or evals),
         "collapsed": bool(evals[-1] < collapse_ratio * evals[0]),
+        "grad_clipped_frac": float(np.mean(clipped)) if clipped else float("nan"),
+        "final_length": lengths[-1] if lengths else float("nan"),
     }
 
 
-def write_tables(out_dir: Path, summaries: list[dict]) -> None:
-    """results.csv (per cell) and results.md (mean +- std over seeds, one row per variant, one column per N)."""
+def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0) -> None:
+    """results.csv (per cell) and results.md: mean ± 95% CI over seeds, one row per variant (its method and
+    aggregation said), one column per N, and the evaluation noise floor beside the held-out tables. Differences are
+    not marked here: `vespo compare results.csv` tests them."""
     keys = list(summaries[0])
     with (out_dir / "results.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
@@ -225,26 +270,61 @@ def write_tables(out_dir: Path, summaries: list[dict]) -> None:
         w.writerows(summaries)
     ns = sorted({s["N"] for s in summaries})
     names = list(dict.fromkeys(s["variant"] for s in summaries))
-    lines = []
-    for metric, title in (("final_train_reward", "Final training reward"), ("final_eval_acc", "Held-out accuracy")):
+    lines = ["Variants: " + "; ".join(_describe(v, summaries) for v in names) + ".", ""]
+    steps = {n: max(s["rollout_steps"] for s in summaries if s["N"] == n) for n in ns}
+    lines += ["Rollout steps per cell: " + ", ".join(f"N={n}: {steps[n]}" for n in ns) + ".", ""]
+    tables = (
+        ("final_train_reward", "Final training reward"),
+        ("final_eval_acc", "Held-out accuracy, final checkpoint"),
+        ("best_eval_acc", "Held-out accuracy, best checkpoint (the paper's selection)"),
+        ("grad_clipped_frac", "Share of optimizer steps cut by grad_clip"),
+    )
+    for metric, title in tables:
         lines += [
-            f"### {title} (mean ± std over seeds; ✗ = collapsed seeds)",
+            f"### {title} (mean ± 95% CI over seeds; ✗ = collapsed seeds)",
             "",
-            "| method | " + " | ".join(f"N={n}" for n in ns) + " |",
+            "| variant | " + " | ".join(f"N={n}" for n in ns) + " |",
             "|---" * (len(ns) + 1) + "|",
         ]
         for v in names:
             cells_ = []
             for n in ns:
                 sel = [s for s in summaries if s["variant"] == v and s["N"] == n]
-                vals = [s[metric] for s in sel]
                 mark = " ✗" * sum(s["collapsed"] for s in sel)
-                cells_.append(f"{np.mean(vals):.3f} ± {np.std(vals):.3f}{mark}" if vals else "–")
+                cells_.append(format_ci([s[metric] for s in sel]) + mark if sel else "–")
             lines.append(f"| {v} | " + " | ".join(cells_) + " |")
         lines.append("")
-    init = np.mean([s["initial_eval_acc"] for s in summaries])
-    lines.append(f"Held-out accuracy of the warm start (step 0): {init:.3f}.")
+        if "eval" in metric:
+            lines += [_noise_floor(summaries, eval_prompts), ""]
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _describe(variant: str, summaries: list[dict]) -> str:
+    s = next(s for s in summaries if s["variant"] == variant)
+    return f"`{variant}` = {s['method']} with {s['loss_agg_mode']}"
+
+
+_SAME_AT_N1 = ("vespo", "grpo", "cispo", "bapo")  # W == 1 on-policy: the same step in exact arithmetic at N = 1
+
+
+def _noise_floor(summaries: list[dict], eval_prompts: int) -> str:
+    """The evaluation's binomial SD at the warm start's accuracy, and the N = 1 gap between methods that take the same
+    step there (their difference is noise: seed-level sampling divergence plus evaluation noise)."""
+    init = float(np.mean([s["initial_eval_acc"] for s in summaries]))
+    text = f"Noise floor: warm-start held-out accuracy {init:.3f}"
+    if eval_prompts:
+        text += f"; binomial SD of one evaluation ({eval_prompts} samples) {binomial_sd(init, eval_prompts):.3f}"
+    same = {}
+    for s in summaries:
+        if s["N"] == 1 and s["variant"] in _SAME_AT_N1:
+            same.setdefault(s["variant"], []).append(s["final_eval_acc"])
+    if len(same) >= 2:
+        means = {v: float(np.mean(x)) for v, x in same.items()}
+        text += (
+            f"; N = 1 gap between {', '.join(sorted(means))} (identical there): "
+            f"{max(means.values()) - min(means.values()):.3f}"
+        )
+    return text + "."
 
 
 def _curves(out_dir: Path, cell: Cell, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -358,7 +438,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for task in cfg.task:  # warm start once per task, before the parallel cells race for it
-        embedded_policy_path(train_config(cfg, next(c for c in grid if c.task == task)))
+        embedded_policy_path(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
     from tqdm.auto import tqdm
 
     with ThreadPoolExecutor(max_workers=cfg.jobs) as pool, tqdm(total=len(grid), desc="vespo sweep") as bar:
@@ -367,7 +447,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
         for fut in futures:
             summaries.append(fut.result())
             bar.update(1)
-    write_tables(out_dir, summaries)
+    write_tables(out_dir, summaries, eval_prompts=cfg.eval_size * cfg.eval_n)
     plot(cfg, grid)
     return summaries
 

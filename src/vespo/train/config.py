@@ -20,7 +20,7 @@ from typing import Literal
 import tyro
 import yaml
 
-from vespo.losses import available_methods, validate_hparams
+from vespo.losses import available_methods, rollout_correction, validate_hparams
 from vespo.models import check_model_source, looks_local
 from vespo.rewards.batch import load_reward_fn
 
@@ -103,6 +103,13 @@ class TrainConfig:
     """AdamW epsilon (TRL's name); a large value (e.g. 1e-2 with a ~100x lr) makes Adam's step follow the gradient."""
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step."""
+    step_scale: Literal["none", "mean_phi"] = "none"
+    """Step-size control for stale mini-batches (beyond the paper): "mean_phi" scales each optimizer step by the
+    mini-batch's mean VESPO weight Z = mean phi(W) (capped at 1), restoring the step-size meaning of phi that Adam's
+    normaliser removes. VESPO-family methods only."""
+    target_kl: float | None = None
+    """Trust region over stale mini-batches (PPO's name): skip the rest of a rollout's mini-batches once the k3
+    estimate of KL(mu || pi) on the next one exceeds this; None = never."""
     log_update_norm: bool = False
     """Log actor/update_norm, the size of each optimizer step (costs one copy of the weights per mini-batch)."""
 
@@ -179,6 +186,9 @@ class TrainConfig:
     """Held-out evaluation every this many rollout steps (and at the start and end); 0 disables it."""
     eval_size: int = 200
     """Held-out prompts per evaluation (greedy-free: sampled at `temperature`, 1 response each)."""
+    eval_n: int = 1
+    """Samples per held-out prompt: the logged eval/accuracy is avg@eval_n, whose binomial SD is about
+    sqrt(p (1 - p) / (eval_size * eval_n)) (0.011 at 500 prompts x 4 and p = 0.5; 0.035 at 200 x 1)."""
     num_threads: int | None = None
     """torch CPU threads (None = torch's default)."""
     tensorboard: bool = True
@@ -292,6 +302,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "weight_decay": (0, None, False, False),
     "adam_epsilon": (0, None, True, False),
     "grad_clip": (0, None, True, False),
+    "target_kl": (0, None, True, False),
     "max_response_length": (1, None, False, False),
     "temperature": (0, None, True, False),
     "top_p": (0, 1, True, False),
@@ -308,6 +319,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "save_every": (1, None, False, False),
     "eval_every": (0, None, False, False),
     "eval_size": (1, None, False, False),
+    "eval_n": (1, None, False, False),
     "num_threads": (1, None, False, False),
 }
 
@@ -337,6 +349,10 @@ def validate(cfg: TrainConfig) -> None:
         validate_hparams(cfg.method, **cfg.hparams)
     except ValueError as exc:
         raise ConfigError(f"hparams: {exc}") from None
+    if cfg.step_scale == "mean_phi" and rollout_correction(cfg.method) != "fold":
+        raise ConfigError(
+            f"step_scale=mean_phi needs a VESPO-family method (it scales by the mean phi(W)); {cfg.method!r} has none"
+        )
     _validate_task(cfg)
     _validate_async(cfg)
     check_model(cfg.model)

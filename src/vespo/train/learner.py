@@ -67,6 +67,12 @@ class UpdateSettings:
     """Shuffle rows before cutting mini-batches (global RNG)."""
     log_update_norm: bool = False
     """Log the size of each optimizer step (one copy of the weights per mini-batch)."""
+    step_scale: str = "none"
+    """"mean_phi": scale each mini-batch's optimizer step by its mean VESPO weight Z = mean phi(W) (at most 1), so a
+    stale mini-batch whose phi shrank moves the weights less; Adam's normaliser otherwise undoes the scale of phi."""
+    target_kl: float | None = None
+    """Stop the update (skip the rest of the rollout's mini-batches) once the k3 estimate of KL(mu || pi) on the
+    next mini-batch exceeds this (PPO's target_kl); None never stops."""
 
     @property
     def agg_mode(self) -> str:
@@ -133,6 +139,7 @@ def ppo_update(
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor] = {}
         seq_log_w = []  # per-sequence log W of this mini-batch, for the weight-concentration diagnostic
+        kl_sum = torch.zeros(())  # masked sum of the per-token k3 KL(mu || pi), for target_kl
         micro = micro_batches(rows, s.micro_batch_size)
         ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro))
         for mb in micro:
@@ -163,22 +170,43 @@ def ppo_update(
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - s.entropy_coeff * ent_loss
             loss.backward()
+            if s.target_kl is not None:
+                kl_sum = kl_sum + (kl_k3(log_prob.detach() - old_log_prob[mb]) * mask).sum()
             seq_log_w.append(seq_log_ratio(log_prob.detach(), old_log_prob[mb], mask.to(log_prob.dtype)))  # (b,)
             for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
                 share = value if key in _ADDITIVE else value / len(micro)
                 sums[key] = sums[key] + share if key in sums else share
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)  # before clipping
         sums["actor/grad_norm"] = grad_norm
+        sums["actor/grad_clipped"] = (grad_norm > s.grad_clip).float()  # its mean: the share of clipped steps
         sums["is/top1pct_w_share"] = top_share(torch.cat(seq_log_w))
-        finite = bool(torch.isfinite(grad_norm))  # one sync per optimizer step: a NaN step would poison the weights
+        kl = kl_sum / n_tokens
+        stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros((), dtype=torch.bool)
+        # one host sync per optimizer step: a NaN step would poison the weights; a KL past the target stops the update
+        finite, stop = torch.stack([torch.isfinite(grad_norm), stop_flag]).tolist()
         sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
-        before = [p.detach().clone() for p in model.parameters()] if s.log_update_norm else None
+        if s.target_kl is not None:
+            sums["actor/target_kl_k3"] = kl
+        if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
+            optimizer.zero_grad(set_to_none=True)
+            history.append({key: v.detach() for key, v in sums.items()} | {"actor/kl_stopped": torch.tensor(1.0)})
+            break
+        keep = s.log_update_norm or s.step_scale != "none"
+        before = [p.detach().clone() for p in model.parameters()] if keep else None
         if finite:
             optimizer.step()
-        if before is not None:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
+        if s.step_scale == "mean_phi" and finite:  # theta <- theta_old + Z * (theta_adam - theta_old), Z <= 1
+            scale = sums["vespo/Z"].clamp(max=1.0)
+            sums["actor/step_scale"] = scale
+            with torch.no_grad():
+                for p, b in zip(model.parameters(), before, strict=True):
+                    p.lerp_(b, 1.0 - scale)
+        if s.log_update_norm:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
             sums["actor/update_norm"] = torch.stack(
                 [(p.detach() - b).norm() for p, b in zip(model.parameters(), before, strict=True)]
             ).norm()
+        if s.target_kl is not None:
+            sums["actor/kl_stopped"] = torch.tensor(0.0)
         history.append({key: v.detach() for key, v in sums.items()})
     return history
 
@@ -242,12 +270,15 @@ def rollout_metrics(
 def summarize_update(history: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """The update's metrics over its mini-batches: the mean of each, plus the first and last mini-batch of the
     `PER_INDEX` keys (the first is on-policy, the last the stalest: their gap is the staleness)."""
-    out = {key: torch.stack([h[key] for h in history]).float().mean() for key in history[0]}
-    out["actor/num_mini_batches"] = torch.tensor(float(len(history)))
+    trained = [h for h in history if not h.get("actor/kl_stopped", 0)]  # a target_kl stop trains nothing
+    out = {key: torch.stack([h[key] for h in trained]).float().mean() for key in trained[0]} if trained else {}
+    out["actor/num_mini_batches"] = torch.tensor(float(len(trained)))
+    if "actor/kl_stopped" in history[-1]:
+        out["actor/kl_stopped"] = history[-1]["actor/kl_stopped"]
     for key in PER_INDEX:
-        if key in history[0]:
-            out[f"{key}/first_mini_batch"] = history[0][key]
-            out[f"{key}/last_mini_batch"] = history[-1][key]
+        if trained and key in trained[0]:
+            out[f"{key}/first_mini_batch"] = trained[0][key]
+            out[f"{key}/last_mini_batch"] = trained[-1][key]
     return out
 
 

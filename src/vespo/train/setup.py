@@ -86,7 +86,7 @@ def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -
     """The learner's settings from a run config; the loop says how many mini-batches one update takes."""
     shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "kl_coef", "entropy_coeff", "grad_clip")
     return UpdateSettings(
-        **{name: getattr(cfg, name) for name in (*shared, "log_update_norm")},
+        **{name: getattr(cfg, name) for name in (*shared, "log_update_norm", "step_scale", "target_kl")},
         hparams=dict(cfg.hparams),
         num_mini_batches=num_mini_batches,
         seqs_per_mini_batch=cfg.ppo_mini_batch_size * cfg.rollout_n,
@@ -132,13 +132,14 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
 
 @torch.no_grad()
 def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[str, float]:
-    """Held-out accuracy through the shared evaluator (`vespo.evaluation.evaluate_records`): one response per prompt
-    at the training temperature and prompt format, seeded apart from training, graded by the records' verifier."""
+    """Held-out accuracy (avg@eval_n) through the shared evaluator (`vespo.evaluation.evaluate_records`): `eval_n`
+    responses per prompt at the training temperature and prompt format, seeded apart from training, graded by the
+    records' verifier."""
     scores = evaluate_records(
         model,
         tokenizer,
         records,
-        n=1,
+        n=cfg.eval_n,
         chat=cfg.apply_chat_template,
         chunk=cfg.micro_batch_size,
         seed=cfg.seed + 12345,
@@ -147,4 +148,4 @@ def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[st
         top_p=cfg.top_p,
         progress=False,
     )
-    return {"eval/accuracy": scores["eval/heldout/avg@1"]}
+    return {"eval/accuracy": scores[f"eval/heldout/avg@{cfg.eval_n}"]}

@@ -1,0 +1,95 @@
+"""Step-size controls for stale mini-batches (issue 19): mean-phi step scaling, PPO's target-KL stop, and the logged
+share of clipped steps; each checked against the plain update it modifies."""
+
+import copy
+
+import pytest
+import torch
+
+from vespo.advantages import group_advantages
+from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
+from vespo.rollout import sample
+from vespo.train.config import ConfigError, TrainConfig, resolve
+from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update, summarize_update, to_floats
+
+
+def _setup(seed=0):
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, num_hidden_layers=1, seed=seed)
+    prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:4]]
+    rollout = sample(model, tok, prompts, n=4, max_new_tokens=6, generator=torch.Generator().manual_seed(seed))
+    adv = group_advantages(torch.tensor([float(i % 3 == 0) for i in range(16)]), 4)
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, rollout, torch.arange(16), micro_batch_size=8, temperature=1.0)
+    return model, rollout, adv, old
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_mean_phi_scales_the_adam_step_by_z():
+    """Stale mini-batch (mu moved away on purpose): the scaled step is exactly Z times the plain Adam step."""
+    model, rollout, adv, old = _setup()
+    stale_old = old + 0.3 * rollout.response_mask  # log W = -0.3 per token: phi < 1
+    steps, zs = [], []
+    for scale in ("none", "mean_phi"):
+        m = copy.deepcopy(model)
+        start = _params(m)
+        settings = UpdateSettings(method="vespo", seqs_per_mini_batch=16, micro_batch_size=8, step_scale=scale)
+        hist = ppo_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), rollout, adv, stale_old, settings)
+        steps.append([p.detach() - s for p, s in zip(m.parameters(), start, strict=True)])
+        zs.append(float(hist[0]["vespo/Z"]))
+    z = zs[1]
+    assert 0.05 < z < 0.95  # the test can fail: Z is far from 1
+    assert float(hist[0]["actor/step_scale"]) == pytest.approx(z)
+    for plain, scaled in zip(*steps, strict=True):
+        torch.testing.assert_close(scaled, z * plain, rtol=1e-4, atol=1e-8)
+
+
+def test_target_kl_stops_before_the_first_mini_batch_past_the_bound():
+    """N = 4 at a large lr: k = 0 is on-policy (KL 0) and trains; k = 1 is past a tiny target, so the update stops
+    with exactly one optimizer step taken, the same weights as an update of one mini-batch."""
+    model, rollout, adv, old = _setup()
+    base = dict(method="grpo", num_mini_batches=4, seqs_per_mini_batch=4, micro_batch_size=4)
+    stopped, one = copy.deepcopy(model), copy.deepcopy(model)
+    hist = ppo_update(
+        stopped, torch.optim.AdamW(stopped.parameters(), lr=5e-2), rollout, adv, old,
+        UpdateSettings(**base, target_kl=1e-6),
+    )  # fmt: skip
+    assert len(hist) == 2 and float(hist[0]["actor/kl_stopped"]) == 0 and float(hist[1]["actor/kl_stopped"]) == 1
+    assert float(hist[0]["actor/target_kl_k3"]) == 0.0 and float(hist[1]["actor/target_kl_k3"]) > 1e-6
+    ppo_update(
+        one,
+        torch.optim.AdamW(one.parameters(), lr=5e-2),
+        rollout,
+        adv,
+        old,
+        UpdateSettings(**base | {"num_mini_batches": 1}),
+    )
+    for a, b in zip(stopped.parameters(), one.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    summary = to_floats(summarize_update(hist))
+    assert summary["actor/num_mini_batches"] == 1 and summary["actor/kl_stopped"] == 1
+    # a loose target never stops
+    loose = ppo_update(
+        copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=5e-2), rollout, adv, old,
+        UpdateSettings(**base, target_kl=1e3),
+    )  # fmt: skip
+    assert len(loose) == 4 and not any(float(h["actor/kl_stopped"]) for h in loose)
+
+
+@pytest.mark.parametrize(("clip", "expected"), [(1e-8, 1.0), (1e8, 0.0)])
+def test_share_of_clipped_steps_is_logged(clip, expected):
+    model, rollout, adv, old = _setup()
+    settings = UpdateSettings(method="topr", num_mini_batches=2, seqs_per_mini_batch=8, grad_clip=clip)
+    hist = ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, settings)
+    assert to_floats(summarize_update(hist))["actor/grad_clipped"] == expected
+
+
+def test_controls_are_validated_before_compute():
+    with pytest.raises(ConfigError, match="step_scale=mean_phi needs a VESPO-family method"):
+        resolve(TrainConfig(method="grpo", step_scale="mean_phi"))
+    with pytest.raises(ConfigError, match="target_kl"):
+        resolve(TrainConfig(target_kl=0.0))
+    assert resolve(TrainConfig(method="vespo_selfnorm", step_scale="mean_phi", target_kl=0.05)).target_kl == 0.05
