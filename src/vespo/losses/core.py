@@ -226,6 +226,8 @@ def ratio_metrics(log_w: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]
         "is/log_w_max": torch.where(seq_valid, log_w, -math.inf).max(),
         # k1 estimate of KL(mu || pi) per token, mean of -log(pi/mu) (veRL's ppo_kl); free given log W
         "is/approx_kl": -log_w.sum() / lengths.sum().clamp(min=1.0),
+        # normalised Kish ESS of the sequence IS weights W over the batch: how many sequences carry the estimate
+        "is/ess": torch.nan_to_num(effective_sample_size(log_w, seq_valid), nan=0.0),
         "is/n_w_gt_100_neg_adv": ((log_w > W_LARGE) & (a_seq < 0) & seq_valid).sum().float(),
     }
 

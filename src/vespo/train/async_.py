@@ -29,7 +29,7 @@ import torch
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import finish_run, progress_bar, save_checkpoint, warn_skipped_updates
+from vespo.train.runs import EssAlarm, finish_run, progress_bar, save_checkpoint, warn_skipped_updates
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.train.setup import evaluate, setup_run, update_settings
 
@@ -303,6 +303,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
         pool.start(model, opt_step)
         if do_eval and run.start == 0:
             run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
+        alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
         bar = progress_bar(cfg, run.start)
         for step in range(run.start + 1, cfg.total_training_steps + 1):
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
@@ -389,7 +390,8 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 metrics |= evaluate(model, tokenizer, run.eval_set, cfg)
             run.logger.log(metrics, step)
             warn_skipped_updates(step, metrics)
-            if step % cfg.save_every == 0 or step == cfg.total_training_steps:
+            stop = alarm.update(step, metrics)
+            if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
                 extra = {"async": {"next_batch": pool.next_batch}}
                 save_checkpoint(run.run_dir, step, model, run.optimizer, run.gen, extra=extra)
             if bar is not None:

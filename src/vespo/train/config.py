@@ -110,6 +110,14 @@ class TrainConfig:
     target_kl: float | None = None
     """Trust region over stale mini-batches (PPO's name): skip the rest of a rollout's mini-batches once the k3
     estimate of KL(mu || pi) on the next one exceeds this; None = never."""
+    ess_alarm: float = 0.1
+    """Warn once (stderr) when the normalised ESS of the stalest mini-batch's importance weights W
+    (`is/ess/last_mini_batch`) stays below this for `ess_alarm_patience` rollout steps, an early sign of collapse;
+    0 disables it."""
+    ess_alarm_patience: int = 3
+    """Consecutive rollout steps below `ess_alarm` before the alarm fires."""
+    stop_on_low_ess: bool = False
+    """Stop the run (checkpointed, resumable) when the ESS alarm fires, instead of only warning."""
     log_update_norm: bool = False
     """Log actor/update_norm, the size of each optimizer step (costs one copy of the weights per mini-batch)."""
 
@@ -303,6 +311,8 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "adam_epsilon": (0, None, True, False),
     "grad_clip": (0, None, True, False),
     "target_kl": (0, None, True, False),
+    "ess_alarm": (0, 1, False, False),
+    "ess_alarm_patience": (1, None, False, False),
     "max_response_length": (1, None, False, False),
     "temperature": (0, None, True, False),
     "top_p": (0, 1, True, False),

@@ -32,6 +32,7 @@ PER_INDEX = (
     "is/log_w_max",
     "is/log_w_min",
     "weight/ess",
+    "is/ess",
     "is/top1pct_w_share",
     "actor/grad_norm",
     "actor/update_norm",

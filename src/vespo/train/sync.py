@@ -20,7 +20,7 @@ from vespo.rewards.batch import grade_batch
 from vespo.rollout import decode_responses, sample
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import finish_run, progress_bar, read_metrics, save_checkpoint, warn_skipped_updates
+from vespo.train.runs import EssAlarm, finish_run, progress_bar, read_metrics, save_checkpoint, warn_skipped_updates
 from vespo.train.setup import evaluate, setup_run, update_settings
 
 
@@ -37,6 +37,7 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
     if do_eval and run.start == 0:
         run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
 
+    alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
     bar = progress_bar(cfg, run.start)
     metrics = {k: v for k, v in read_metrics(run.run_dir)[-1].items() if k != "step"} if run.start else {}
     for step in range(run.start + 1, cfg.total_training_steps + 1):
@@ -93,11 +94,14 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
             metrics |= evaluate(model, tokenizer, run.eval_set, cfg)
         run.logger.log(metrics, step)
         warn_skipped_updates(step, metrics)
-        if step % cfg.save_every == 0 or step == cfg.total_training_steps:
+        stop = alarm.update(step, metrics)
+        if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
             save_checkpoint(run.run_dir, step, model, run.optimizer, gen)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response/length_mean']:.1f}")
+        if stop:
+            break
     if bar is not None:
         bar.close()
     finish_run(run.run_dir, run.logger, model, tokenizer)
