@@ -41,11 +41,7 @@ def run(seeds: list[int], jobs: int) -> list[dict]:
         extra = {"log_update_norm": "True", "tensorboard": "False"} | settings
         cfg = SweepConfig(out_dir=str(out), methods=methods, lr=lrs, extra=extra, **common)
         for s in sweep(cfg):
-            label = (
-                name
-                if name != "plain"
-                else f"vespo@lr{s['variant'].split('@lr')[-1] if '@lr' in s['variant'] else LRS[0]}"
-            )
+            label = s["variant"] if name == "plain" else name  # plain rows are vespo@lr<value>
             cell = out / "cells" / s["variant"] / f"N{s['N']}" / f"seed{s['seed']}"
             rows.append({"variant": label, "N": s["N"], "seed": s["seed"], "final_eval_acc": s["final_eval_acc"],
                          "best_eval_acc": s["best_eval_acc"], "update_norm": _update_norm(cell)})  # fmt: skip

@@ -3,8 +3,8 @@
 Run: `.venv/bin/python benchmarks/bench_trl_throughput.py` (about 2 minutes on 2 shared cores); writes
 benchmarks/results/trl_throughput.{json,csv,png} and prints a summary table.
 
-Both trainers get the same SFT-warm-started embedded model (vespo.embedded.task's tiny Llama + character tokenizer, copied to
-a temp dir and loaded from there by both), the same embedded arithmetic train split, the same reward
+Both trainers get the same SFT-warm-started embedded model (the embedded task's tiny Llama + character tokenizer,
+copied to a temp dir and loaded from there by both), the same embedded arithmetic train split, the same reward
 (`vespo.rewards.math_reward`), the same batch geometry and staleness N, the same optimiser (AdamW, constant LR, same
 betas, grad clip 1.0), the same number of samples, and the same torch thread count. Each is warmed up by one short
 untimed run, then timed runs alternate (vespo, TRL, vespo, TRL, ...) so shared-CPU noise hits both alike; the

@@ -1,6 +1,6 @@
 """The ESS alarm (issue 23): the normalised ESS of W is logged per mini-batch index; a run built to collapse (plain
-REINFORCE, N = 8, lr 0.1: the ESS of W stays near 0.13 for two steps) warns once, and with --stop-on-low-ess stops early with a checkpoint; a healthy run
-never warns."""
+REINFORCE, N = 8, lr 0.1: the ESS of W stays near 0.13 for two steps) warns once, and with --stop-on-low-ess stops
+early with a checkpoint; a healthy run never warns."""
 
 import math
 
