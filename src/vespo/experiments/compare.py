@@ -12,7 +12,7 @@ import csv
 import sys
 from pathlib import Path
 
-from vespo.experiments.stats import compare, format_ci
+from vespo.experiments.stats import compare, format_ci, markdown_grid
 
 METRICS = ("final_eval_acc", "best_eval_acc", "final_train_reward")
 
@@ -49,23 +49,20 @@ def markdown(groups, baseline: str, test: str, metric: str, alpha: float = 0.05)
         "Cells: mean ± 95% CI over seeds; below it the difference to the baseline and its adjusted p-value. "
         "**Bold** = significant after correction; nothing else is bold.",
         "",
-        "| variant | " + " | ".join(f"N={n}" for n in ns) + " |",
-        "|---" * (len(ns) + 1) + "|",
     ]
-    for v in variants:
-        cells = []
-        for n in ns:
-            values = groups.get((v, n))
-            if values is None:
-                cells.append("–")
-                continue
-            text = format_ci(list(values.values()))
-            c = by.get((v, n))
-            if c is not None:
-                delta = f"{c.diff:+.3f}, p={c.p_adjusted:.3g}"
-                text += f"<br>{'**' + delta + '**' if c.significant(alpha) else delta}"
-            cells.append(text)
-        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+
+    def cell(v: str, n: int) -> str:
+        values = groups.get((v, n))
+        if values is None:
+            return "–"
+        text = format_ci(list(values.values()))
+        c = by.get((v, n))
+        if c is not None:
+            delta = f"{c.diff:+.3f}, p={c.p_adjusted:.3g}"
+            text += f"<br>{'**' + delta + '**' if c.significant(alpha) else delta}"
+        return text
+
+    lines += markdown_grid(variants, ns, cell)
     return "\n".join(lines) + "\n"
 
 

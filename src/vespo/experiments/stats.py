@@ -8,6 +8,7 @@ of comparisons stated.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,14 @@ def holm(p_values: list[float]) -> list[float]:
 def binomial_sd(p: float, n: int) -> float:
     """SD of an accuracy estimated from n independent 0/1 scores with success rate p (the evaluation noise floor)."""
     return math.sqrt(max(p * (1 - p), 0.0) / n)
+
+
+def markdown_grid(
+    rows: list[str], columns: list, cell: Callable[[str, object], str], first: str = "variant"
+) -> list[str]:
+    """A markdown table with one row per name in `rows` and one column per staleness N in `columns`."""
+    lines = [f"| {first} | " + " | ".join(f"N={c}" for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    return lines + [f"| {r} | " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import tyro
 
 from vespo.embedded.task import chain_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
-from vespo.experiments.stats import binomial_sd, format_ci
+from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
 from vespo.train.config import TrainConfig, parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
@@ -280,19 +280,13 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
         ("grad_clipped_frac", "Share of optimizer steps cut by grad_clip"),
     )
     for metric, title in tables:
-        lines += [
-            f"### {title} (mean ± 95% CI over seeds; ✗ = collapsed seeds)",
-            "",
-            "| variant | " + " | ".join(f"N={n}" for n in ns) + " |",
-            "|---" * (len(ns) + 1) + "|",
-        ]
-        for v in names:
-            cells_ = []
-            for n in ns:
-                sel = [s for s in summaries if s["variant"] == v and s["N"] == n]
-                mark = " ✗" * sum(s["collapsed"] for s in sel)
-                cells_.append(format_ci([s[metric] for s in sel]) + mark if sel else "–")
-            lines.append(f"| {v} | " + " | ".join(cells_) + " |")
+
+        def cell(v: str, n: int, metric: str = metric) -> str:
+            sel = [s for s in summaries if s["variant"] == v and s["N"] == n]
+            return format_ci([s[metric] for s in sel]) + " ✗" * sum(s["collapsed"] for s in sel) if sel else "–"
+
+        lines += [f"### {title} (mean ± 95% CI over seeds; ✗ = collapsed seeds)", ""]
+        lines += markdown_grid(names, ns, cell)
         lines.append("")
         if "eval" in metric:
             lines += [_noise_floor(summaries, eval_prompts), ""]

@@ -29,9 +29,9 @@ import torch
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import EssAlarm, finish_run, progress_bar, save_checkpoint, warn_skipped_updates
+from vespo.train.runs import finish_run, progress_bar
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
-from vespo.train.setup import evaluate, setup_run, update_settings
+from vespo.train.setup import close_step, evaluate, setup_run, update_settings
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
 _STARTUP_S = 600.0  # a sampler that is not ready (model loaded, weights pulled) after this long fails the run
@@ -303,7 +303,6 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
         pool.start(model, opt_step)
         if do_eval and run.start == 0:
             run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
-        alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
         bar = progress_bar(cfg, run.start)
         for step in range(run.start + 1, cfg.total_training_steps + 1):
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
@@ -386,17 +385,12 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 "async/samples_dropped_total": float(dropped_total),
                 "async/sampler_restarts": float(pool.restarts),
             }
-            if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-                metrics |= evaluate(model, tokenizer, run.eval_set, cfg)
-            run.logger.log(metrics, step)
-            warn_skipped_updates(step, metrics)
-            stop = alarm.update(step, metrics)
-            if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
-                extra = {"async": {"next_batch": pool.next_batch}}
-                save_checkpoint(run.run_dir, step, model, run.optimizer, run.gen, extra=extra)
+            stop = close_step(run, cfg, step, metrics, extra={"async": {"next_batch": pool.next_batch}})
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", lag=f"{metrics['async/lag_mean']:.1f}")
+            if stop:
+                break
     if bar is not None:
         bar.close()
     summary = stats.summary() | {

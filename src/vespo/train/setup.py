@@ -19,7 +19,16 @@ from vespo.models import load_policy
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.learner import UpdateSettings
-from vespo.train.runs import Logger, check_run, restore, seed_everything, start_run
+from vespo.train.runs import (
+    EssAlarm,
+    Logger,
+    check_run,
+    restore,
+    save_checkpoint,
+    seed_everything,
+    start_run,
+    warn_skipped_updates,
+)
 
 
 @dataclasses.dataclass
@@ -39,6 +48,7 @@ class RunState:
     eval_set: list[dict] | None
     reward_fn: Callable[..., list[float]]
     logger: Logger
+    alarm: EssAlarm
 
 
 def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
@@ -64,10 +74,29 @@ def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
     gen = seed_everything(cfg.seed)  # global streams + the sampling-noise generator, all checkpointed
     start = restore(ckpt, model, optimizer, gen) if ckpt is not None else 0
     logger = Logger(cfg, run_dir, start)
+    alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
     return RunState(
         run_dir, policy_path, model, tokenizer, ref_model, optimizer, gen, start, ckpt, train_set, eval_set,
-        reward_fn, logger,
+        reward_fn, logger, alarm,
     )  # fmt: skip
+
+
+def close_step(run: RunState, cfg: TrainConfig, step: int, metrics: dict[str, float], extra: dict | None = None):
+    """The end of a rollout step in every loop: held-out evaluation when due, log, warn on skipped updates, watch the
+    ESS, checkpoint when due (or when stopping). Returns True when the ESS alarm stops the run."""
+    if run.eval_set and cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
+        metrics |= evaluate(run.model, run.tokenizer, run.eval_set, cfg)
+    run.logger.log(metrics, step)
+    warn_skipped_updates(step, metrics)
+    stop = run.alarm.update(step, metrics)
+    if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
+        save_checkpoint(run.run_dir, step, run.model, run.optimizer, run.gen, extra=extra)
+    return stop
+
+
+def sampling_kwargs(cfg: TrainConfig) -> dict[str, float]:
+    """The generation settings training and held-out evaluation share."""
+    return {"max_new_tokens": cfg.max_response_length, "temperature": cfg.temperature, "top_p": cfg.top_p}
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -143,9 +172,7 @@ def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[st
         chat=cfg.apply_chat_template,
         chunk=cfg.micro_batch_size,
         seed=cfg.seed + 12345,
-        max_new_tokens=cfg.max_response_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
         progress=False,
+        **sampling_kwargs(cfg),
     )
     return {"eval/accuracy": scores[f"eval/heldout/avg@{cfg.eval_n}"]}

@@ -20,8 +20,8 @@ from vespo.rewards.batch import grade_batch
 from vespo.rollout import decode_responses, sample
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import EssAlarm, finish_run, progress_bar, read_metrics, save_checkpoint, warn_skipped_updates
-from vespo.train.setup import evaluate, setup_run, update_settings
+from vespo.train.runs import finish_run, progress_bar, read_metrics
+from vespo.train.setup import close_step, evaluate, sampling_kwargs, setup_run, update_settings
 
 
 def train_sync(cfg: TrainConfig) -> dict[str, float]:
@@ -37,7 +37,6 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
     if do_eval and run.start == 0:
         run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
 
-    alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
     bar = progress_bar(cfg, run.start)
     metrics = {k: v for k, v in read_metrics(run.run_dir)[-1].items() if k != "step"} if run.start else {}
     for step in range(run.start + 1, cfg.total_training_steps + 1):
@@ -50,17 +49,8 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
         model.eval()
         if sampler is not model:
             sampler.load_state_dict(model.state_dict())  # weight sync to the "inference engine" (casts dtype)
-        rollout = sample(
-            sampler,
-            tokenizer,
-            prompts,
-            n=cfg.rollout_n,
-            max_new_tokens=cfg.max_response_length,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            generator=gen,
-            logit_noise_std=cfg.rollout_logit_noise,
-        )
+        gen_args = {"generator": gen, "logit_noise_std": cfg.rollout_logit_noise} | sampling_kwargs(cfg)
+        rollout = sample(sampler, tokenizer, prompts, n=cfg.rollout_n, **gen_args)
         t_gen = time.perf_counter()
         # 3. rewards and group advantages
         rewards = grade_batch(run.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
@@ -90,13 +80,7 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
         metrics = to_floats(step_metrics | summarize_update(history))
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["time/gen_s"] = t_gen - t0
-        if do_eval and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-            metrics |= evaluate(model, tokenizer, run.eval_set, cfg)
-        run.logger.log(metrics, step)
-        warn_skipped_updates(step, metrics)
-        stop = alarm.update(step, metrics)
-        if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
-            save_checkpoint(run.run_dir, step, model, run.optimizer, gen)
+        stop = close_step(run, cfg, step, metrics)  # evaluate, log, watch the ESS, checkpoint
         if bar is not None:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response/length_mean']:.1f}")
