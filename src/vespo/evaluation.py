@@ -187,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
         default="hf",
         help="generation engine: hf (any device) or vllm (CUDA, pip install -e '.[vllm]'; not run on the CPU CI)",
     )
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:<index> (hf backend)")
     p.add_argument("--out", default="eval_results", help="directory for results.md and results.json")
     return p
 
@@ -195,7 +196,7 @@ def cli(argv: list[str]) -> int:
     """``vespo eval``: check every input, load the model, evaluate the benchmarks, print and write the table."""
     parser = _parser()
     args = parser.parse_args(argv)
-    from vespo.models import check_model_source, load_policy
+    from vespo.models import check_model_source, load_policy, resolve_device
     from vespo.rollout.vllm import vllm_available
 
     if not (math.isfinite(args.temperature) and args.temperature > 0):
@@ -211,11 +212,16 @@ def cli(argv: list[str]) -> int:
         if not names:
             raise ValueError("--benchmarks: give at least one benchmark")
         benchmarks = [resolve_benchmark(name, k=args.k) for name in names]
+        try:
+            device = resolve_device(args.device)
+        except ValueError as exc:
+            raise ValueError(f"--device: {exc}") from None
     except ValueError as exc:
         parser.error(str(exc))
     if args.backend == "vllm" and not vllm_available():
         parser.error("--backend vllm needs vLLM installed (pip install -e '.[vllm]') and a CUDA device")
     model, tokenizer = load_policy(args.model)
+    model.to(device)
     if args.backend == "vllm":
         model = args.model  # vLLM loads the weights itself
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}

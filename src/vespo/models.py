@@ -23,6 +23,23 @@ def check_model_source(value: str) -> None:
         raise ValueError(f"no such directory {value} (a Hub id looks like 'org/name')")
 
 
+def resolve_device(name: str) -> torch.device:
+    """`auto` (CUDA when present, else CPU), `cpu`, `cuda` or `cuda:i`; a one-line ValueError for anything else or for
+    a CUDA device this machine does not have."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    head, _, index = name.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"expected auto | cpu | cuda | cuda:<index>, got {name!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{name} requested but torch sees no CUDA device (use auto or cpu)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
 def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of a Hub id or local dir, with pad = eos when it has no pad token (batched sampling pads)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)

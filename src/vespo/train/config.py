@@ -94,7 +94,14 @@ class TrainConfig:
     """Actor optimizer (TRL's names): adamw_torch | sgd (plain gradient steps, no momentum: the step follows the
     gradient's size, which Adam's normaliser does not; docs/results.md section 3)."""
     lr: float = 3e-4
-    """Learning rate (constant)."""
+    """Peak learning rate (see `lr_scheduler_type`)."""
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over the run's optimizer steps (TRL/transformers names; `transformers.get_scheduler`):
+    warmup, then constant, linear decay to 0, or cosine decay to 0. "constant" ignores the warmup."""
+    warmup_ratio: float = 0.0
+    """Warmup as a fraction of all optimizer steps (total_training_steps x N); `warmup_steps` wins when > 0."""
+    warmup_steps: int = 0
+    """Warmup in optimizer steps (TRL's name); 0 uses `warmup_ratio`."""
     weight_decay: float = 0.0
     """Weight decay (decoupled for AdamW)."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -139,6 +146,29 @@ class TrainConfig:
     disable_dropout: bool = True
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
+
+    # --- hardware, precision, parameter-efficient training (docs/training.md, "GPUs, precision and LoRA")
+    device: str = "auto"
+    """Where the policy, reference, rollouts and RNG live: auto (CUDA when present, else CPU) | cpu | cuda | cuda:i."""
+    bf16: bool = False
+    """bfloat16 autocast for the policy's forward passes (old log-probs and the update alike, so W == 1 at k = 0);
+    master weights, optimizer state and all log-space loss math stay float32 (TRL's name)."""
+    fp16: bool = False
+    """float16 autocast with a dynamic loss scale (`torch.amp.GradScaler`; a step whose scaled gradient overflows is
+    skipped); otherwise as `bf16` (TRL's name)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (`model.gradient_checkpointing_enable()`): less memory, ~30% slower."""
+    use_peft: bool = False
+    """Train LoRA adapters (peft) instead of all weights; the KL reference is the base model with the adapters
+    disabled, as in TRL, not a second copy (TRL's names: lora_r, lora_alpha, lora_dropout, lora_target_modules)."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
+    lora_dropout: float = 0.05
+    """LoRA dropout (set to 0 by `disable_dropout`, like every dropout of the policy)."""
+    lora_target_modules: tuple[str, ...] | None = None
+    """Module names to adapt, e.g. `q_proj v_proj`, or `all-linear`; None uses peft's default for the architecture."""
 
     # --- asynchronous training (docs/training.md, "Asynchronous training")
     mode: Literal["sync", "async"] = "sync"
@@ -307,6 +337,11 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "micro_batch_size": (1, None, False, False),
     "total_training_steps": (1, None, False, False),
     "lr": (0, None, True, False),
+    "warmup_ratio": (0, 1, False, False),
+    "warmup_steps": (0, None, False, False),
+    "lora_r": (1, None, False, False),
+    "lora_alpha": (0, None, True, False),
+    "lora_dropout": (0, 1, False, True),
     "weight_decay": (0, None, False, False),
     "adam_epsilon": (0, None, True, False),
     "grad_clip": (0, None, True, False),
@@ -364,6 +399,7 @@ def validate(cfg: TrainConfig) -> None:
             f"step_scale=mean_phi needs a VESPO-family method (it scales by the mean phi(W)); {cfg.method!r} has none"
         )
     _validate_task(cfg)
+    _validate_hardware(cfg)
     _validate_async(cfg)
     check_model(cfg.model)
     for name in ("dataset", "eval_dataset"):
@@ -403,6 +439,21 @@ def _validate_task(cfg: TrainConfig) -> None:
                 f"task=chain with num_operands={cfg.num_operands} needs num_operands >= 2 and "
                 f"max_response_length >= {need} (3 * num_operands + 5), got {cfg.max_response_length}"
             )
+
+
+def _validate_hardware(cfg: TrainConfig) -> None:
+    from vespo.models import resolve_device
+
+    try:
+        resolve_device(cfg.device)
+    except ValueError as exc:
+        raise ConfigError(f"device: {exc}") from None
+    if cfg.bf16 and cfg.fp16:
+        raise ConfigError("bf16 and fp16 are exclusive: choose one autocast dtype")
+    if cfg.use_peft and importlib.util.find_spec("peft") is None:
+        raise ConfigError("use_peft needs peft installed (pip install peft)")
+    if cfg.use_peft and cfg.mode == "async":
+        raise ConfigError("use_peft is not supported with mode=async yet (samplers load full weights): use mode=sync")
 
 
 def _validate_async(cfg: TrainConfig) -> None:
