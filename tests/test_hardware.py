@@ -14,8 +14,8 @@ from vespo.models import resolve_device
 from vespo.rollout import sample
 from vespo.train.config import ConfigError, TrainConfig, resolve
 from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
-from vespo.train.setup import build_reference, build_scheduler
 from vespo.train.runs import read_metrics
+from vespo.train.setup import build_reference, build_scheduler
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

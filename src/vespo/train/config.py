@@ -157,7 +157,7 @@ class TrainConfig:
     """float16 autocast with a dynamic loss scale (`torch.amp.GradScaler`; a step whose scaled gradient overflows is
     skipped); otherwise as `bf16` (TRL's name)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (`model.gradient_checkpointing_enable()`): less memory, ~30% slower."""
+    """Recompute activations in the backward pass (`model.gradient_checkpointing_enable()`): less memory, slower."""
     use_peft: bool = False
     """Train LoRA adapters (peft) instead of all weights; the KL reference is the base model with the adapters
     disabled, as in TRL, not a second copy (TRL's names: lora_r, lora_alpha, lora_dropout, lora_target_modules)."""

@@ -80,7 +80,11 @@ class UpdateSettings:
     @property
     def log_prob_args(self) -> dict:
         """How `policy_log_probs` must be called so old log-probs match the update's (W == 1 at k = 0)."""
-        return {"micro_batch_size": self.micro_batch_size, "temperature": self.temperature, "autocast_dtype": self.autocast_dtype}
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "temperature": self.temperature,
+            "autocast_dtype": self.autocast_dtype,
+        }
 
     @property
     def agg_mode(self) -> str:

@@ -18,8 +18,8 @@ from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
 from vespo.models import load_policy, resolve_device
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
-from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.rollout import Rollout
+from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.learner import UpdateSettings, policy_log_probs
 from vespo.train.runs import (
     EssAlarm,
@@ -137,7 +137,14 @@ def build_reference(model, cfg: TrainConfig) -> Callable[..., torch.Tensor] | No
 
 
 def close_step(
-    run: RunState, cfg: TrainConfig, step: int, metrics: dict[str, float], *, bar=None, show: str, extra: dict | None = None
+    run: RunState,
+    cfg: TrainConfig,
+    step: int,
+    metrics: dict[str, float],
+    *,
+    bar=None,
+    show: str,
+    extra: dict | None = None,
 ) -> bool:
     """The end of a rollout step in every loop: held-out evaluation when due, log, warn on skipped updates, watch the
     ESS, checkpoint when due (or when stopping), advance the progress bar (reward and metric `show`). Returns True
