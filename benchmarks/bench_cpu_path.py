@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 SETTINGS = ["--num-operands", "2", "--eval-size", "20", "--train-batch-size", "16", "--ppo-mini-batch-size", "4",
-            "--rollout-n", "8", "--total-training-steps", "6", "--eval-every", "0", "--save-every", "100", "--num-threads", "1",
-            "--no-progress", "--no-tensorboard"]  # fmt: skip
+            "--rollout-n", "8", "--total-training-steps", "6", "--eval-every", "0", "--save-every", "100",
+            "--num-threads", "1", "--no-progress", "--no-tensorboard"]  # fmt: skip
 
 
 def _model(path: Path) -> None:
