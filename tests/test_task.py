@@ -6,7 +6,15 @@ import pytest
 import torch
 import transformers
 
-from vespo.embedded.task import arithmetic_problems, arithmetic_split, build_tiny_model, build_tokenizer, solution_text
+from vespo.embedded.task import (
+    Problem,
+    arithmetic_problems,
+    arithmetic_split,
+    build_tiny_model,
+    build_tokenizer,
+    embedded_split,
+    solution_text,
+)
 
 
 def test_tokenizer_encodes_characters_and_boxed_as_one_token():
@@ -131,8 +139,62 @@ def test_embedded_split_chain_is_fixed_and_disjoint():
     train, held = embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
     assert (train, held) == embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
     assert len(held) == 50 and not {p.prompt for p in train} & {p.prompt for p in held}
-    assert embedded_split("arithmetic", num_operands=2, max_operand=9, eval_size=5) == arithmetic_split(
-        num_operands=2, max_operand=9, eval_size=5
-    )
     with pytest.raises(ValueError, match="task must be"):
         embedded_split("chains", num_operands=3, max_operand=9, eval_size=5)
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "chain", "scratchpad"])
+def test_eval_size_picks_from_a_fixed_pool_and_never_moves_the_training_set(task):
+    """eval_size is how many held-out prompts an evaluation uses: the training set (and so the warm start) is the
+    same for every eval_size, the held-out prompts are prefixes of one pool, and past the pool is a clear error."""
+    from vespo.embedded.task import held_out_pool
+
+    shape = {"num_operands": 3, "max_operand": 9}
+    pool = held_out_pool(task, **shape)
+    train_small, held_small = embedded_split(task, **shape, eval_size=10)
+    train_big, held_big = embedded_split(task, **shape, eval_size=pool)
+    assert train_small == train_big and held_big[:10] == held_small and len(held_big) == pool
+    assert not {p.prompt for p in train_big} & {p.prompt for p in held_big}
+    with pytest.raises(ValueError, match=f"eval_size must be in \\[1, {pool}\\]"):
+        embedded_split(task, **shape, eval_size=pool + 1)
+    if task == "arithmetic":  # the old default held-out set (eval_size 200) is the pool's first 200
+        assert held_big[:200] == arithmetic_split(**shape, eval_size=200)[1]
+
+
+def test_scratchpad_problems_and_free_length_solutions():
+    """Free-length sums: the prompt is "sum a+b+...=", a full solution writes every running sum but the last before
+    the box, demonstrations drawn with `step_rng` write all, some or none of them, and every one grades 1."""
+    import random
+
+    from vespo.embedded.task import SCRATCHPAD, scratchpad_problems, scratchpad_response_tokens
+    from vespo.rewards import math_reward
+
+    problems = scratchpad_problems(50, seed=3, num_operands=5, max_operand=9)
+    assert problems == scratchpad_problems(50, seed=3, num_operands=5, max_operand=9)
+    p = Problem("sum 6+6+0+4+8=", "24")
+    assert solution_text(p) == "12,12,16,\\boxed{24}"
+    tok = build_tokenizer()
+    assert len(tok(solution_text(p), add_special_tokens=False).input_ids) + 1 == scratchpad_response_tokens(5, 9)
+    rng, lengths = random.Random(0), set()
+    for q in problems:
+        assert q.prompt.startswith(SCRATCHPAD) and q.prompt.endswith("=")
+        xs = [int(x) for x in q.prompt.removeprefix(SCRATCHPAD).rstrip("=").split("+")]
+        assert len(xs) == 5 and q.answer == str(sum(xs))
+        text = solution_text(q, step_rng=rng)
+        steps = [int(x) for x in text.split("\\boxed")[0].split(",") if x]
+        running = [sum(xs[: i + 1]) for i in range(1, 4)]
+        assert all(s in running for s in steps) and steps == sorted(steps)  # a subsequence of the running sums
+        assert math_reward([text], answer=[q.answer]) == [1.0]
+        lengths.add(len(steps))
+    assert {0, 3} <= lengths  # none and all steps both occur: length is free
+    wrong = solution_text(p, noisy_rng=random.Random(1))
+    assert math_reward([wrong], answer=["24"]) == [0.0]
+
+
+def test_embedded_split_scratchpad_is_fixed_and_disjoint():
+    train, held = embedded_split("scratchpad", num_operands=4, max_operand=9, eval_size=50)
+    again = embedded_split("scratchpad", num_operands=4, max_operand=9, eval_size=50)
+    assert (train, held) == again and len(held) == 50
+    assert not {p.prompt for p in held} & {p.prompt for p in train}
+    with pytest.raises(ValueError, match="scratchpad"):
+        embedded_split("nope", num_operands=4, max_operand=9, eval_size=5)

@@ -24,7 +24,6 @@ class WarmStartSpec:
     task: str = "arithmetic"
     num_operands: int = 3
     max_operand: int = 9
-    eval_size: int = 200
     sft_steps: int | None = None
     sft_lr: float = 3e-3
     sft_batch_size: int = 32
@@ -38,7 +37,7 @@ class WarmStartSpec:
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
-SFT_STEPS = {"arithmetic": 400, "chain": 8000}
+SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 1500}
 """Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
 
 
@@ -57,12 +56,11 @@ def sft_cache_key(cfg: WarmStartSpec) -> str:
         "sft_batch_size",
         "sft_seed",
         "sft_label_noise",
-        "eval_size",
     )
     # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2)
     task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 3}
     fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": sft_steps_of(cfg)}
-    blob = json.dumps(fields | task | {"v": 1}, sort_keys=True)
+    blob = json.dumps(fields | task | {"v": 2}, sort_keys=True)  # v2: training set apart from eval_size
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -71,8 +69,8 @@ def embedded_policy_path(cfg: WarmStartSpec) -> Path:
     path = Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}"
     if (path / "config.json").is_file():
         return path
-    task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
-    train_set, _ = embedded_split(cfg.task, **task)
+    task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand}
+    train_set, _ = embedded_split(cfg.task, **task, eval_size=1)  # the training set does not depend on eval_size
     tokenizer = build_tokenizer()
     positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
     model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
@@ -121,7 +119,7 @@ def sft_warm_start(
     for _ in range(steps):
         batch = rng.choices(problems, k=batch_size)
         prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
-        texts = [solution_text(p, noisy_rng=rng if rng.random() < label_noise else None) for p in batch]
+        texts = [solution_text(p, noisy_rng=rng if rng.random() < label_noise else None, step_rng=rng) for p in batch]
         target_ids = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
         width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
         ids = torch.full((batch_size, width), tokenizer.pad_token_id)

@@ -187,9 +187,10 @@ class TrainConfig:
     """async: hf (the trainer's KV-cached sampler) | vllm (CUDA; weights pushed into the engine, not run on CPU)."""
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
-    task: Literal["arithmetic", "chain"] = "arithmetic"
+    task: Literal["arithmetic", "chain", "scratchpad"] = "arithmetic"
     """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (num_operands steps of a
-    lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens)."""
+    lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens) | scratchpad
+    (free-length sums: running sums optional, length learned; needs max_response_length >= the full solution)."""
     num_operands: int = 3
     """Embedded task: numbers per sum (chain: steps, the response-length knob, e.g. 20 -> 65 tokens, 84 -> 257)."""
     max_operand: int = 9
@@ -430,6 +431,15 @@ def check_dataset(name: str, value: str | None) -> None:
 
 
 def _validate_task(cfg: TrainConfig) -> None:
+    if cfg.task == "scratchpad" and cfg.dataset == EMBEDDED:
+        from vespo.embedded.task import scratchpad_response_tokens
+
+        need = scratchpad_response_tokens(cfg.num_operands, cfg.max_operand)
+        if cfg.max_response_length < need:
+            raise ConfigError(
+                f"task=scratchpad with num_operands={cfg.num_operands}, max_operand={cfg.max_operand} needs "
+                f"max_response_length >= {need} (every running sum written out), got {cfg.max_response_length}"
+            )
     if cfg.task == "chain" and cfg.dataset == EMBEDDED:
         from vespo.embedded.task import chain_response_tokens
 
