@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -64,11 +65,18 @@ def sft_cache_key(cfg: WarmStartSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def embedded_policy_path(cfg: WarmStartSpec) -> Path:
-    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory."""
+def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
+    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory. Building says so on
+    stderr at once (it takes from seconds to minutes), with a progress bar when `progress`."""
     path = Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}"
     if (path / "config.json").is_file():
         return path
+    print(
+        f"vespo: building the embedded {cfg.task} policy: {sft_steps_of(cfg)} SFT steps, cached in {path} "
+        "(once per warm-start setting)",
+        file=sys.stderr,
+        flush=True,
+    )
     task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand}
     train_set, _ = embedded_split(cfg.task, **task, eval_size=1)  # the training set does not depend on eval_size
     tokenizer = build_tokenizer()
@@ -84,6 +92,7 @@ def embedded_policy_path(cfg: WarmStartSpec) -> Path:
             batch_size=cfg.sft_batch_size,
             seed=cfg.sft_seed,
             label_noise=cfg.sft_label_noise,
+            progress=progress,
         )
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
@@ -105,6 +114,7 @@ def sft_warm_start(
     batch_size: int,
     seed: int,
     label_noise: float = 0.0,
+    progress: bool = False,
 ) -> list[float]:
     """Supervised fine-tuning on `solution_text` targets (loss on response tokens + <eos> only); returns the losses.
 
@@ -116,6 +126,11 @@ def sft_warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="SFT warm start", unit="step", mininterval=1.0)
     for _ in range(steps):
         batch = rng.choices(problems, k=batch_size)
         prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
@@ -134,5 +149,10 @@ def sft_warm_start(
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    if bar is not None:
+        bar.close()
     model.eval()
     return losses

@@ -224,7 +224,9 @@ class TrainConfig:
     eval_every: int = 20
     """Held-out evaluation every this many rollout steps (and at the start and end); 0 disables it."""
     eval_size: int = 200
-    """Held-out prompts per evaluation (greedy-free: sampled at `temperature`, 1 response each)."""
+    """Held-out prompts per evaluation, sampled at `temperature`: the first eval_size of `eval_dataset`, or of the
+    embedded task's fixed held-out pool (500 sums for arithmetic, 1000 for chain/scratchpad; the training set and
+    the warm start do not depend on it)."""
     eval_n: int = 1
     """Samples per held-out prompt: the logged eval/accuracy is avg@eval_n, whose binomial SD is about
     sqrt(p (1 - p) / (eval_size * eval_n)) (0.011 at 500 prompts x 4 and p = 0.5; 0.035 at 200 x 1)."""

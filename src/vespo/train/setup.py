@@ -68,7 +68,9 @@ def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
     if num_threads:
         torch.set_num_threads(num_threads)
     run_dir = start_run(cfg)
-    policy_path = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
+    policy_path = cfg.model
+    if cfg.model == EMBEDDED:
+        policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
     device = resolve_device(cfg.device)
     model, tokenizer = load_policy(policy_path)
     if cfg.use_peft:
