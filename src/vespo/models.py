@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -38,6 +39,18 @@ def resolve_device(name: str) -> torch.device:
     if index and int(index) >= torch.cuda.device_count():
         raise ValueError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(name)
+
+
+def quiet_hf_progress() -> None:
+    """Silence Hugging Face's own progress bars (weight loading, shard writing, downloads, datasets) in this process
+    and in the processes it starts: what `--no-progress` promises."""
+    import sys
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read at import by huggingface_hub (spawned samplers)
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    transformers.utils.logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from vespo.models import quiet_hf_progress
 from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
 
 
@@ -13,6 +14,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. Everything is
     validated before any compute."""
     cfg = resolve(cfg)
+    if not cfg.progress:
+        quiet_hf_progress()
     if cfg.mode == "async":
         from vespo.train.async_ import train_async
 
