@@ -255,6 +255,12 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     check_types(cfg)
     if cfg.staleness is not None:
         _check_range("staleness", cfg.staleness, 1, None)
+        implied = cfg.staleness * cfg.ppo_mini_batch_size
+        if cfg.train_batch_size not in (implied, TrainConfig.train_batch_size):
+            raise ConfigError(
+                f"staleness={cfg.staleness} sets train_batch_size = staleness x ppo_mini_batch_size = {implied}, but "
+                f"train_batch_size={cfg.train_batch_size} was also given: give one of the two"
+            )
         cfg = dataclasses.replace(cfg, train_batch_size=cfg.staleness * cfg.ppo_mini_batch_size, staleness=None)
     validate(cfg)
     return cfg
@@ -515,6 +521,7 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"--config {path}:{where}: YAML syntax error: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
+    data = from_verl_keys(data, where=f"--config {path}")
     unknown = sorted(set(data) - set(_HINTS), key=str)
     if unknown:
         raise ConfigError(f"--config {path}: unknown config key(s) {unknown}")
@@ -527,6 +534,82 @@ def load_yaml(path: str | Path) -> dict:
         if isinstance(value, list):
             data[name] = tuple(value)
     return data
+
+
+# veRL's config paths (ppo_trainer.yaml) -> vespo fields; a veRL user's YAML, nested or with dotted keys, works as is
+VERL_KEYS = {
+    "data.train_files": "dataset",
+    "data.val_files": "eval_dataset",
+    "data.prompt_key": "prompt_key",
+    "data.train_batch_size": "train_batch_size",
+    "data.max_response_length": "max_response_length",
+    "actor_rollout_ref.model.path": "model",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "gradient_checkpointing",
+    "actor_rollout_ref.model.lora_rank": "lora_r",
+    "actor_rollout_ref.model.lora_alpha": "lora_alpha",
+    "actor_rollout_ref.model.target_modules": "lora_target_modules",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro_batch_size",
+    "actor_rollout_ref.actor.loss_agg_mode": "loss_agg_mode",
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "method",
+    "actor_rollout_ref.actor.entropy_coeff": "entropy_coeff",
+    "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
+    "actor_rollout_ref.actor.grad_clip": "grad_clip",
+    "actor_rollout_ref.actor.shuffle": "shuffle",
+    "actor_rollout_ref.actor.optim.lr": "lr",
+    "actor_rollout_ref.actor.optim.weight_decay": "weight_decay",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": "warmup_steps",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "warmup_ratio",
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "lr_scheduler_type",
+    "actor_rollout_ref.rollout.n": "rollout_n",
+    "actor_rollout_ref.rollout.temperature": "temperature",
+    "actor_rollout_ref.rollout.top_p": "top_p",
+    "actor_rollout_ref.rollout.response_length": "max_response_length",
+    "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std",
+    "trainer.total_training_steps": "total_training_steps",
+    "trainer.save_freq": "save_every",
+    "trainer.test_freq": "eval_every",
+    "trainer.default_local_dir": "run_dir",
+}
+VERL_HPARAMS = {f"actor_rollout_ref.actor.{k}": k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+_VERL_ROOTS = ("data", "actor_rollout_ref", "algorithm", "trainer")
+
+
+def from_verl_keys(data: dict, *, where: str) -> dict:
+    """Translate veRL's nested sections or dotted keys (`actor_rollout_ref.actor.ppo_mini_batch_size: 16`) into
+    vespo fields (`VERL_KEYS`; clip ratios go to `hparams`, `use_kl_loss: false` zeroes `kl_coef`); flat vespo keys
+    pass through. A veRL key vespo has no counterpart for is one clear error, not silently dropped."""
+    flat: dict = {}
+
+    def walk(prefix: str, node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}", value)
+        else:
+            flat[prefix] = node
+
+    out: dict = {}
+    for key, value in data.items():
+        if isinstance(key, str) and key.split(".")[0] in _VERL_ROOTS:
+            walk(key, value)
+        else:
+            out[key] = value
+    use_kl = flat.pop("actor_rollout_ref.actor.use_kl_loss", True)
+    for key, value in flat.items():
+        if key in VERL_HPARAMS:
+            out["hparams"] = {**out.get("hparams", {}), VERL_HPARAMS[key]: value}
+            continue
+        if key not in VERL_KEYS:
+            raise ConfigError(f"{where}: veRL key {key} has no vespo counterpart; vespo reads {sorted(VERL_KEYS)}")
+        name = VERL_KEYS[key]
+        if name in out and out[name] != value:
+            raise ConfigError(f"{where}: {key} sets {name}={value!r}, which is also set to {out[name]!r}")
+        out[name] = value
+        if name == "lora_r" and value:
+            out["use_peft"] = True
+    if use_kl is False:
+        out["kl_coef"] = 0.0
+    return out
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
