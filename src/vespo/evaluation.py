@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from vespo.data import Benchmark, format_prompts, record_kind, resolve_benchmark
+from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.rewards.code import score_code
 from vespo.rewards.math import score_math
 
@@ -168,7 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--benchmarks",
         default="aime24,aime25,amc23,math500",
-        help="comma list of aime24, aime25, amc23, math500, humaneval+, mbpp+, livecodebench or .json/.jsonl paths",
+        help=f"comma list of {', '.join(BENCHMARKS)} or .json/.jsonl paths (champ, gsm8k-symbolic and humaneval are "
+        "offline: pip install 'vespo[benchmarks]')",
     )
     p.add_argument("--k", type=_positive_int, default=None, help="samples per problem (default: the paper's k)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=8192)
