@@ -162,33 +162,26 @@ def test_eval_size_picks_from_a_fixed_pool_and_never_moves_the_training_set(task
 
 
 def test_scratchpad_problems_and_free_length_solutions():
-    """Free-length sums: the prompt is "sum a+b+...=", a full solution writes every running sum but the last before
-    the box, demonstrations drawn with `step_rng` write all, some or none of them, and every one grades 1."""
-    import random
-
-    from vespo.embedded.task import SCRATCHPAD, scratchpad_problems, scratchpad_response_tokens
+    """Scratchpad = a chain problem whose steps are optional: the full solution is the chain's, demonstrations drawn
+    with `step_rng` write all steps or none, the length then ranges from 5 to 3k + 5 tokens, and every one grades 1."""
+    from vespo.embedded.task import SCRATCHPAD, chain_problems, chain_response_tokens, scratchpad_problems
     from vespo.rewards import math_reward
 
-    problems = scratchpad_problems(50, seed=3, num_operands=5, max_operand=9)
-    assert problems == scratchpad_problems(50, seed=3, num_operands=5, max_operand=9)
-    p = Problem("sum 6+6+0+4+8=", "24")
-    assert solution_text(p) == "12,12,16,\\boxed{24}"
+    problems = scratchpad_problems(40, seed=3, num_operands=6)
+    chains = chain_problems(40, seed=3, num_operands=6)
+    assert [p.prompt for p in problems] == [SCRATCHPAD + c.prompt for c in chains]
+    assert [p.answer for p in problems] == [c.answer for c in chains]
     tok = build_tokenizer()
-    assert len(tok(solution_text(p), add_special_tokens=False).input_ids) + 1 == scratchpad_response_tokens(5, 9)
     rng, lengths = random.Random(0), set()
-    for q in problems:
-        assert q.prompt.startswith(SCRATCHPAD) and q.prompt.endswith("=")
-        xs = [int(x) for x in q.prompt.removeprefix(SCRATCHPAD).rstrip("=").split("+")]
-        assert len(xs) == 5 and q.answer == str(sum(xs))
-        text = solution_text(q, step_rng=rng)
-        steps = [int(x) for x in text.split("\\boxed")[0].split(",") if x]
-        running = [sum(xs[: i + 1]) for i in range(1, 4)]
-        assert all(s in running for s in steps) and steps == sorted(steps)  # a subsequence of the running sums
-        assert math_reward([text], answer=[q.answer]) == [1.0]
-        lengths.add(len(steps))
-    assert {0, 3} <= lengths  # none and all steps both occur: length is free
-    wrong = solution_text(p, noisy_rng=random.Random(1))
-    assert math_reward([wrong], answer=["24"]) == [0.0]
+    for p, c in zip(problems, chains, strict=True):
+        assert solution_text(p) == solution_text(c)  # without step_rng: every step written
+        text = solution_text(p, step_rng=rng)
+        assert text in (solution_text(c), f"\\boxed{{{c.answer}}}")
+        assert math_reward([text], answer=[p.answer]) == [1.0]
+        lengths.add(len(tok(text, add_special_tokens=False).input_ids) + 1)
+    assert lengths == {5, chain_response_tokens(6)}
+    wrong = solution_text(problems[0], noisy_rng=random.Random(1), step_rng=random.Random(2))
+    assert math_reward([wrong], answer=[problems[0].answer]) == [0.0]
 
 
 def test_embedded_split_scratchpad_is_fixed_and_disjoint():

@@ -136,23 +136,17 @@ def chain_response_tokens(num_operands: int) -> int:
     return 3 * num_operands + 5
 
 
-SCRATCHPAD = "sum "
-"""Prompt prefix of the scratchpad task (free-length sums: the running sums are optional)."""
+SCRATCHPAD = "free "
+"""Prompt prefix of the scratchpad task (a chain problem whose written steps are optional)."""
 
 
-def scratchpad_problems(count: int, *, seed: int, num_operands: int, max_operand: int) -> list[Problem]:
-    """`count` free-length sums, prompt "sum 3+8+5+1+9=": the response may write running sums before the boxed answer,
-    or not. Writing them makes the answer a chain of two-number additions a tiny model can do; skipping them asks for
-    the whole sum at once (mostly wrong), so response length is what RL changes. Deterministic in `seed`."""
-    problems = arithmetic_problems(count, seed=seed, num_operands=num_operands, max_operand=max_operand)
-    return [Problem(SCRATCHPAD + p.prompt, p.answer) for p in problems]
-
-
-def scratchpad_response_tokens(num_operands: int, max_operand: int) -> int:
-    """Most tokens of a scratchpad solution: every running sum with its comma or space, then `\\boxed{...}` and
-    <eos>."""
-    width = len(str(num_operands * max_operand))
-    return (num_operands - 2) * (width + 1) + width + 4
+def scratchpad_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
+    """`count` chain problems whose steps are optional, prompt "free 8 steps: =2 =9 =1 ": the response may write the
+    chain's steps before the boxed digit (`chain_problems`) or answer at once. Written out, every step is a copy and
+    a one-digit addition a tiny model can do; answered at once, the digit after `num_operands` steps of the
+    recurrence is out of a tiny model's reach (about chance, 1 in 10). So length is what RL changes.
+    Deterministic in `seed`."""
+    return [Problem(SCRATCHPAD + p.prompt, p.answer) for p in chain_problems(count, seed=seed, num_operands=num_operands)]
 
 
 def embedded_split(
@@ -173,8 +167,7 @@ def embedded_split(
     if task == "chain":
         draw = lambda count, seed: chain_problems(count, seed=seed, num_operands=num_operands)  # noqa: E731
     elif task == "scratchpad":
-        shape = {"num_operands": num_operands, "max_operand": max_operand}
-        draw = lambda count, seed: scratchpad_problems(count, seed=seed, **shape)  # noqa: E731
+        draw = lambda count, seed: scratchpad_problems(count, seed=seed, num_operands=num_operands)  # noqa: E731
     else:
         raise ValueError(f"task must be 'arithmetic', 'chain' or 'scratchpad', got {task!r}")
     held_out = draw(pool, 1)
@@ -200,29 +193,25 @@ def solution_text(
     "20 steps: =2 =9 =1 " -> "23 92 13 ... \\boxed{d}", `chain_problems`).
 
     With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3; never negative, mod 10 for chains).
-    Scratchpad problems with `step_rng` keep each running sum with a probability drawn from {0, 1/2, 1} per
-    demonstration: all, some or none of the steps written, so the warm start leaves the length to RL.
+    A scratchpad problem writes its chain's steps, or with `step_rng` writes them in half the demonstrations and
+    only the boxed digit in the other half, so the warm start leaves the length to RL.
     """
     if _STEPS in problem.prompt:
-        steps, seeds = problem.prompt.split(_STEPS)
+        steps, seeds = problem.prompt.removeprefix(SCRATCHPAD).split(_STEPS)
         xs = chain_sequence([int(x) for x in seeds.replace("=", "").split()], int(steps))
         answer = xs[-1]
         if noisy_rng is not None:
             answer = (answer + noisy_rng.choice((-3, -2, -1, 1, 2, 3))) % 10
-        return "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs))) + f"{BOXED}{{{answer}}}"
-    xs = [int(x) for x in problem.prompt.removeprefix(SCRATCHPAD).rstrip("=").split("+")]
+        work = "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs)))
+        if problem.prompt.startswith(SCRATCHPAD) and step_rng is not None and step_rng.random() < 0.5:
+            work = ""
+        return work + f"{BOXED}{{{answer}}}"
+    xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
-    if problem.prompt.startswith(SCRATCHPAD):
-        partial = partial[:-1]  # the last running sum is the answer itself
-        if step_rng is not None:
-            keep = step_rng.choice((0.0, 0.5, 1.0))
-            partial = [x for x in partial if step_rng.random() < keep]
     answer = int(problem.answer)
     if noisy_rng is not None:
         offset = noisy_rng.randint(1, 3)
         answer = answer + offset if answer < offset or noisy_rng.random() < 0.5 else answer - offset
-    if problem.prompt.startswith(SCRATCHPAD):
-        return "".join(f"{x}," for x in partial) + f"{BOXED}{{{answer}}}"
     return ",".join(map(str, partial)) + f" {BOXED}{{{answer}}}"
 
 
