@@ -123,15 +123,36 @@ def evaluate_records(model, tokenizer, records: list[dict], *, n: int, name: str
 
 
 def evaluate_benchmarks(
-    model, tokenizer, benchmarks: list[Benchmark], *, limit: int | None = None, **gen_kwargs
+    model,
+    tokenizer,
+    benchmarks: list[Benchmark],
+    *,
+    limit: int | None = None,
+    samples_path: str | Path | None = None,
+    **gen_kwargs,
 ) -> list[BenchmarkResult]:
-    """Evaluate on each benchmark with its own k; ``limit`` keeps the first problems only (smoke runs)."""
+    """Evaluate on each benchmark with its own k; ``limit`` keeps the first problems only (smoke runs). With
+    ``samples_path``, every completion is written there as one JSON line (benchmark, problem index and id, prompt,
+    sample index, completion, score), benchmark by benchmark as they finish."""
     results = []
-    for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
-        start = time.perf_counter()
-        records = bench.load()[:limit]
-        scores = sample_scores(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
-        results.append(summarize(bench.name, bench.kind, bench.k, scores, time.perf_counter() - start))
+    sink = Path(samples_path).open("w") if samples_path is not None else None
+    try:
+        for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
+            start = time.perf_counter()
+            records = bench.load()[:limit]
+            samples = sample_completions(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
+            scores = score_samples(records, samples)
+            results.append(summarize(bench.name, bench.kind, bench.k, scores, time.perf_counter() - start))
+            if sink is not None:
+                for i, (record, texts, marks) in enumerate(zip(records, samples, scores, strict=True)):
+                    for j, (text, score) in enumerate(zip(texts, marks, strict=True)):
+                        row = {"benchmark": bench.name, "problem": i, "id": record.get("id"), "sample": j}
+                        sink.write(json.dumps(row | {"prompt": record["prompt"], "completion": text, "score": score}))
+                        sink.write("\n")
+                sink.flush()
+    finally:
+        if sink is not None:
+            sink.close()
     return results
 
 
@@ -227,8 +248,12 @@ def cli(argv: list[str]) -> int:
         model = args.model  # vLLM loads the weights itself
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
     gen["use_vllm"] = args.backend == "vllm"
-    results = evaluate_benchmarks(model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, **gen)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    samples = Path(args.out) / "samples.jsonl"
+    results = evaluate_benchmarks(
+        model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, samples_path=samples, **gen
+    )
     md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, "chat": args.chat, **gen})
     print(md.read_text(), end="")
-    print(f"wrote {md} and {js}")
+    print(f"wrote {md}, {js} and {samples} (every completion with its score)")
     return 0
