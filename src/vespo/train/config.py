@@ -240,6 +240,11 @@ class TrainConfig:
     """Also log to trackio (if installed) under this project."""
     progress: bool = True
     """Show a progress bar with live reward and response length."""
+    log_completions: bool = False
+    """Log sampled completions (TRL's name): prompt, completion, reward and advantage of the first
+    `num_completions_to_print` rows of every rollout step, to run_dir/completions.jsonl and a TensorBoard text table."""
+    num_completions_to_print: int = 8
+    """Rows per rollout step that `log_completions` writes."""
 
     @property
     def num_mini_batches(self) -> int:
@@ -375,6 +380,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "eval_size": (1, None, False, False),
     "eval_n": (1, None, False, False),
     "num_threads": (1, None, False, False),
+    "num_completions_to_print": (1, None, False, False),
 }
 
 

@@ -18,7 +18,7 @@ from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
 from vespo.models import load_policy, resolve_device
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
-from vespo.rollout import Rollout
+from vespo.rollout import Rollout, decode_responses
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.learner import UpdateSettings, policy_log_probs
 from vespo.train.runs import (
@@ -163,6 +163,18 @@ def close_step(
         bar.update(1)
         bar.set_postfix({"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"})
     return stop
+
+
+def completion_rows(tokenizer, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, limit: int) -> list:
+    """The first `limit` rows of a rollout as logged completions: prompt and completion text, reward, advantage."""
+    rows = slice(0, limit)
+    prompts = tokenizer.batch_decode(rollout.input_ids[rows, : rollout.prompt_len].tolist(), skip_special_tokens=True)
+    texts = decode_responses(tokenizer, rollout.select(rows))
+    values = torch.stack([rewards[rows], advantages[rows]]).tolist()
+    return [
+        {"prompt": p, "completion": c, "reward": r, "advantage": a}
+        for p, c, r, a in zip(prompts, texts, *values, strict=True)
+    ]
 
 
 def sampling_kwargs(cfg: TrainConfig) -> dict[str, float]:
