@@ -266,6 +266,17 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return rows
 
 
+def run_title(run_dir: str | Path) -> str:
+    """What a run is, from its config.yaml: method, staleness N, lr, task or model, seed."""
+    try:
+        c = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+        n = int(c["train_batch_size"]) // int(c["ppo_mini_batch_size"])
+        data = c["task"] if c.get("model") == "embedded" else Path(str(c["model"])).name
+        return f"{c['method']}, N={n}, lr={c['lr']:g}, {data}, seed {c['seed']}"
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return Path(run_dir).name
+
+
 def plot_run(run_dir: str | Path) -> Path:
     """reward.png: training reward per step and held-out accuracy at the evaluation steps."""
     import matplotlib
@@ -281,7 +292,7 @@ def plot_run(run_dir: str | Path) -> Path:
         ax.plot(*zip(*train, strict=True), label="training reward")
     if evals:
         ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy")
-    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=Path(run_dir).name)
+    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=run_title(run_dir))
     ax.legend()
     ax.grid(alpha=0.3)
     out = Path(run_dir) / "reward.png"
