@@ -43,14 +43,8 @@ from typing import Literal
 import torch
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss
-from vespo.losses.core import (
-    LOG_PROB_MAX,
-    ratio_metrics,
-    rollout_is_factor,
-    rollout_log_weight,
-    row_sum,
-    token_log_ratio,
-)
+from vespo.losses.core import LOG_PROB_MAX, ratio_metrics, row_sum, token_log_ratio
+from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
 from vespo.losses.registry import default_loss_agg_mode, get_method, validate_hparams
 
 Tensor = torch.Tensor
@@ -84,7 +78,7 @@ def policy_loss_terms(
     """
     spec = get_method(method)
     hp = validate_hparams(method, **hparams)
-    threshold = hp.pop("rollout_is_threshold")
+    options = parse_rollout_correction(*(hp.pop(k) for k in CORRECTION_OPTIONS))
     if batch_context is not None and "batch_context" not in spec.inputs:
         raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
     dtype = _check_structure(log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, rollout_is_weights)
@@ -124,17 +118,29 @@ def policy_loss_terms(
     if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
         adv = adv.reshape(-1, 1).expand(lp.shape)
 
+    if weights is not None:
+        if not options.is_default:
+            raise ValueError(
+                "rollout-correction options (rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold) "
+                "apply to rollout_log_prob; rollout_is_weights come corrected by the engine: configure it there"
+            )
+        level = rollout_is_level or "token"
+    elif options.level in ("token", "sequence"):
+        level = options.level
+    else:  # "auto" (and None, which applies no weight): the method's registered level
+        level = "sequence" if spec.rollout_correction == "sequence" else "token"
+    correction, keep, ro_metrics = rollout_correction(old, rollout, weights, mask, options, level, fold=fold)
+    if keep is not None:  # rejection sampling: rejected tokens leave W, the loss and the metrics
+        mask = mask * keep
     log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
     shared = {"log_ratio": log_ratio, "seq_log_ratio": row_sum(log_ratio, mask), "batch_context": batch_context}
     if fold:
-        shared["rollout_log_w"], ro_metrics = rollout_log_weight(
-            old, rollout, weights, rollout_is_level, mask, threshold
-        )
+        shared["rollout_log_w"] = correction
     loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
-    if not fold:
-        factor, ro_metrics = rollout_is_factor(old, rollout, weights, mask, spec.rollout_correction, threshold)
-        if factor is not None:
-            loss_mat = loss_mat * factor  # (B, T) or (B, 1), detached
+    if not fold and correction is not None:
+        loss_mat = loss_mat * correction  # (B, T) or (B, 1), detached
+    if keep is not None:
+        loss_mat = loss_mat * keep  # rejected tokens contribute exactly 0 (the caller's normaliser is unchanged)
     metrics.update(ro_metrics)
     metrics.update(ratio_metrics(shared["seq_log_ratio"], adv, mask))
     return loss_mat, metrics

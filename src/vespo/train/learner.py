@@ -13,7 +13,7 @@ import transformers
 
 from vespo.aggregation import agg_loss
 from vespo.losses import (
-    ROLLOUT_IS_THRESHOLD,
+    CORRECTION_OPTIONS,
     BatchContext,
     batch_context,
     check_policy_inputs,
@@ -240,7 +240,7 @@ def _batch_context(
         advantages=advantages[rows],
         response_mask=rollout.response_mask[rows],
         rollout_log_prob=None if rollout_lp is None else rollout_lp[rows],
-        rollout_is_threshold=s.hparams.get("rollout_is_threshold", ROLLOUT_IS_THRESHOLD),
+        **{k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams},
         mini_batch_index=k,
         num_mini_batches=s.num_mini_batches,
     )
