@@ -567,6 +567,7 @@ BAD_HPARAMS = [
     ("vespo", {"rollout_rs": "seq_max_k1", "rollout_rs_threshold": 2}, r"rollout_rs options must be among \["),
     ("vespo", {"rollout_rs": "token_k3"}, r"rollout_rs='token_k3' needs rollout_rs_threshold"),
     ("vespo", {"rollout_rs_threshold": 2}, r"rollout_rs_threshold is set but rollout_rs is not"),
+    ("vespo", {"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": 0.5}, r"is a ratio bound u >= 1 \(\[1/u, u\]\)"),
     ("gspo", {"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "2,3,4"}, r"needs one value or 2"),
     ("gspo", {"clip_ratio_high": -1e-4}, r"clip_ratio_high must be in \[0, inf\)"),
     ("sapo", {"tau_neg": 0.0}, r"tau_neg must be in \(0, inf\)"),

@@ -131,6 +131,8 @@ def parse_rollout_correction(
         lower, upper = _bounds(f"rollout_rs_threshold ({option})", spec)
         if option.endswith("k1"):
             lower = 1.0 / upper if lower is None else lower
+            if lower > upper:
+                raise ValueError(f"rollout_rs_threshold for {option} is a ratio bound u >= 1 ([1/u, u]), got {spec!r}")
             rejections.append((option, math.log(lower), math.log(upper)))
         elif lower is not None:
             raise ValueError(f"rollout_rs_threshold for {option} is one upper bound, not 'lower_upper': {spec!r}")
