@@ -47,7 +47,9 @@ def test_is_weights_equal_verls(level, threshold):
     icepop = isinstance(threshold, str) and "_" in threshold
     if level == "token":
         if icepop:
-            assert m["rollout_is/masked_frac"].item() == pytest.approx(tm["rollout_is_oob_ratio"], rel=1e-7)  # veRL: +1e-8
+            assert m["rollout_is/masked_frac"].item() == pytest.approx(
+                tm["rollout_is_oob_ratio"], rel=1e-7
+            )  # veRL: +1e-8
         else:
             assert m["rollout_is/frac_truncated"].item() == pytest.approx(tm["rollout_is_ratio_fraction_high"])
         # veRL's ESS of token weights is Kish's normalised ESS (with +1e-8 in the mean)
@@ -88,7 +90,9 @@ def test_rejection_masks_equal_verls(rs, threshold):
     )
     assert weight is None  # rollout_is=None: rejection only, as veRL's
     torch.testing.assert_close(keep * mask, theirs.double(), rtol=0, atol=0)
-    assert m["rollout_rs/masked_frac"].item() == pytest.approx(tm["rollout_rs_masked_fraction"], rel=1e-7)  # veRL: +1e-8
+    assert m["rollout_rs/masked_frac"].item() == pytest.approx(
+        tm["rollout_rs_masked_fraction"], rel=1e-7
+    )  # veRL: +1e-8
     assert 0.02 < m["rollout_rs/masked_frac"].item() < 0.98, m  # the case tests both outcomes
 
 

@@ -162,7 +162,9 @@ def validate_hparams(method: str, **hparams: object) -> dict[str, object]:
         raise ValueError(f"{method} hyperparameter {exc}") from None
     except TypeError:  # unhashable value (a list, a dict)
         bad = {k: out[k] for k in _COMMON_HPARAMS if not isinstance(out[k], (str, int, float, type(None)))}
-        raise ValueError(f"{method} hyperparameters {sorted(bad)} must be strings, numbers or None, got {bad}") from None
+        raise ValueError(
+            f"{method} hyperparameters {sorted(bad)} must be strings, numbers or None, got {bad}"
+        ) from None
     if spec.check is not None:
         problem = spec.check(out)
         if problem:
