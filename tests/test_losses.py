@@ -562,7 +562,11 @@ BAD_HPARAMS = [
     ("grpo", {"clip_ratio_low": 1.0}, r"clip_ratio_low must be in \[0, 1\), got 1.0"),
     ("grpo", {"rollout_is_threshold": 0}, r"^grpo hyperparameter rollout_is_threshold must be a number > 0 .*got 0$"),
     ("vespo", {"rollout_is_threshold": "2x"}, r"rollout_is_threshold must be a number > 0 or a 'lower_upper' .*'2x'$"),
-    ("vespo", {"rollout_is_threshold": "3_2"}, r"rollout_is_threshold needs lower <= upper in 'lower_upper', got '3_2'$"),
+    (
+        "vespo",
+        {"rollout_is_threshold": "3_2"},
+        r"rollout_is_threshold needs lower <= upper in 'lower_upper', got '3_2'$",
+    ),
     ("vespo", {"rollout_is": "seq"}, r"rollout_is must be one of \['auto', 'token', 'sequence', None\], got 'seq'$"),
     ("vespo", {"rollout_rs": "seq_max_k1", "rollout_rs_threshold": 2}, r"rollout_rs options must be among \["),
     ("vespo", {"rollout_rs": "token_k3"}, r"rollout_rs='token_k3' needs rollout_rs_threshold"),

@@ -20,8 +20,14 @@ SRC = Path(__file__).parents[1] / "src" / "vespo"
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_train_metrics.json").read_text())
 # bug fixes of the redesign: async logged a train-inference gap of mu against itself (always 0); new metrics
 FIXED = ("mismatch/",)
-NEW = ("response/length_p90", "actor/grad_clipped", "is/ess", "is/ess/first_mini_batch", "is/ess/last_mini_batch",
-       "rollout_is/ess")
+NEW = (
+    "response/length_p90",
+    "actor/grad_clipped",
+    "is/ess",
+    "is/ess/first_mini_batch",
+    "is/ess/last_mini_batch",
+    "rollout_is/ess",
+)
 SKIP = ("time/", "async/queue", "async/learner_util", "async/sampler_util")
 
 

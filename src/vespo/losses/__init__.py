@@ -2,7 +2,8 @@
 
 `registry` (register, look up, validate hyperparameters), `core` (log ratios, sequence log W, weight metrics: the
 public helpers every method uses), `correction` (train-inference correction, veRL's catalogue), `compute` (the entry
-points), `methods` (the paper's methods) and `adaptive` (batch-adaptive VESPO). Importing this package registers every method.
+points), `methods` (the paper's methods) and `adaptive` (batch-adaptive VESPO). Importing this package registers
+every method.
 """
 
 from vespo.losses import adaptive, methods  # noqa: F401  (registers the methods)

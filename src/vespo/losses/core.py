@@ -11,7 +11,6 @@ import math
 
 import torch
 
-from vespo.aggregation import masked_mean
 from vespo.kernels import effective_sample_size
 
 Tensor = torch.Tensor
@@ -144,10 +143,12 @@ def ratio_metrics(log_w: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]
     lengths = mask.sum(-1)
     seq_valid = lengths > 0
     a_seq = seq_advantage(adv, mask)
+    zero = torch.zeros((), dtype=log_w.dtype, device=log_w.device)
+    any_valid = seq_valid.any()  # a fully masked (padding) micro-batch reports 0, not +-inf, into averaged logs
     return {
         "is/log_w_mean": (log_w * seq_valid).sum() / seq_valid.sum().clamp(min=1),
-        "is/log_w_min": torch.where(seq_valid, log_w, math.inf).min(),
-        "is/log_w_max": torch.where(seq_valid, log_w, -math.inf).max(),
+        "is/log_w_min": torch.where(any_valid, torch.where(seq_valid, log_w, math.inf).min(), zero),
+        "is/log_w_max": torch.where(any_valid, torch.where(seq_valid, log_w, -math.inf).max(), zero),
         # k1 estimate of KL(mu || pi) per token, mean of -log(pi/mu) (veRL's ppo_kl); free given log W
         "is/approx_kl": -log_w.sum() / lengths.sum().clamp(min=1.0),
         # normalised Kish ESS of the sequence IS weights W over the batch: how many sequences carry the estimate
