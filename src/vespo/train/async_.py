@@ -294,7 +294,8 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     do_eval = bool(run.eval_set) and cfg.eval_every > 0
     n_mini = cfg.num_mini_batches
     settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
-    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature, "top_p": cfg.top_p,
+               "top_k": cfg.top_k}  # fmt: skip
     opt_step = run.start * n_mini  # = the policy version of the learner's current weights
     pool = SamplerPool(cfg, run.policy_path, run.train_set, model, step=opt_step, next_batch=next_batch)
     stats, metrics, bar = LagStats(), {}, None

@@ -58,6 +58,10 @@ class UpdateSettings:
     """Sequences per forward/backward pass (accumulation; does not change the result)."""
     temperature: float = 1.0
     """Sampling temperature the log-probs are taken at."""
+    top_p: float = 1.0
+    """Nucleus mass of the sampling distribution the log-probs are taken under."""
+    top_k: int = 0
+    """Top-k truncation of the sampling distribution (0: off)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the reference (needs ref_log_prob)."""
     entropy_coeff: float = 0.0
@@ -87,11 +91,22 @@ def micro_batches(rows: Tensor, size: int) -> list[Tensor]:
 
 
 def policy_log_probs(
-    model, rollout: Rollout, rows: Tensor, *, micro_batch_size: int, temperature: float, with_entropy: bool = False
+    model,
+    rollout: Rollout,
+    rows: Tensor,
+    *,
+    micro_batch_size: int,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """log pi (and entropy) of `rows`, (len(rows), T), computed micro-batch by micro-batch as the update sees them."""
+    """log pi (and entropy) of `rows`, (len(rows), T), computed micro-batch by micro-batch as the update sees them,
+    under the sampling distribution (temperature, top_p, top_k)."""
     outs = [
-        response_log_probs(model, rollout.select(mb), temperature=temperature, with_entropy=with_entropy)
+        response_log_probs(
+            model, rollout.select(mb), temperature=temperature, top_p=top_p, top_k=top_k, with_entropy=with_entropy
+        )
         for mb in micro_batches(rows, micro_batch_size)
     ]
     logp = torch.cat([o[0] for o in outs])  # (len(rows), T)
@@ -146,7 +161,12 @@ def ppo_update(
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
             log_prob, entropy = response_log_probs(
-                model, rollout.select(mb), temperature=s.temperature, with_entropy=s.entropy_coeff > 0
+                model,
+                rollout.select(mb),
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                with_entropy=s.entropy_coeff > 0,
             )
             loss, metrics = compute_policy_loss(
                 s.method,
@@ -232,7 +252,13 @@ def _batch_context(
         return BatchContext(mini_batch_index=k, num_mini_batches=s.num_mini_batches)
     with torch.no_grad():
         log_prob, _ = policy_log_probs(
-            model, rollout, rows, micro_batch_size=s.micro_batch_size, temperature=s.temperature
+            model,
+            rollout,
+            rows,
+            micro_batch_size=s.micro_batch_size,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
         )
     return batch_context(
         log_prob=log_prob,

@@ -96,7 +96,12 @@ def close_step(run: RunState, cfg: TrainConfig, step: int, metrics: dict[str, fl
 
 def sampling_kwargs(cfg: TrainConfig) -> dict[str, float]:
     """The generation settings training and held-out evaluation share."""
-    return {"max_new_tokens": cfg.max_response_length, "temperature": cfg.temperature, "top_p": cfg.top_p}
+    return {
+        "max_new_tokens": cfg.max_response_length,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+    }
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -113,7 +118,8 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -> UpdateSettings:
     """The learner's settings from a run config; the loop says how many mini-batches one update takes."""
-    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "kl_coef", "entropy_coeff", "grad_clip")
+    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "top_p", "top_k", "kl_coef",
+              "entropy_coeff", "grad_clip")  # fmt: skip
     return UpdateSettings(
         **{name: getattr(cfg, name) for name in (*shared, "log_update_norm", "step_scale", "target_kl")},
         hparams=dict(cfg.hparams),

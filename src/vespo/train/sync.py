@@ -32,7 +32,8 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
     if cfg.sampler_dtype != "float32":
         sampler = copy.deepcopy(model).to(getattr(torch, cfg.sampler_dtype)).eval().requires_grad_(False)
     settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
-    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature, "top_p": cfg.top_p,
+               "top_k": cfg.top_k}  # fmt: skip
     do_eval = bool(run.eval_set) and cfg.eval_every > 0
     if do_eval and run.start == 0:
         run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
