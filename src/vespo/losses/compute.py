@@ -17,13 +17,14 @@ Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments 
 checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
 `vespo.aggregation`.
 
-Train-inference mismatch is corrected here, once, for every method: the caller passes the sampler's log-probs
-(`rollout_log_prob`) or an engine's ready weights (`rollout_is_weights`, what veRL and TRL hand over), and the
-method's registered `rollout_correction` says how they apply: "token" multiplies each token's loss by
-min(mu/pi_rollout, C), "sequence" by min(prod_t mu/pi_rollout, C), "fold" passes the sum of the token-level
-truncated log-weights to the method (VESPO: W = pi/mu * prod_t min(mu/pi_rollout, C), as the official code).
-C = `rollout_is_threshold` (default `ROLLOUT_IS_THRESHOLD` = 2, veRL's default, which the official VESPO code
-receives), a hyperparameter of every method; None means no truncation.
+Train-inference mismatch is corrected here, once, for every method, by `vespo.losses.correction`: the caller passes
+the sampler's log-probs (`rollout_log_prob`) or an engine's ready weights (`rollout_is_weights`, what veRL and TRL hand
+over). From log-probs, the four rollout-correction hyperparameters every method has (veRL's names: `rollout_is`,
+`rollout_is_threshold`, `rollout_rs`, `rollout_rs_threshold`) give the IS weight and the rejection mask; the method's
+registered `rollout_correction` says how the weight applies: "token" multiplies each token's loss by min(r, C),
+"sequence" by min(prod_t r, C), "fold" passes the sequence's log-weight to the method (VESPO: W = pi/mu *
+prod_t min(r, C), as the official code), with r = mu/pi_rollout and C = `rollout_is_threshold` (default 2, veRL's,
+which the official VESPO code receives). Rejected tokens are removed from the mask the method sees and contribute 0.
 
 The public entry points are `compute_policy_loss` (scalar loss and 0-dim metric tensors) and `policy_loss_terms`
 (loss matrix, for engines that aggregate themselves). Both check their inputs with one fused test (one host
