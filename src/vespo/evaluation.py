@@ -196,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive_int, default=8192)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N problems of each")
     p.add_argument(
@@ -225,6 +226,8 @@ def cli(argv: list[str]) -> int:
         parser.error(f"--temperature must be a finite number > 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        parser.error(f"--top-k must be an integer >= 0 (0: off), got {args.top_k}")
     try:
         try:
             check_model_source(args.model)
@@ -246,7 +249,8 @@ def cli(argv: list[str]) -> int:
     model.to(device)
     if args.backend == "vllm":
         model = args.model  # vLLM loads the weights itself
-    gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+           "top_k": args.top_k}  # fmt: skip
     gen["use_vllm"] = args.backend == "vllm"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     samples = Path(args.out) / "samples.jsonl"

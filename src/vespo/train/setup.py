@@ -179,7 +179,12 @@ def completion_rows(tokenizer, rollout: Rollout, rewards: torch.Tensor, advantag
 
 def sampling_kwargs(cfg: TrainConfig) -> dict[str, float]:
     """The generation settings training and held-out evaluation share."""
-    return {"max_new_tokens": cfg.max_response_length, "temperature": cfg.temperature, "top_p": cfg.top_p}
+    return {
+        "max_new_tokens": cfg.max_response_length,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+    }
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -196,7 +201,8 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -> UpdateSettings:
     """The learner's settings from a run config; the loop says how many mini-batches one update takes."""
-    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "kl_coef", "entropy_coeff", "grad_clip")
+    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "top_p", "top_k", "kl_coef",
+              "entropy_coeff", "grad_clip")  # fmt: skip
     autocast = torch.bfloat16 if cfg.bf16 else torch.float16 if cfg.fp16 else None
     return UpdateSettings(
         autocast_dtype=autocast,
