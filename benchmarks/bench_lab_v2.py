@@ -61,7 +61,8 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
         f"# Lab v2, T = {length}: {seeds} seeds, 64 Adam steps (lr 0.005) of 64 sequences, groups of 8",
         "",
         f"Initial policy: E[R] = {start['initial_reward']:.3f} (fixed evaluation sample of "
-        f"{ChainSpec().eval_samples} responses, common random numbers), mean length {start['initial_length_mean']:.0f}, "
+        f"{ChainSpec().eval_samples} responses, common random numbers), "
+        f"mean length {start['initial_length_mean']:.0f}, "
         f"truncated {start['initial_truncated']:.2f}, token accuracy {start['initial_token_accuracy']:.3f}; "
         f"success threshold q = {start['threshold']:.3f}. Cells: mean ± 95% CI over seeds.",
         "",

@@ -9,12 +9,13 @@ across contexts, as a language model does:
 
 with a vocabulary of V tokens (id 0 = EOS), a rank-d bilinear term shared by every context, a Zipf-like bias b (so
 the initial distribution of wrong tokens is Zipf), and a position term g(t) on EOS (hat functions over [0, T]), so
-length is sampled, varies, and is learned. The correct token after `prev` is `answer[prev]` (a fixed random
-permutation): pushing a token down where it is wrong moves b and U, which it shares with the contexts where it is
+length is sampled, varies, and is learned. The correct token after `prev` is `answer[prev]` (a fixed random map
+to non-EOS tokens): pushing a token down where it is wrong moves b and U, which it shares with the contexts where it is
 right. A response is the tokens up to its first EOS; one with no EOS within T is truncated. Reward:
 R = 1[the response ended with EOS, has at least T/4 tokens, and a share >= q of them is correct], q set so that
 about a quarter of the initial policy's responses succeed. Length is a real trade-off: below q, shorter responses
-succeed more often (more variance), above it longer ones (less), and a truncated one fails. E[R] has no tractable closed form here (the count couples all positions), so it is
+succeed more often (more variance), above it longer ones (less), and a truncated one fails.
+E[R] has no tractable closed form here (the count couples all positions), so it is
 estimated on a fixed evaluation sample (`eval_samples` sequences, the same random numbers at every evaluation:
 common random numbers make differences across steps and methods low-variance; the standard error of one estimate is
 at most 0.5 / sqrt(eval_samples)).
@@ -295,7 +296,9 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
                     "log_w_min": log_w.min(),
                     "ess": effective_sample_size(log_w),
                     "grad_norm": grad_norm,
-                    "update_norm": torch.stack([(p.detach() - b).norm() for p, b in zip(params, before)]).norm(),
+                    "update_norm": torch.stack(
+                        [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
+                    ).norm(),
                     "top1_share": share.topk(max(1, math.ceil(0.01 * m))).values.sum(),
                     # Prop. 3.1 on this mini-batch (VESPO only; nan otherwise): mean phi^2 <= mean K phi W
                     "bound_holds": (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
