@@ -51,8 +51,8 @@ def test_verl_nested_and_dotted_yaml_keys(tmp_path):
     got = load_yaml(tmp_path / "verl.yaml")
     assert got == {
         "train_batch_size": 64, "max_response_length": 32, "ppo_mini_batch_size": 8,
-        "hparams": {"clip_ratio_high": 0.28}, "kl_coef": 0.0, "method": "vespo", "lr": 1e-6, "rollout_n": 4, "temperature": 0.9, "total_training_steps": 7,
-        "lora_r": 8, "use_peft": True, "seed": 3,
+        "hparams": {"clip_ratio_high": 0.28}, "kl_coef": 0.0, "method": "vespo", "lr": 1e-6, "rollout_n": 4,
+        "temperature": 0.9, "total_training_steps": 7, "lora_r": 8, "use_peft": True, "seed": 3,
     }  # fmt: skip
     (tmp_path / "bad.yaml").write_text("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 2\n")
     with pytest.raises(ConfigError, match="veRL key actor_rollout_ref.actor.ulysses_sequence_parallel_size"):
