@@ -161,26 +161,40 @@ def test_eval_size_picks_from_a_fixed_pool_and_never_moves_the_training_set(task
 
 
 def test_scratchpad_problems_and_free_length_solutions():
-    """Scratchpad = a chain problem whose steps are optional: the full solution is the chain's, demonstrations drawn
-    with `step_rng` write all steps or none, the length then ranges from 5 to 3k + 5 tokens, and every one grades 1."""
-    from vespo.embedded.task import SCRATCHPAD, chain_problems, chain_response_tokens, scratchpad_problems
+    """Free-length sums: the prompt is "sum a+b+...=", a full solution writes every running sum but the last before
+    the box, `keep` < 1 drops some (in order), every such solution grades 1 and a noisy one 0; the length bound holds."""
+    from vespo.embedded.task import SCRATCHPAD, scratchpad_problems, scratchpad_response_tokens
     from vespo.rewards import math_reward
 
-    problems = scratchpad_problems(40, seed=3, num_operands=6)
-    chains = chain_problems(40, seed=3, num_operands=6)
-    assert [p.prompt for p in problems] == [SCRATCHPAD + c.prompt for c in chains]
-    assert [p.answer for p in problems] == [c.answer for c in chains]
+    problems = scratchpad_problems(50, seed=3, num_operands=5, max_operand=9)
+    assert problems == scratchpad_problems(50, seed=3, num_operands=5, max_operand=9)
+    p = Problem("sum 6+6+0+4+8=", "24")
+    assert solution_text(p) == "12,12,16,\\boxed{24}"
+    assert solution_text(p, keep=0.0, step_rng=random.Random(0)) == "\\boxed{24}"
     tok = build_tokenizer()
+    assert len(tok(solution_text(p), add_special_tokens=False).input_ids) + 1 == scratchpad_response_tokens(5, 9)
     rng, lengths = random.Random(0), set()
-    for p, c in zip(problems, chains, strict=True):
-        assert solution_text(p) == solution_text(c)  # without step_rng: every step written
-        text = solution_text(p, step_rng=rng)
-        assert text in (solution_text(c), f"\\boxed{{{c.answer}}}")
-        assert math_reward([text], answer=[p.answer]) == [1.0]
-        lengths.add(len(tok(text, add_special_tokens=False).input_ids) + 1)
-    assert lengths == {5, chain_response_tokens(6)}
-    wrong = solution_text(problems[0], noisy_rng=random.Random(1), step_rng=random.Random(2))
-    assert math_reward([wrong], answer=[problems[0].answer]) == [0.0]
+    for q in problems:
+        assert q.prompt.startswith(SCRATCHPAD) and q.prompt.endswith("=")
+        xs = [int(x) for x in q.prompt.removeprefix(SCRATCHPAD).rstrip("=").split("+")]
+        assert len(xs) == 5 and q.answer == str(sum(xs))
+        text = solution_text(q, keep=0.5, step_rng=rng)
+        steps = [int(x) for x in text.split("\\boxed")[0].split(",") if x]
+        running = [sum(xs[: i + 1]) for i in range(1, 4)]
+        assert all(s in running for s in steps) and steps == sorted(steps)  # a subsequence of the running sums
+        assert math_reward([text], answer=[q.answer]) == [1.0]
+        lengths.add(len(steps))
+    assert {0, 3} < lengths  # none, some and all steps occur: the length is free
+    wrong = solution_text(p, noisy_rng=random.Random(1))
+    assert math_reward([wrong], answer=["24"]) == [0.0]
+
+
+def test_scratchpad_demonstrations_err_more_when_they_show_less_work():
+    from vespo.embedded.task import scratchpad_noise
+
+    assert [scratchpad_noise(0.5, k) for k in (0.0, 0.5, 1.0)] == [0.75, 0.5, 0.25]
+    assert sum(scratchpad_noise(0.4, k) for k in (0.0, 0.5, 1.0)) / 3 == pytest.approx(0.4)  # label_noise on average
+    assert scratchpad_noise(0.9, 0.0) == 1.0
 
 
 def test_embedded_split_scratchpad_is_fixed_and_disjoint():

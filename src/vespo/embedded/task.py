@@ -136,19 +136,30 @@ def chain_response_tokens(num_operands: int) -> int:
     return 3 * num_operands + 5
 
 
-SCRATCHPAD = "free "
-"""Prompt prefix of the scratchpad task (a chain problem whose written steps are optional)."""
+SCRATCHPAD = "sum "
+"""Prompt prefix of the scratchpad task (free-length sums: the running sums are optional)."""
 
 
-def scratchpad_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
-    """`count` chain problems whose steps are optional, prompt "free 8 steps: =2 =9 =1 ": the response may write the
-    chain's steps before the boxed digit (`chain_problems`) or answer at once. Written out, every step is a copy and
-    a one-digit addition a tiny model can do; answered at once, the digit after `num_operands` steps of the
-    recurrence is out of a tiny model's reach (about chance, 1 in 10). So length is what RL changes.
-    Deterministic in `seed`."""
-    return [
-        Problem(SCRATCHPAD + p.prompt, p.answer) for p in chain_problems(count, seed=seed, num_operands=num_operands)
-    ]
+def scratchpad_problems(count: int, *, seed: int, num_operands: int, max_operand: int) -> list[Problem]:
+    """`count` free-length sums, prompt "sum 3+8+5+1+9=": the response may write running sums before the boxed
+    answer, or not. Deterministic in `seed`. The warm start's demonstrations that show less work are wrong more often
+    (`scratchpad_noise`), so writing the sums pays and the response length is what RL changes."""
+    problems = arithmetic_problems(count, seed=seed, num_operands=num_operands, max_operand=max_operand)
+    return [Problem(SCRATCHPAD + p.prompt, p.answer) for p in problems]
+
+
+def scratchpad_noise(label_noise: float, keep: float) -> float:
+    """Share of wrong boxed answers among scratchpad demonstrations that keep a share `keep` of the running sums:
+    1.5 - keep times `label_noise` (0.75 / 0.5 / 0.25 at label_noise 0.5 for none / half / all of them), the stand-in
+    for a teacher that errs more when it does not show its work; the average over keep in {0, 1/2, 1} is label_noise."""
+    return min(1.0, label_noise * (1.5 - keep))
+
+
+def scratchpad_response_tokens(num_operands: int, max_operand: int) -> int:
+    """Most tokens of a scratchpad solution: every running sum but the last with its comma, `\\boxed{`, the answer,
+    `}` and <eos>."""
+    width = len(str(num_operands * max_operand))
+    return (num_operands - 2) * (width + 1) + width + 4
 
 
 def embedded_split(
@@ -169,7 +180,8 @@ def embedded_split(
     if task == "chain":
         draw = lambda count, seed: chain_problems(count, seed=seed, num_operands=num_operands)  # noqa: E731
     elif task == "scratchpad":
-        draw = lambda count, seed: scratchpad_problems(count, seed=seed, num_operands=num_operands)  # noqa: E731
+        shape = {"num_operands": num_operands, "max_operand": max_operand}
+        draw = lambda count, seed: scratchpad_problems(count, seed=seed, **shape)  # noqa: E731
     else:
         raise ValueError(f"task must be 'arithmetic', 'chain' or 'scratchpad', got {task!r}")
     held_out = draw(pool, 1)
@@ -189,32 +201,38 @@ def held_out_pool(task: str, *, num_operands: int, max_operand: int) -> int:
 
 
 def solution_text(
-    problem: Problem, *, noisy_rng: random.Random | None = None, step_rng: random.Random | None = None
+    problem: Problem,
+    *,
+    noisy_rng: random.Random | None = None,
+    keep: float = 1.0,
+    step_rng: random.Random | None = None,
 ) -> str:
     """The SFT target: running partial sums, then the boxed answer ("3+8+5=" -> "11,16 \\boxed{16}"; a chain problem
-    "20 steps: =2 =9 =1 " -> "23 92 13 ... \\boxed{d}", `chain_problems`).
+    "20 steps: =2 =9 =1 " -> "23 92 13 ... \\boxed{d}", `chain_problems`; a scratchpad problem "sum 6+6+0+4+8=" ->
+    "12,12,16,\\boxed{24}").
 
     With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3; never negative, mod 10 for chains).
-    A scratchpad problem writes its chain's steps, or with `step_rng` writes them in half the demonstrations and
-    only the boxed digit in the other half, so the warm start leaves the length to RL.
+    A scratchpad solution keeps each running sum with probability `keep` (drawn from `step_rng`; all of them
+    without one), so demonstrations write all, some or none of them.
     """
     if _STEPS in problem.prompt:
-        steps, seeds = problem.prompt.removeprefix(SCRATCHPAD).split(_STEPS)
+        steps, seeds = problem.prompt.split(_STEPS)
         xs = chain_sequence([int(x) for x in seeds.replace("=", "").split()], int(steps))
         answer = xs[-1]
         if noisy_rng is not None:
             answer = (answer + noisy_rng.choice((-3, -2, -1, 1, 2, 3))) % 10
-        work = "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs)))
-        if problem.prompt.startswith(SCRATCHPAD) and step_rng is not None and step_rng.random() < 0.5:
-            work = ""
-        return work + f"{BOXED}{{{answer}}}"
-    xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
+        return "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs))) + f"{BOXED}{{{answer}}}"
+    scratch = problem.prompt.startswith(SCRATCHPAD)
+    xs = [int(x) for x in problem.prompt.removeprefix(SCRATCHPAD).rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
     answer = int(problem.answer)
     if noisy_rng is not None:
         offset = noisy_rng.randint(1, 3)
         answer = answer + offset if answer < offset or noisy_rng.random() < 0.5 else answer - offset
-    return ",".join(map(str, partial)) + f" {BOXED}{{{answer}}}"
+    if not scratch:
+        return ",".join(map(str, partial)) + f" {BOXED}{{{answer}}}"
+    steps = [x for x in partial[:-1] if step_rng is None or step_rng.random() < keep]
+    return "".join(f"{x}," for x in steps) + f"{BOXED}{{{answer}}}"
 
 
 def arithmetic_split(*, num_operands: int, max_operand: int, eval_size: int) -> tuple[list[Problem], list[Problem]]:

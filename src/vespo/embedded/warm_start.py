@@ -15,7 +15,15 @@ from pathlib import Path
 import torch
 import transformers
 
-from vespo.embedded.task import Problem, build_tiny_model, build_tokenizer, embedded_split, solution_text
+from vespo.embedded.task import (
+    SCRATCHPAD,
+    Problem,
+    build_tiny_model,
+    build_tokenizer,
+    embedded_split,
+    scratchpad_noise,
+    solution_text,
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class WarmStartSpec:
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
-SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 3000}
+SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 1500}
 """Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
 
 
@@ -59,8 +67,8 @@ def sft_cache_key(cfg: WarmStartSpec) -> str:
         "sft_label_noise",
     )
     # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2);
-    # scratchpad format 2 = the chain with optional steps (1 was free-length sums)
-    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": {"chain": 3, "scratchpad": 2}[cfg.task]}
+    # scratchpad format 3 = free-length sums whose demonstrations err more when they show less work
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 3}
     fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": sft_steps_of(cfg)}
     blob = json.dumps(fields | task | {"v": 2}, sort_keys=True)  # v2: training set apart from eval_size
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -135,7 +143,14 @@ def sft_warm_start(
     for _ in range(steps):
         batch = rng.choices(problems, k=batch_size)
         prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
-        texts = [solution_text(p, noisy_rng=rng if rng.random() < label_noise else None, step_rng=rng) for p in batch]
+        texts = []
+        for p in batch:
+            if p.prompt.startswith(SCRATCHPAD):  # all, half or none of the running sums; less work, more errors
+                keep = rng.choice((0.0, 0.5, 1.0))
+                noisy = rng.random() < scratchpad_noise(label_noise, keep)
+                texts.append(solution_text(p, noisy_rng=rng if noisy else None, keep=keep, step_rng=rng))
+            else:
+                texts.append(solution_text(p, noisy_rng=rng if rng.random() < label_noise else None))
         target_ids = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
         width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
         ids = torch.full((batch_size, width), tokenizer.pad_token_id)

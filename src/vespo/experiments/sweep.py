@@ -96,8 +96,8 @@ class SweepConfig:
     """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     task: tuple[str, ...] = ("arithmetic",)
     """Embedded tasks (a grid axis when several are given: rows `method@<task>`): arithmetic (~11-token answers) |
-    chain (`chain_operands` steps of a running sum mod 10, written out) | scratchpad (the chain with its steps
-    optional: the response length is learned)."""
+    chain (`chain_operands` steps of a running sum mod 10, written out) | scratchpad (free-length sums, set the
+    shape with `--extra num_operands 5 max_response_length 16`)."""
     chain_operands: int = 20
     """Chain task: steps per problem; responses are 3 * chain_operands + 5 tokens (20 -> 65, 84 -> 257)."""
     eval_points: int = 4
@@ -193,7 +193,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
         "cache-dir": cfg.cache_dir,
     }
-    if cell.task in ("chain", "scratchpad"):
+    if cell.task == "chain":
         flags |= {"num-operands": cfg.chain_operands, "max-response-length": chain_response_tokens(cfg.chain_operands)}
     flags |= {k.replace("_", "-"): v for k, v in (cell.settings | cfg.extra).items()}
     argv = ["--no-progress"]

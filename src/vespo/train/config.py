@@ -192,7 +192,8 @@ class TrainConfig:
     task: Literal["arithmetic", "chain", "scratchpad"] = "arithmetic"
     """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (num_operands steps of a
     lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens) | scratchpad
-    (the chain with its steps optional: 5 to 3 * num_operands + 5 tokens, the length is learned)."""
+    (free-length sums: running sums optional, the length is learned; needs max_response_length >= the full
+    solution, e.g. 18 at num_operands 6)."""
     num_operands: int = 3
     """Embedded task: numbers per sum (chain: steps, the response-length knob, e.g. 20 -> 65 tokens, 84 -> 257)."""
     max_operand: int = 9
@@ -448,13 +449,22 @@ def check_dataset(name: str, value: str | None) -> None:
 
 
 def _validate_task(cfg: TrainConfig) -> None:
-    if cfg.task in ("chain", "scratchpad") and cfg.dataset == EMBEDDED:
+    if cfg.task == "scratchpad" and cfg.dataset == EMBEDDED:
+        from vespo.embedded.task import scratchpad_response_tokens
+
+        need = scratchpad_response_tokens(cfg.num_operands, cfg.max_operand)
+        if cfg.max_response_length < need:
+            raise ConfigError(
+                f"task=scratchpad with num_operands={cfg.num_operands}, max_operand={cfg.max_operand} needs "
+                f"max_response_length >= {need} (every running sum written out), got {cfg.max_response_length}"
+            )
+    if cfg.task == "chain" and cfg.dataset == EMBEDDED:
         from vespo.embedded.task import chain_response_tokens
 
         need = chain_response_tokens(cfg.num_operands)
         if cfg.num_operands < 2 or cfg.max_response_length < need:
             raise ConfigError(
-                f"task={cfg.task} with num_operands={cfg.num_operands} needs num_operands >= 2 and "
+                f"task=chain with num_operands={cfg.num_operands} needs num_operands >= 2 and "
                 f"max_response_length >= {need} (3 * num_operands + 5), got {cfg.max_response_length}"
             )
 
