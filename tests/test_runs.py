@@ -144,3 +144,10 @@ def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
 def test_saved_config_is_yaml_of_the_config(tmp_path):
     cfg = _saved_run(tmp_path)
     assert (tmp_path / "run" / "config.yaml").read_text() == to_yaml(cfg)
+
+
+def test_checkpoint_of_another_model_is_one_clear_error_on_restore(tmp_path):
+    _saved_run(tmp_path)  # weights of a Linear(3, 2)
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ConfigError, match=r"does not fit the model: weight has shape \[2, 3\], the model \[2, 4\]"):
+        restore(load_checkpoint(tmp_path / "run"), model, torch.optim.AdamW(model.parameters()), torch.Generator())

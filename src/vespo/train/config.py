@@ -277,7 +277,7 @@ def check_types(cfg: TrainConfig) -> None:
     for name, hint in _HINTS.items():
         value = getattr(cfg, name)
         if not _conforms(value, hint):
-            raise ConfigError(f"{name} must be {_describe(hint)}, got {value!r}")
+            raise ConfigError(f"{name} must be {_describe(hint)}, got {_short(value)}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -334,15 +334,21 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 }
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
-    wrong; everything here is checked before any model or dataset is loaded."""
+def check_values(cfg: TrainConfig) -> None:
+    """Types and numeric ranges of every field (no registry, file or import look-ups): also applied to a saved
+    config.yaml on --resume."""
     check_types(cfg)
     for name, (lo, hi, open_lo, open_hi) in _RANGES.items():
         if getattr(cfg, name) is not None:
             _check_range(name, getattr(cfg, name), lo, hi, open_lo=open_lo, open_hi=open_hi)
     for i, beta in enumerate(cfg.betas):
         _check_range(f"betas[{i}]", beta, 0, 1, open_hi=True)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
+    wrong; everything here is checked before any model or dataset is loaded."""
+    check_values(cfg)
     if cfg.rollout_n < 2:
         raise ConfigError(
             f"rollout_n must be >= 2, got {cfg.rollout_n}: advantages are relative to the group of responses to one "
@@ -435,35 +441,73 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 
 _YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # PyYAML reads `1e-3` (no dot) as a string
+_YAML_MAX_BYTES = 1 << 20  # a config is a few KB; a larger file (or /dev/zero) is refused before parsing
 
 
-def load_yaml(path: str | Path) -> dict:
-    """Read a YAML config: keys must be TrainConfig fields and values of the field's type (ConfigError otherwise)."""
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, label: str) -> object:
+    """Parse a YAML file: UTF-8, at most 1 MiB, no duplicate keys; any problem is a one-line ConfigError starting
+    with `label` and the path (and line, for syntax errors)."""
     try:
-        text = Path(path).read_text()
+        with open(Path(path).expanduser(), "rb") as f:
+            raw = f.read(_YAML_MAX_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path} ({exc.strerror or exc})") from None
+        raise ConfigError(f"{label}: cannot read {path} ({exc.strerror or exc})") from None
+    if len(raw) > _YAML_MAX_BYTES:
+        raise ConfigError(f"{label} {path}: larger than {_YAML_MAX_BYTES >> 20} MiB; not a config file")
     try:
-        data = yaml.safe_load(text) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label} {path}: not UTF-8 text (byte {raw[exc.start]:#x} at offset {exc.start})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        where = f" line {mark.line + 1}:" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"--config {path}:{where}: YAML syntax error: {problem}") from None
+        raise ConfigError(f"{label} {path}:{where} YAML syntax error: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{label} {path}: nested too deeply; a config is a flat mapping of fields") from None
+
+
+def load_yaml(path: str | Path, label: str = "--config") -> dict:
+    """Read a YAML config: keys must be TrainConfig fields and values of the field's type (ConfigError otherwise).
+    Lists become tuples, so the result can be passed to TrainConfig as is."""
+    data = read_yaml(path, label)
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
+        raise ConfigError(f"{label} {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
     unknown = sorted(set(data) - set(_HINTS), key=str)
     if unknown:
-        raise ConfigError(f"--config {path}: unknown config key(s) {unknown}")
+        raise ConfigError(f"{label} {path}: unknown config key(s) {unknown}")
     for name, value in data.items():
         hint = _HINTS[name]
         if isinstance(value, str) and _YAML_FLOAT.match(value) and _conforms(1.0, hint):
             value = data[name] = float(value)
         if not _conforms(value, hint):
-            raise ConfigError(f"--config {path}: {name} must be {_describe(hint)}, got {value!r}")
+            raise ConfigError(f"{label} {path}: {name} must be {_describe(hint)}, got {_short(value)}")
         if isinstance(value, list):
             data[name] = tuple(value)
     return data
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """repr of a user value, cut to `limit` characters so an error message stays one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_args(argv: list[str]) -> TrainConfig:

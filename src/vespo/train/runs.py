@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
-from vespo.train.config import ConfigError, TrainConfig, to_yaml
+from vespo.train.config import ConfigError, TrainConfig, check_values, load_yaml, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
@@ -76,7 +75,8 @@ _CKPT_KEYS = ("step", "model", "optimizer", "rng")
 
 
 def load_checkpoint(run_dir: str | Path) -> dict:
-    """The run's last checkpoint, loaded with ``weights_only=True`` (a crafted pickle cannot run code).
+    """The run's last checkpoint, loaded with ``weights_only=True`` (a crafted pickle cannot run code) and checked
+    field by field (`check_checkpoint`), so a damaged one is refused before the model loads.
 
     Raises ConfigError naming the file when it is missing, truncated, not a torch file, or not a vespo checkpoint.
     """
@@ -90,7 +90,56 @@ def load_checkpoint(run_dir: str | Path) -> dict:
         raise ConfigError(f"resume: cannot load checkpoint {path}: {first}") from None
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in _CKPT_KEYS):
         raise ConfigError(f"resume: {path} is not a vespo checkpoint (needs keys {list(_CKPT_KEYS)})")
+    problem = check_checkpoint(ckpt)
+    if problem:
+        raise ConfigError(f"resume: {path} is damaged: {problem}")
     return ckpt
+
+
+def _is_index(value: object, lo: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lo
+
+
+def check_checkpoint(ckpt: dict) -> str | None:
+    """What is wrong with a loaded checkpoint's fields (None: nothing): step, the weights and optimizer containers,
+    every RNG state (each tried on a throwaway generator, never on the global streams) and the async batch id.
+    Shapes against the model are checked when it is restored (`restore`)."""
+    if not _is_index(ckpt["step"], 1):
+        return f"step must be an integer >= 1, got {ckpt['step']!r:.60}"
+    model = ckpt["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()):
+        return "model must be a mapping of parameter names to tensors"
+    opt = ckpt["optimizer"]
+    groups, state = (opt.get("param_groups"), opt.get("state")) if isinstance(opt, dict) else (None, None)
+    if not (
+        isinstance(groups, list)
+        and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+        and isinstance(state, dict)
+        and all(isinstance(v, dict) for v in state.values())
+    ):
+        return "optimizer must be a torch optimizer state ({'state': {...}, 'param_groups': [...]})"
+    rng = ckpt["rng"]
+    if not isinstance(rng, dict) or any(k not in rng for k in ("torch", "python", "numpy", "sampler")):
+        return "rng must be a mapping with torch, python, numpy and sampler states"
+    for name in ("torch", "sampler"):
+        try:
+            torch.Generator().set_state(rng[name])
+        except (RuntimeError, TypeError, ValueError):
+            return f"rng.{name} is not a torch CPU generator state"
+    try:
+        random.Random().setstate(rng["python"])
+    except (TypeError, ValueError, OverflowError):
+        return "rng.python is not a Python random state"
+    n = rng["numpy"]
+    try:
+        np.random.RandomState().set_state(
+            (n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, OverflowError):
+        return "rng.numpy is not a NumPy random state"
+    if "async" in ckpt and not (isinstance(ckpt["async"], dict) and _is_index(ckpt["async"].get("next_batch"))):
+        return "async.next_batch must be an integer >= 0"
+    return None
 
 
 RESUME_ALWAYS_OK = (
@@ -121,10 +170,7 @@ def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
     if bad:
         raise ConfigError(f"allow_change: {bad} cannot be changed on resume; only {list(RESUME_OVERRIDABLE)} can")
     now = dataclasses.asdict(cfg)
-    now["betas"], now["allow_change"] = list(cfg.betas), list(cfg.allow_change)
-    saved = dict(saved)
-    if "betas" in saved:
-        saved["betas"] = list(saved["betas"])
+    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
     diff = [k for k in now if k not in RESUME_ALWAYS_OK and k in saved and now[k] != saved[k]]
     blocked = [k for k in diff if k not in RESUME_OVERRIDABLE]
     if blocked:
@@ -161,13 +207,14 @@ def check_run(cfg: TrainConfig) -> dict | None:
         raise ConfigError(f"run_dir {run_dir} is not writable")
     if not existing.is_file():
         raise ConfigError(f"resume: {existing} is missing, so the run's config cannot be checked")
+    saved = load_yaml(existing, label="resume:")
     try:
-        saved = yaml.safe_load(existing.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"resume: {existing} is not valid YAML ({exc})") from None
-    if not isinstance(saved, dict):
-        raise ConfigError(f"resume: {existing} is not a config mapping")
-    check_resume(cfg, saved, int(ckpt["step"]))
+        check_values(TrainConfig(**saved))
+    except ConfigError as exc:
+        raise ConfigError(f"resume: {existing}: {exc}") from None
+    if cfg.mode == "async" and "async" not in ckpt:
+        raise ConfigError(f"resume: {run_dir / CHECKPOINT} has no async state (it was not saved by an async run)")
+    check_resume(cfg, saved, ckpt["step"])
     return ckpt
 
 
@@ -180,11 +227,23 @@ def start_run(cfg: TrainConfig) -> Path:
 
 
 def restore(ckpt: dict, model, optimizer, gen: torch.Generator) -> int:
-    """Load a checkpoint's weights, optimizer and RNG states in place; return its step."""
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    """Load a checkpoint's weights, optimizer and RNG states in place; return its step. A checkpoint whose tensors
+    do not fit the model (another model or geometry) is a ConfigError naming the first mismatch."""
+    want, got = model.state_dict(), ckpt["model"]
+    problem = next((f"{k} is missing" for k in want if k not in got), None)
+    problem = problem or next((f"{k} is not a parameter of the model" for k in got if k not in want), None)
+    shapes = ((k, list(got[k].shape), list(v.shape)) for k, v in want.items())
+    problem = problem or next((f"{k} has shape {a}, the model {b}" for k, a, b in shapes if a != b), None)
+    if problem:
+        raise ConfigError(f"resume: the checkpoint does not fit the model: {problem}")
+    try:
+        model.load_state_dict(got)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        first = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"resume: the checkpoint does not fit the model: {first}") from None
     set_rng_state(ckpt["rng"], gen)
-    return int(ckpt["step"])
+    return ckpt["step"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
