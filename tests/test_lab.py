@@ -150,7 +150,7 @@ def test_adam_gives_back_the_step_size_vespo_takes_away():
 
 def test_cli_rejects_bad_input_in_one_line(capsys):
     assert cli(["--methods", "nope"]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
+    out = capsys.readouterr().err.strip().splitlines()
     assert len(out) == 1 and "methods" in out[0] and "vespo" in out[0]
     assert cli(["--staleness", "3", "--optimizer-steps", "128"]) == 2
-    assert "staleness" in capsys.readouterr().out
+    assert "staleness" in capsys.readouterr().err

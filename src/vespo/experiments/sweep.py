@@ -28,7 +28,7 @@ from vespo.embedded.task import chain_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
-from vespo.train.config import TrainConfig, parse_args
+from vespo.train.config import TrainConfig, check_output_dir, parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
 
 Variant = tuple[str, dict, dict]
@@ -142,6 +142,21 @@ def variants(cfg: SweepConfig) -> dict[str, Variant]:
 
 def cells(cfg: SweepConfig) -> list[Cell]:
     """All grid cells, validated (each cell's TrainConfig is resolved) before anything runs."""
+    check_output_dir("out_dir", cfg.out_dir)
+    axes = ("staleness", "seeds", "lr", "task") + (("methods",) if cfg.preset is None else ())
+    for name in axes:  # grid axes: at least one value, none twice (two cells would share one run dir)
+        values = getattr(cfg, name)
+        if not values or len(set(values)) != len(values):
+            raise ValueError(f"{name} must be one or more distinct values, got {list(values)}")
+    for name, ok, accepted in (
+        ("optimizer_steps", cfg.optimizer_steps >= 1, "an integer >= 1"),
+        ("min_rollout_steps", cfg.min_rollout_steps >= 1, "an integer >= 1"),
+        ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
+        ("jobs", cfg.jobs >= 1, "an integer >= 1"),
+        ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
+    ):
+        if not ok:
+            raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
     bad = [n for n in cfg.staleness if n < 1 or _optimizer_steps(cfg, n) % n]
     if bad:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
@@ -457,7 +472,7 @@ def cli(argv: list[str]) -> int:
     try:
         cells(cfg)
     except ValueError as exc:
-        print(f"vespo sweep: error: {exc}")
+        print(f"vespo sweep: error: {exc}", file=sys.stderr)
         return 2
     sweep(cfg)
     print((Path(cfg.out_dir) / "results.md").read_text())

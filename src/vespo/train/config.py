@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
 import re
 import types
 import typing
@@ -371,6 +372,8 @@ def validate(cfg: TrainConfig) -> None:
         )
     _validate_task(cfg)
     _validate_async(cfg)
+    for name in ("run_dir", "cache_dir"):
+        check_output_dir(name, getattr(cfg, name))
     check_model(cfg.model)
     for name in ("dataset", "eval_dataset"):
         check_dataset(name, getattr(cfg, name))
@@ -378,6 +381,20 @@ def validate(cfg: TrainConfig) -> None:
         load_reward_fn(cfg.reward_fn)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_output_dir(name: str, value: str) -> Path:
+    """`value` names a directory this command may create or write in: not empty, not a file, and its nearest existing
+    ancestor a writable directory (ConfigError naming `name` otherwise). Nothing is created."""
+    if not value.strip():
+        raise ConfigError(f"{name} must be a directory path, got an empty string")
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name} {path} is a file, not a directory")
+    parent = next(p for p in (path, *path.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} {path} is not writable ({parent} is not a writable directory)")
+    return path
 
 
 def check_model(value: str) -> None:

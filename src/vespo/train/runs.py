@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vespo.train.config import ConfigError, TrainConfig, check_values, load_yaml, to_yaml
+from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, load_yaml, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
@@ -193,14 +193,11 @@ def check_run(cfg: TrainConfig) -> dict | None:
     """Everything about `cfg.run_dir` that can fail, checked before any compute and without writing anything:
     the directory is writable, a fresh run does not reuse a run dir, and a resume has a loadable checkpoint and the
     same config as the saved run. Returns the checkpoint to resume from (None for a fresh run)."""
-    run_dir = Path(cfg.run_dir).expanduser()
+    run_dir = check_output_dir("run_dir", cfg.run_dir)
     existing = run_dir / "config.yaml"
     if not cfg.resume:
         if existing.exists() or (run_dir / CHECKPOINT).exists():
             raise ConfigError(f"run_dir {run_dir} already holds a run; pass --resume to continue it or choose another")
-        parent = next(p for p in (run_dir, *run_dir.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"run_dir {run_dir} is not writable ({parent} is not a writable directory)")
         return None
     ckpt = load_checkpoint(run_dir)
     if not os.access(run_dir, os.W_OK | os.X_OK):
