@@ -53,6 +53,21 @@ _TINY = ["--total-training-steps", "1", "--no-progress", "--no-tensorboard"]
 _OK = json.dumps({"prompt": "1+1=", "answer": "2"})
 _CODE = json.dumps({"prompt": "p", "tests": [{"assert": "1"}]})
 _SAVED = "{root}/saved"
+_CODE_REWARD = ["--reward-fn", "vespo.rewards:code_reward"]
+_BAD_TESTS = {  # a code record's `tests` that no grader can run: refused when the data loads, before the model
+    "no_output": [{"input": "1"}],
+    "assert_not_str": [{"assert": 5}],
+    "setup_not_str": [{"assert": "assert f()", "setup": ["x"]}],
+    "entry_not_identifier": [{"assert": "assert f()", "entry_point": "f; import os"}],
+    "fn_name_list": [{"fn_name": ["f"], "input": [1], "output": 1}],
+    "fn_name_not_identifier": [{"fn_name": "a b", "input": [1], "output": 1}],
+    "fn_names_differ": [{"fn_name": "f", "input": [1], "output": 1}, {"fn_name": "g", "input": [1], "output": 1}],
+    "call_input_not_json": [{"fn_name": "f", "input": "1\n{oops", "output": 1}],
+    "call_output_not_json": [{"fn_name": "f", "input": [1], "output": "{oops"}],
+    "mixed_modes": [{"assert": "assert f()"}, {"input": "1", "output": "2"}],
+    "empty": [],
+    "not_a_list": "{oops",
+}
 
 # (id, argv with {root} for the case files made by `_make_files`, text the message must contain)
 _TRAIN = [
@@ -138,6 +153,10 @@ _TRAIN = [
     ("bool answer", ["--dataset", "{root}/bool.jsonl"], "bool.jsonl:1: 'answer' must be"),
     ("empty prompt", ["--dataset", "{root}/prompt.jsonl"], "prompt.jsonl:1: 'prompt' must be"),
     ("code data with math reward", ["--dataset", "{root}/code.jsonl"], "reward_fn vespo.rewards:math_reward"),
+    *[
+        (f"code tests {name}", ["--dataset", f"{{root}}/tests_{name}.jsonl", *_CODE_REWARD], f"tests_{name}.jsonl:2: ")
+        for name in _BAD_TESTS
+    ],
 ]
 _EVAL = [
     ("eval limit -1", ["--model", "{root}/model", "--limit", "-1"], "--limit"),
@@ -193,6 +212,9 @@ def _make_files(root) -> None:
     }
     for name, text in files.items():
         (root / name).write_text(text)
+    good_code = json.dumps({"prompt": "p", "tests": [{"input": "1", "output": "1"}]})
+    for name, tests in _BAD_TESTS.items():
+        (root / f"tests_{name}.jsonl").write_text(f"{good_code}\n" + json.dumps({"prompt": "p", "tests": tests}) + "\n")
     (root / "latin1.yaml").write_bytes("method: vespo\n# caf\u00e9\n".encode("latin-1"))
     (root / "notamodel").mkdir()
     (root / "model").mkdir()
