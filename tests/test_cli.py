@@ -105,3 +105,21 @@ def test_bad_grid_and_path_is_one_line_naming_the_field_and_nothing_is_created(
     lines = err.strip().splitlines()
     assert not out and len(lines) == 1 and f"error: {field}" in lines[0], err
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "afile").read_text() == "keep"
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsys, monkeypatch, checkpointed):
+    import vespo.train.launch
+    from vespo.train.runs import CHECKPOINT
+
+    def interrupted(cfg):
+        if checkpointed:
+            (tmp_path / "run" / CHECKPOINT).parent.mkdir(parents=True)
+            (tmp_path / "run" / CHECKPOINT).write_bytes(b"x")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vespo.train.launch, "train", interrupted)
+    assert main(["train", "--run-dir", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert ("--resume continues" in err) == checkpointed, err
+    assert checkpointed or "no checkpoint was saved yet" in err

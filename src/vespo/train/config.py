@@ -180,8 +180,13 @@ class TrainConfig:
     # --- run management
     seed: int = 0
     """Seed of prompt order, sampling and anything else random in RL."""
-    run_dir: str = "runs/vespo"
-    """Output directory: config.yaml, metrics.jsonl, TensorBoard events, plots, checkpoints."""
+    run_dir: str | None = None
+    """Output directory: config.yaml, metrics.jsonl, TensorBoard events, plots, checkpoints; None = runs/<method>.
+    A directory left by a run that stopped before its first checkpoint is reused (the new run says so)."""
+    overwrite_output_dir: bool = False
+    """Replace the run already in run_dir (TRL's name): its config, metrics, events, checkpoints and final model are
+    deleted when the new run starts; other files in run_dir are kept. Without it, a run dir with a checkpoint is
+    refused (continue it with --resume, or choose another run_dir)."""
     cache_dir: str = "~/.cache/vespo"
     """Where warm-started embedded models are cached."""
     resume: bool = False
@@ -221,6 +226,8 @@ _HINTS = typing.get_type_hints(TrainConfig, include_extras=False)
 def resolve(cfg: TrainConfig) -> TrainConfig:
     """Apply the `staleness` shortcut, then `validate`."""
     check_types(cfg)
+    if cfg.run_dir is None:
+        cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
     if cfg.staleness is not None:
         _check_range("staleness", cfg.staleness, 1, None)
         cfg = dataclasses.replace(cfg, train_batch_size=cfg.staleness * cfg.ppo_mini_batch_size, staleness=None)
@@ -373,7 +380,10 @@ def validate(cfg: TrainConfig) -> None:
     _validate_task(cfg)
     _validate_async(cfg)
     for name in ("run_dir", "cache_dir"):
-        check_output_dir(name, getattr(cfg, name))
+        if getattr(cfg, name) is not None:  # run_dir None is filled in by `resolve`
+            check_output_dir(name, getattr(cfg, name))
+    if cfg.resume and cfg.overwrite_output_dir:
+        raise ConfigError("resume and overwrite_output_dir exclude each other: continue the run, or replace it")
     check_model(cfg.model)
     for name in ("dataset", "eval_dataset"):
         check_dataset(name, getattr(cfg, name))

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import random
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,9 @@ from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb", "checkpoints", "final", "reward.png", "async_summary.json")
+"""Everything a run writes in its run dir: what replacing a run (a dead one, or with --overwrite-output-dir)
+deletes. Any other file in the run dir is left alone."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -158,6 +162,7 @@ RESUME_ALWAYS_OK = (
     "stop_on_low_ess",
     "run_dir",
     "cache_dir",
+    "overwrite_output_dir",
 )
 """Fields that may differ on --resume: bookkeeping that does not change a trained number."""
 RESUME_OVERRIDABLE = ("total_training_steps",)
@@ -191,13 +196,21 @@ def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
 
 def check_run(cfg: TrainConfig) -> dict | None:
     """Everything about `cfg.run_dir` that can fail, checked before any compute and without writing anything:
-    the directory is writable, a fresh run does not reuse a run dir, and a resume has a loadable checkpoint and the
-    same config as the saved run. Returns the checkpoint to resume from (None for a fresh run)."""
+    the directory is writable, a fresh run does not replace a run with a checkpoint unless `overwrite_output_dir`
+    (a run that left no checkpoint is replaced), and a resume has a loadable checkpoint and the same config as the
+    saved run. Returns the checkpoint to resume from (None for a fresh run)."""
     run_dir = check_output_dir("run_dir", cfg.run_dir)
     existing = run_dir / "config.yaml"
     if not cfg.resume:
-        if existing.exists() or (run_dir / CHECKPOINT).exists():
-            raise ConfigError(f"run_dir {run_dir} already holds a run; pass --resume to continue it or choose another")
+        if existing.exists() and not _is_run_config(existing):
+            raise ConfigError(
+                f"run_dir {run_dir} holds a config.yaml that is not a vespo run's; choose another run_dir"
+            )
+        if (run_dir / CHECKPOINT).exists() and not cfg.overwrite_output_dir:
+            raise ConfigError(
+                f"run_dir {run_dir} already holds a run with a checkpoint; pass --resume to continue it, "
+                "--overwrite-output-dir to replace it, or choose another run_dir"
+            )
         return None
     ckpt = load_checkpoint(run_dir)
     if not os.access(run_dir, os.W_OK | os.X_OK):
@@ -215,9 +228,27 @@ def check_run(cfg: TrainConfig) -> dict | None:
     return ckpt
 
 
+def _is_run_config(path: Path) -> bool:
+    """Whether `path` is a config.yaml written by a vespo run (a mapping of TrainConfig fields with run_dir)."""
+    try:
+        saved = load_yaml(path)
+    except ConfigError:
+        return False
+    return {"method", "run_dir"} <= set(saved)
+
+
 def start_run(cfg: TrainConfig) -> Path:
-    """Create the run dir and write config.yaml (after `check_run`, once the inputs have loaded)."""
+    """Create the run dir and write config.yaml (after `check_run`, once the inputs have loaded). A fresh run in a
+    dir that holds a run (one that stopped before its first checkpoint, or any with `overwrite_output_dir`) first
+    deletes that run's outputs (`RUN_OUTPUTS`), saying so on stderr."""
     run_dir = Path(cfg.run_dir).expanduser()
+    old = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not cfg.resume and old:
+        why = "replacing the run there" if (run_dir / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
+        names = ", ".join(p.name for p in old)
+        print(f"vespo train: run_dir {run_dir}: {why} (deleting its {names})", file=sys.stderr)
+        for path in old:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     return run_dir
