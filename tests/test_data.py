@@ -108,6 +108,9 @@ def test_benchmark_table_matches_the_paper():
         "humaneval+": ("code", 10, "pass"),
         "mbpp+": ("code", 10, "pass"),
         "livecodebench": ("code", 10, "pass"),
+        "champ": ("math", 4, "avg"),
+        "gsm8k-symbolic": ("math", 4, "avg"),
+        "humaneval": ("code", 10, "pass"),
     }
     assert data.resolve_benchmark("amc23", k=2).k == 2
     with pytest.raises(ValueError, match="unknown benchmark"):

@@ -6,7 +6,15 @@ import pytest
 import torch
 import transformers
 
-from vespo.embedded.task import arithmetic_problems, arithmetic_split, build_tiny_model, build_tokenizer, solution_text
+from vespo.embedded.task import (
+    Problem,
+    arithmetic_problems,
+    arithmetic_split,
+    build_tiny_model,
+    build_tokenizer,
+    embedded_split,
+    solution_text,
+)
 
 
 def test_tokenizer_encodes_characters_and_boxed_as_one_token():
@@ -131,8 +139,55 @@ def test_embedded_split_chain_is_fixed_and_disjoint():
     train, held = embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
     assert (train, held) == embedded_split("chain", num_operands=3, max_operand=9, eval_size=50)
     assert len(held) == 50 and not {p.prompt for p in train} & {p.prompt for p in held}
-    assert embedded_split("arithmetic", num_operands=2, max_operand=9, eval_size=5) == arithmetic_split(
-        num_operands=2, max_operand=9, eval_size=5
-    )
     with pytest.raises(ValueError, match="task must be"):
         embedded_split("chains", num_operands=3, max_operand=9, eval_size=5)
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "chain", "scratchpad"])
+def test_eval_size_picks_from_a_fixed_pool_and_never_moves_the_training_set(task):
+    """eval_size is how many held-out prompts an evaluation uses: the training set (and so the warm start) is the
+    same for every eval_size, the held-out prompts are prefixes of one pool, and past the pool is a clear error."""
+    from vespo.embedded.task import held_out_pool
+
+    shape = {"num_operands": 3, "max_operand": 9}
+    pool = held_out_pool(task, **shape)
+    train_small, held_small = embedded_split(task, **shape, eval_size=10)
+    train_big, held_big = embedded_split(task, **shape, eval_size=pool)
+    assert train_small == train_big and held_big[:10] == held_small and len(held_big) == pool
+    assert not {p.prompt for p in train_big} & {p.prompt for p in held_big}
+    with pytest.raises(ValueError, match=f"eval_size must be in \\[1, {pool}\\]"):
+        embedded_split(task, **shape, eval_size=pool + 1)
+    if task == "arithmetic":  # the old default held-out set (eval_size 200) is the pool's first 200
+        assert held_big[:200] == arithmetic_split(**shape, eval_size=200)[1]
+
+
+def test_scratchpad_problems_and_free_length_solutions():
+    """Scratchpad = a chain problem whose steps are optional: the full solution is the chain's, demonstrations drawn
+    with `step_rng` write all steps or none, the length then ranges from 5 to 3k + 5 tokens, and every one grades 1."""
+    from vespo.embedded.task import SCRATCHPAD, chain_problems, chain_response_tokens, scratchpad_problems
+    from vespo.rewards import math_reward
+
+    problems = scratchpad_problems(40, seed=3, num_operands=6)
+    chains = chain_problems(40, seed=3, num_operands=6)
+    assert [p.prompt for p in problems] == [SCRATCHPAD + c.prompt for c in chains]
+    assert [p.answer for p in problems] == [c.answer for c in chains]
+    tok = build_tokenizer()
+    rng, lengths = random.Random(0), set()
+    for p, c in zip(problems, chains, strict=True):
+        assert solution_text(p) == solution_text(c)  # without step_rng: every step written
+        text = solution_text(p, step_rng=rng)
+        assert text in (solution_text(c), f"\\boxed{{{c.answer}}}")
+        assert math_reward([text], answer=[p.answer]) == [1.0]
+        lengths.add(len(tok(text, add_special_tokens=False).input_ids) + 1)
+    assert lengths == {5, chain_response_tokens(6)}
+    wrong = solution_text(problems[0], noisy_rng=random.Random(1), step_rng=random.Random(2))
+    assert math_reward([wrong], answer=[problems[0].answer]) == [0.0]
+
+
+def test_embedded_split_scratchpad_is_fixed_and_disjoint():
+    train, held = embedded_split("scratchpad", num_operands=4, max_operand=9, eval_size=50)
+    again = embedded_split("scratchpad", num_operands=4, max_operand=9, eval_size=50)
+    assert (train, held) == again and len(held) == 50
+    assert not {p.prompt for p in held} & {p.prompt for p in train}
+    with pytest.raises(ValueError, match="scratchpad"):
+        embedded_split("nope", num_operands=4, max_operand=9, eval_size=5)

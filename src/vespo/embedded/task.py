@@ -136,37 +136,76 @@ def chain_response_tokens(num_operands: int) -> int:
     return 3 * num_operands + 5
 
 
+SCRATCHPAD = "free "
+"""Prompt prefix of the scratchpad task (a chain problem whose written steps are optional)."""
+
+
+def scratchpad_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]:
+    """`count` chain problems whose steps are optional, prompt "free 8 steps: =2 =9 =1 ": the response may write the
+    chain's steps before the boxed digit (`chain_problems`) or answer at once. Written out, every step is a copy and
+    a one-digit addition a tiny model can do; answered at once, the digit after `num_operands` steps of the
+    recurrence is out of a tiny model's reach (about chance, 1 in 10). So length is what RL changes.
+    Deterministic in `seed`."""
+    return [Problem(SCRATCHPAD + p.prompt, p.answer) for p in chain_problems(count, seed=seed, num_operands=num_operands)]
+
+
 def embedded_split(
     task: str, *, num_operands: int, max_operand: int, eval_size: int, train_size: int = 20_000
 ) -> tuple[list[Problem], list[Problem]]:
-    """(train, held-out) problems of an embedded task: "arithmetic" (`arithmetic_split`) or "chain".
+    """(train, held-out) problems of an embedded task: "arithmetic" (`arithmetic_split`), "chain" or "scratchpad".
 
-    The chain task draws `train_size` training problems and a held-out set from fixed seeds (held-out prompts are
-    removed from the training set), so every run sees the same split.
+    The held-out pool is fixed by the task's shape (`held_out_pool`) and the evaluation uses its first `eval_size`
+    problems, so the training set (and the warm start's cache key) does not move with `eval_size`. Chain and
+    scratchpad draw `train_size` training problems and the pool from fixed seeds, pool prompts removed from training.
     """
+    pool = held_out_pool(task, num_operands=num_operands, max_operand=max_operand)
+    if not 1 <= eval_size <= pool:
+        raise ValueError(f"eval_size must be in [1, {pool}] for this task (its held-out pool), got {eval_size}")
     if task == "arithmetic":
-        return arithmetic_split(num_operands=num_operands, max_operand=max_operand, eval_size=eval_size)
-    if task != "chain":
-        raise ValueError(f"task must be 'arithmetic' or 'chain', got {task!r}")
-    held_out = chain_problems(eval_size, seed=1, num_operands=num_operands)
+        train, held_out = arithmetic_split(num_operands=num_operands, max_operand=max_operand, eval_size=pool)
+        return train, held_out[:eval_size]
+    if task == "chain":
+        draw = lambda count, seed: chain_problems(count, seed=seed, num_operands=num_operands)  # noqa: E731
+    elif task == "scratchpad":
+        draw = lambda count, seed: scratchpad_problems(count, seed=seed, num_operands=num_operands)  # noqa: E731
+    else:
+        raise ValueError(f"task must be 'arithmetic', 'chain' or 'scratchpad', got {task!r}")
+    held_out = draw(pool, 1)
     seen = {p.prompt for p in held_out}
-    train = [p for p in chain_problems(train_size, seed=0, num_operands=num_operands) if p.prompt not in seen]
-    return train, held_out
+    train = [p for p in draw(train_size, 0) if p.prompt not in seen]
+    return train, held_out[:eval_size]
 
 
-def solution_text(problem: Problem, *, noisy_rng: random.Random | None = None) -> str:
+def held_out_pool(task: str, *, num_operands: int, max_operand: int) -> int:
+    """Size of a task's fixed held-out pool: 1000 drawn problems (chain, scratchpad), or for arithmetic half its
+    distinct sums up to 500 (the pool of 3 one-digit operands is 500 of 1000)."""
+    if task != "arithmetic":
+        return 1000
+    if num_operands < 2 or max_operand < 1:
+        raise ValueError(f"need num_operands >= 2 and max_operand >= 1, got {num_operands}, {max_operand}")
+    return min(500, (max_operand + 1) ** num_operands // 2)
+
+
+def solution_text(
+    problem: Problem, *, noisy_rng: random.Random | None = None, step_rng: random.Random | None = None
+) -> str:
     """The SFT target: running partial sums, then the boxed answer ("3+8+5=" -> "11,16 \\boxed{16}"; a chain problem
     "20 steps: =2 =9 =1 " -> "23 92 13 ... \\boxed{d}", `chain_problems`).
 
     With `noisy_rng`, the boxed answer is replaced by a wrong one (off by 1-3; never negative, mod 10 for chains).
+    A scratchpad problem writes its chain's steps, or with `step_rng` writes them in half the demonstrations and
+    only the boxed digit in the other half, so the warm start leaves the length to RL.
     """
     if _STEPS in problem.prompt:
-        steps, seeds = problem.prompt.split(_STEPS)
+        steps, seeds = problem.prompt.removeprefix(SCRATCHPAD).split(_STEPS)
         xs = chain_sequence([int(x) for x in seeds.replace("=", "").split()], int(steps))
         answer = xs[-1]
         if noisy_rng is not None:
             answer = (answer + noisy_rng.choice((-3, -2, -1, 1, 2, 3))) % 10
-        return "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs))) + f"{BOXED}{{{answer}}}"
+        work = "".join(f"{xs[t - CHAIN_LAG]}{xs[t]} " for t in range(CHAIN_LAG, len(xs)))
+        if problem.prompt.startswith(SCRATCHPAD) and step_rng is not None and step_rng.random() < 0.5:
+            work = ""
+        return work + f"{BOXED}{{{answer}}}"
     xs = [int(x) for x in problem.prompt.rstrip("=").split("+")]
     partial = [sum(xs[: i + 1]) for i in range(1, len(xs))]
     answer = int(problem.answer)

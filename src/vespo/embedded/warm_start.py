@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -24,7 +25,6 @@ class WarmStartSpec:
     task: str = "arithmetic"
     num_operands: int = 3
     max_operand: int = 9
-    eval_size: int = 200
     sft_steps: int | None = None
     sft_lr: float = 3e-3
     sft_batch_size: int = 32
@@ -38,7 +38,7 @@ class WarmStartSpec:
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
-SFT_STEPS = {"arithmetic": 400, "chain": 8000}
+SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 3000}
 """Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
 
 
@@ -57,22 +57,28 @@ def sft_cache_key(cfg: WarmStartSpec) -> str:
         "sft_batch_size",
         "sft_seed",
         "sft_label_noise",
-        "eval_size",
     )
     # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2)
     task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 3}
     fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": sft_steps_of(cfg)}
-    blob = json.dumps(fields | task | {"v": 1}, sort_keys=True)
+    blob = json.dumps(fields | task | {"v": 2}, sort_keys=True)  # v2: training set apart from eval_size
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def embedded_policy_path(cfg: WarmStartSpec) -> Path:
-    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory."""
+def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
+    """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory. Building says so on
+    stderr at once (it takes from seconds to minutes), with a progress bar when `progress`."""
     path = Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}"
     if (path / "config.json").is_file():
         return path
-    task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
-    train_set, _ = embedded_split(cfg.task, **task)
+    print(
+        f"vespo: building the embedded {cfg.task} policy: {sft_steps_of(cfg)} SFT steps, cached in {path} "
+        "(once per warm-start setting)",
+        file=sys.stderr,
+        flush=True,
+    )
+    task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand}
+    train_set, _ = embedded_split(cfg.task, **task, eval_size=1)  # the training set does not depend on eval_size
     tokenizer = build_tokenizer()
     positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
     model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
@@ -86,6 +92,7 @@ def embedded_policy_path(cfg: WarmStartSpec) -> Path:
             batch_size=cfg.sft_batch_size,
             seed=cfg.sft_seed,
             label_noise=cfg.sft_label_noise,
+            progress=progress,
         )
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
@@ -107,6 +114,7 @@ def sft_warm_start(
     batch_size: int,
     seed: int,
     label_noise: float = 0.0,
+    progress: bool = False,
 ) -> list[float]:
     """Supervised fine-tuning on `solution_text` targets (loss on response tokens + <eos> only); returns the losses.
 
@@ -118,10 +126,15 @@ def sft_warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="SFT warm start", unit="step", mininterval=1.0)
     for _ in range(steps):
         batch = rng.choices(problems, k=batch_size)
         prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
-        texts = [solution_text(p, noisy_rng=rng if rng.random() < label_noise else None) for p in batch]
+        texts = [solution_text(p, noisy_rng=rng if rng.random() < label_noise else None, step_rng=rng) for p in batch]
         target_ids = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
         width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
         ids = torch.full((batch_size, width), tokenizer.pad_token_id)
@@ -136,5 +149,10 @@ def sft_warm_start(
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    if bar is not None:
+        bar.close()
     model.eval()
     return losses

@@ -261,4 +261,5 @@ class VespoGRPOTrainer(GRPOTrainer):
                     self._metrics[mode][name].append(value)
             pending.clear()
 
+
 __all__ = ["VespoGRPOConfig", "VespoGRPOTrainer"]

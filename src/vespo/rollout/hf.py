@@ -9,6 +9,8 @@ through `HFEngine`); `vespo.rollout.vllm` is the vLLM one.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import transformers
 
@@ -31,6 +33,14 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
+
+
+def _cache_keyword(model) -> str:
+    """The KV-cache argument and output name of `model.forward`: `cache` (transformers >= 5.2x, where
+    `past_key_values` is deprecated) or `past_key_values` (earlier releases)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it through
+    params = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 @torch.no_grad()
@@ -66,11 +76,12 @@ def sample(
     tokens, log_probs, alive_cols = [], [], []
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     cache, step_ids, positions = None, prompt_ids, _position_ids(mask)
+    cache_kw = _cache_keyword(model)
     for _ in range(max_new_tokens):
         out = model(
-            input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{cache_kw: cache}
         )
-        cache = out.past_key_values
+        cache = out[cache_kw]
         logits = out.logits[:, -1].float() / temperature  # (B, V)
         if logit_noise_std > 0:
             noise = torch.randn(logits.shape, generator=generator, device=device)

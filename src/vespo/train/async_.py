@@ -65,6 +65,7 @@ class SamplerPool:
 
     def __init__(self, cfg: TrainConfig, policy_path: str, problems: list, model, *, step: int, next_batch: int):
         self.cfg, self.policy_path, self.problems = cfg, str(policy_path), problems
+        self.device = next(model.parameters()).device  # the learner's: units are moved there on arrival
         self.ctx = torch.multiprocessing.get_context("spawn")
         self.store = WeightStore(model, self.ctx)
         self.schedule = Schedule(
@@ -166,8 +167,8 @@ class SamplerPool:
         self.next_batch = max(self.next_batch, item.batch + 1)
         self.busy_s += item.gen_s + item.reward_s
         self.idle_s += item.idle_s
-        rollout = Rollout(**{k: torch.from_numpy(v) for k, v in item.rollout.items()})
-        rewards, advantages = torch.from_numpy(item.rewards), torch.from_numpy(item.advantages)
+        rollout = Rollout(**{k: torch.from_numpy(v).to(self.device) for k, v in item.rollout.items()})
+        rewards, advantages = (torch.from_numpy(a).to(self.device) for a in (item.rewards, item.advantages))
         if self.cfg.shuffle:  # as ppo_update does in sync mode, seeded by the batch so resume reproduces it
             gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, item.batch))
             order = torch.randperm(rewards.numel(), generator=gen)
@@ -294,7 +295,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     do_eval = bool(run.eval_set) and cfg.eval_every > 0
     n_mini = cfg.num_mini_batches
     settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
-    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    lp_args = settings.log_prob_args
     opt_step = run.start * n_mini  # = the policy version of the learner's current weights
     pool = SamplerPool(cfg, run.policy_path, run.train_set, model, step=opt_step, next_batch=next_batch)
     stats, metrics, bar = LagStats(), {}, None
@@ -327,9 +328,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                     old_log_prob = (
                         policy_log_probs(model, unit.rollout, rows, **lp_args)[0] if cfg.use_decoupled_loss else mu
                     )
-                    ref_log_prob = None
-                    if run.ref_model is not None:
-                        ref_log_prob = policy_log_probs(run.ref_model, unit.rollout, rows, **lp_args)[0]
+                    ref_log_prob = None if run.reference is None else run.reference(unit.rollout, rows, **lp_args)
                 # 3. one optimizer step on it, then publish every sync_every steps
                 model.train()
                 history = ppo_update(
@@ -341,6 +340,8 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                     settings,
                     ref_log_prob=ref_log_prob,
                     rollout_log_prob=mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None,
+                    scheduler=run.scheduler,
+                    scaler=run.scaler,
                 )
                 model.eval()
                 opt_step += 1
@@ -385,11 +386,8 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 "async/samples_dropped_total": float(dropped_total),
                 "async/sampler_restarts": float(pool.restarts),
             }
-            stop = close_step(run, cfg, step, metrics, extra={"async": {"next_batch": pool.next_batch}})
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", lag=f"{metrics['async/lag_mean']:.1f}")
-            if stop:
+            extra = {"async": {"next_batch": pool.next_batch}}
+            if close_step(run, cfg, step, metrics, bar=bar, show="async/lag_mean", extra=extra):
                 break
     if bar is not None:
         bar.close()

@@ -95,7 +95,14 @@ class TrainConfig:
     """Actor optimizer (TRL's names): adamw_torch | sgd (plain gradient steps, no momentum: the step follows the
     gradient's size, which Adam's normaliser does not; docs/results.md section 3)."""
     lr: float = 3e-4
-    """Learning rate (constant)."""
+    """Peak learning rate (see `lr_scheduler_type`)."""
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over the run's optimizer steps (TRL/transformers names; `transformers.get_scheduler`):
+    warmup, then constant, linear decay to 0, or cosine decay to 0. "constant" ignores the warmup."""
+    warmup_ratio: float = 0.0
+    """Warmup as a fraction of all optimizer steps (total_training_steps x N); `warmup_steps` wins when > 0."""
+    warmup_steps: int = 0
+    """Warmup in optimizer steps (TRL's name); 0 uses `warmup_ratio`."""
     weight_decay: float = 0.0
     """Weight decay (decoupled for AdamW)."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -141,6 +148,29 @@ class TrainConfig:
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
 
+    # --- hardware, precision, parameter-efficient training (docs/training.md, "GPUs, precision and LoRA")
+    device: str = "auto"
+    """Where the policy, reference, rollouts and RNG live: auto (CUDA when present, else CPU) | cpu | cuda | cuda:i."""
+    bf16: bool = False
+    """bfloat16 autocast for the policy's forward passes (old log-probs and the update alike, so W == 1 at k = 0);
+    master weights, optimizer state and all log-space loss math stay float32 (TRL's name)."""
+    fp16: bool = False
+    """float16 autocast with a dynamic loss scale (`torch.amp.GradScaler`; a step whose scaled gradient overflows is
+    skipped); otherwise as `bf16` (TRL's name)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (`model.gradient_checkpointing_enable()`): less memory, slower."""
+    use_peft: bool = False
+    """Train LoRA adapters (peft) instead of all weights; the KL reference is the base model with the adapters
+    disabled, as in TRL, not a second copy (TRL's names: lora_r, lora_alpha, lora_dropout, lora_target_modules)."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
+    lora_dropout: float = 0.05
+    """LoRA dropout (set to 0 by `disable_dropout`, like every dropout of the policy)."""
+    lora_target_modules: tuple[str, ...] | None = None
+    """Module names to adapt, e.g. `q_proj v_proj`, or `all-linear`; None uses peft's default for the architecture."""
+
     # --- asynchronous training (docs/training.md, "Asynchronous training")
     mode: Literal["sync", "async"] = "sync"
     """sync: generate, then train; async (`--async`): sampler processes generate while the learner trains."""
@@ -158,9 +188,10 @@ class TrainConfig:
     """async: hf (the trainer's KV-cached sampler) | vllm (CUDA; weights pushed into the engine, not run on CPU)."""
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
-    task: Literal["arithmetic", "chain"] = "arithmetic"
+    task: Literal["arithmetic", "chain", "scratchpad"] = "arithmetic"
     """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (num_operands steps of a
-    lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens)."""
+    lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens) | scratchpad
+    (the chain with its steps optional: 5 to 3 * num_operands + 5 tokens, the length is learned)."""
     num_operands: int = 3
     """Embedded task: numbers per sum (chain: steps, the response-length knob, e.g. 20 -> 65 tokens, 84 -> 257)."""
     max_operand: int = 9
@@ -199,7 +230,9 @@ class TrainConfig:
     eval_every: int = 20
     """Held-out evaluation every this many rollout steps (and at the start and end); 0 disables it."""
     eval_size: int = 200
-    """Held-out prompts per evaluation (greedy-free: sampled at `temperature`, 1 response each)."""
+    """Held-out prompts per evaluation, sampled at `temperature`: the first eval_size of `eval_dataset`, or of the
+    embedded task's fixed held-out pool (500 sums for arithmetic, 1000 for chain/scratchpad; the training set and
+    the warm start do not depend on it)."""
     eval_n: int = 1
     """Samples per held-out prompt: the logged eval/accuracy is avg@eval_n, whose binomial SD is about
     sqrt(p (1 - p) / (eval_size * eval_n)) (0.011 at 500 prompts x 4 and p = 0.5; 0.035 at 200 x 1)."""
@@ -230,6 +263,12 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
     if cfg.staleness is not None:
         _check_range("staleness", cfg.staleness, 1, None)
+        implied = cfg.staleness * cfg.ppo_mini_batch_size
+        if cfg.train_batch_size not in (implied, TrainConfig.train_batch_size):
+            raise ConfigError(
+                f"staleness={cfg.staleness} sets train_batch_size = staleness x ppo_mini_batch_size = {implied}, but "
+                f"train_batch_size={cfg.train_batch_size} was also given: give one of the two"
+            )
         cfg = dataclasses.replace(cfg, train_batch_size=cfg.staleness * cfg.ppo_mini_batch_size, staleness=None)
     validate(cfg)
     return cfg
@@ -315,6 +354,11 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "micro_batch_size": (1, None, False, False),
     "total_training_steps": (1, None, False, False),
     "lr": (0, None, True, False),
+    "warmup_ratio": (0, 1, False, False),
+    "warmup_steps": (0, None, False, False),
+    "lora_r": (1, None, False, False),
+    "lora_alpha": (0, None, True, False),
+    "lora_dropout": (0, 1, False, True),
     "weight_decay": (0, None, False, False),
     "adam_epsilon": (0, None, True, False),
     "grad_clip": (0, None, True, False),
@@ -378,6 +422,7 @@ def validate(cfg: TrainConfig) -> None:
             f"step_scale=mean_phi needs a VESPO-family method (it scales by the mean phi(W)); {cfg.method!r} has none"
         )
     _validate_task(cfg)
+    _validate_hardware(cfg)
     _validate_async(cfg)
     for name in ("run_dir", "cache_dir"):
         if getattr(cfg, name) is not None:  # run_dir None is filled in by `resolve`
@@ -427,15 +472,30 @@ def check_dataset(name: str, value: str | None) -> None:
 
 
 def _validate_task(cfg: TrainConfig) -> None:
-    if cfg.task == "chain" and cfg.dataset == EMBEDDED:
+    if cfg.task in ("chain", "scratchpad") and cfg.dataset == EMBEDDED:
         from vespo.embedded.task import chain_response_tokens
 
         need = chain_response_tokens(cfg.num_operands)
         if cfg.num_operands < 2 or cfg.max_response_length < need:
             raise ConfigError(
-                f"task=chain with num_operands={cfg.num_operands} needs num_operands >= 2 and "
+                f"task={cfg.task} with num_operands={cfg.num_operands} needs num_operands >= 2 and "
                 f"max_response_length >= {need} (3 * num_operands + 5), got {cfg.max_response_length}"
             )
+
+
+def _validate_hardware(cfg: TrainConfig) -> None:
+    from vespo.models import resolve_device
+
+    try:
+        resolve_device(cfg.device)
+    except ValueError as exc:
+        raise ConfigError(f"device: {exc}") from None
+    if cfg.bf16 and cfg.fp16:
+        raise ConfigError("bf16 and fp16 are exclusive: choose one autocast dtype")
+    if cfg.use_peft and importlib.util.find_spec("peft") is None:
+        raise ConfigError("use_peft needs peft installed (pip install peft)")
+    if cfg.use_peft and cfg.mode == "async":
+        raise ConfigError("use_peft is not supported with mode=async yet (samplers load full weights): use mode=sync")
 
 
 def _validate_async(cfg: TrainConfig) -> None:
@@ -507,7 +567,7 @@ def read_yaml(path: str | Path, label: str) -> object:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{label} {path}:{where} YAML syntax error: {problem}") from None
     except RecursionError:
-        raise ConfigError(f"{label} {path}: nested too deeply; a config is a flat mapping of fields") from None
+        raise ConfigError(f"{label} {path}: nested too deeply to be a config") from None
 
 
 def load_yaml(path: str | Path, label: str = "--config") -> dict:
@@ -517,6 +577,7 @@ def load_yaml(path: str | Path, label: str = "--config") -> dict:
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{label} {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
+    data = from_verl_keys(data, where=f"{label} {path}")
     unknown = sorted(set(data) - set(_HINTS), key=str)
     if unknown:
         raise ConfigError(f"{label} {path}: unknown config key(s) {unknown}")
@@ -535,6 +596,82 @@ def _short(value: object, limit: int = 60) -> str:
     """repr of a user value, cut to `limit` characters so an error message stays one short line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# veRL's config paths (ppo_trainer.yaml) -> vespo fields; a veRL user's YAML, nested or with dotted keys, works as is
+VERL_KEYS = {
+    "data.train_files": "dataset",
+    "data.val_files": "eval_dataset",
+    "data.prompt_key": "prompt_key",
+    "data.train_batch_size": "train_batch_size",
+    "data.max_response_length": "max_response_length",
+    "actor_rollout_ref.model.path": "model",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "gradient_checkpointing",
+    "actor_rollout_ref.model.lora_rank": "lora_r",
+    "actor_rollout_ref.model.lora_alpha": "lora_alpha",
+    "actor_rollout_ref.model.target_modules": "lora_target_modules",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro_batch_size",
+    "actor_rollout_ref.actor.loss_agg_mode": "loss_agg_mode",
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "method",
+    "actor_rollout_ref.actor.entropy_coeff": "entropy_coeff",
+    "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
+    "actor_rollout_ref.actor.grad_clip": "grad_clip",
+    "actor_rollout_ref.actor.shuffle": "shuffle",
+    "actor_rollout_ref.actor.optim.lr": "lr",
+    "actor_rollout_ref.actor.optim.weight_decay": "weight_decay",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": "warmup_steps",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "warmup_ratio",
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "lr_scheduler_type",
+    "actor_rollout_ref.rollout.n": "rollout_n",
+    "actor_rollout_ref.rollout.temperature": "temperature",
+    "actor_rollout_ref.rollout.top_p": "top_p",
+    "actor_rollout_ref.rollout.response_length": "max_response_length",
+    "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std",
+    "trainer.total_training_steps": "total_training_steps",
+    "trainer.save_freq": "save_every",
+    "trainer.test_freq": "eval_every",
+    "trainer.default_local_dir": "run_dir",
+}
+VERL_HPARAMS = {f"actor_rollout_ref.actor.{k}": k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+_VERL_ROOTS = ("data", "actor_rollout_ref", "algorithm", "trainer")
+
+
+def from_verl_keys(data: dict, *, where: str) -> dict:
+    """Translate veRL's nested sections or dotted keys (`actor_rollout_ref.actor.ppo_mini_batch_size: 16`) into
+    vespo fields (`VERL_KEYS`; clip ratios go to `hparams`, `use_kl_loss: false` zeroes `kl_coef`); flat vespo keys
+    pass through. A veRL key vespo has no counterpart for is one clear error, not silently dropped."""
+    flat: dict = {}
+
+    def walk(prefix: str, node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}", value)
+        else:
+            flat[prefix] = node
+
+    out: dict = {}
+    for key, value in data.items():
+        if isinstance(key, str) and key.split(".")[0] in _VERL_ROOTS:
+            walk(key, value)
+        else:
+            out[key] = value
+    use_kl = flat.pop("actor_rollout_ref.actor.use_kl_loss", True)
+    for key, value in flat.items():
+        if key in VERL_HPARAMS:
+            out["hparams"] = {**out.get("hparams", {}), VERL_HPARAMS[key]: value}
+            continue
+        if key not in VERL_KEYS:
+            raise ConfigError(f"{where}: veRL key {key} has no vespo counterpart; vespo reads {sorted(VERL_KEYS)}")
+        name = VERL_KEYS[key]
+        if name in out and out[name] != value:
+            raise ConfigError(f"{where}: {key} sets {name}={value!r}, which is also set to {out[name]!r}")
+        out[name] = value
+        if name == "lora_r" and value:
+            out["use_peft"] = True
+    if use_kl is False:
+        out["kl_coef"] = 0.0
+    return out
 
 
 def parse_args(argv: list[str]) -> TrainConfig:

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from vespo.models import quiet_hf_progress
 from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
 from vespo.train.runs import CHECKPOINT
 
@@ -15,6 +16,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. Everything is
     validated before any compute."""
     cfg = resolve(cfg)
+    if not cfg.progress:
+        quiet_hf_progress()
     if cfg.mode == "async":
         from vespo.train.async_ import train_async
 

@@ -74,6 +74,17 @@ class UpdateSettings:
     target_kl: float | None = None
     """Stop the update (skip the rest of the rollout's mini-batches) once the k3 estimate of KL(mu || pi) on the
     next mini-batch exceeds this (PPO's target_kl); None never stops."""
+    autocast_dtype: torch.dtype | None = None
+    """bf16/fp16 autocast of the policy's forward passes (None: full precision); log-softmax and the loss stay fp32."""
+
+    @property
+    def log_prob_args(self) -> dict:
+        """How `policy_log_probs` must be called so old log-probs match the update's (W == 1 at k = 0)."""
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "temperature": self.temperature,
+            "autocast_dtype": self.autocast_dtype,
+        }
 
     @property
     def agg_mode(self) -> str:
@@ -86,14 +97,27 @@ def micro_batches(rows: Tensor, size: int) -> list[Tensor]:
     return list(rows.split(size))
 
 
+def autocast(model, dtype: torch.dtype | None):
+    """Mixed-precision context for `model`'s forward on its own device (a no-op when `dtype` is None)."""
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype, enabled=dtype is not None)
+
+
 def policy_log_probs(
-    model, rollout: Rollout, rows: Tensor, *, micro_batch_size: int, temperature: float, with_entropy: bool = False
+    model,
+    rollout: Rollout,
+    rows: Tensor,
+    *,
+    micro_batch_size: int,
+    temperature: float,
+    autocast_dtype: torch.dtype | None = None,
+    with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi (and entropy) of `rows`, (len(rows), T), computed micro-batch by micro-batch as the update sees them."""
-    outs = [
-        response_log_probs(model, rollout.select(mb), temperature=temperature, with_entropy=with_entropy)
-        for mb in micro_batches(rows, micro_batch_size)
-    ]
+    with autocast(model, autocast_dtype):
+        outs = [
+            response_log_probs(model, rollout.select(mb), temperature=temperature, with_entropy=with_entropy)
+            for mb in micro_batches(rows, micro_batch_size)
+        ]
     logp = torch.cat([o[0] for o in outs])  # (len(rows), T)
     ent = torch.cat([o[1] for o in outs]) if with_entropy else None
     return logp, ent
@@ -109,6 +133,8 @@ def ppo_update(
     *,
     ref_log_prob: Tensor | None = None,
     rollout_log_prob: Tensor | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> list[dict[str, Tensor]]:
     """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns their
     metrics as 0-dim tensors.
@@ -119,7 +145,7 @@ def ppo_update(
     Micro-batch losses are normalised by the whole mini-batch's token/sequence count, so accumulating them equals
     one big batch. The rollout batch is validated once here; the micro-batch calls skip validation. A mini-batch
     whose gradient norm is not finite is skipped, as veRL does, and counted in `actor/nonfinite_grad`: the one host
-    sync per optimizer step.
+    sync per optimizer step. `scheduler` steps after every optimizer step; `scaler` (fp16) scales the loss.
     """
     s = settings
     mode = s.agg_mode
@@ -140,14 +166,15 @@ def ppo_update(
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor] = {}
         seq_log_w = []  # per-sequence log W of this mini-batch, for the weight-concentration diagnostic
-        kl_sum = torch.zeros(())  # masked sum of the per-token k3 KL(mu || pi), for target_kl
+        kl_sum = torch.zeros((), device=mini_mask.device)  # masked sum of the per-token k3 KL(mu || pi), for target_kl
         micro = micro_batches(rows, s.micro_batch_size)
         ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro))
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
-            log_prob, entropy = response_log_probs(
-                model, rollout.select(mb), temperature=s.temperature, with_entropy=s.entropy_coeff > 0
-            )
+            with autocast(model, s.autocast_dtype):
+                log_prob, entropy = response_log_probs(
+                    model, rollout.select(mb), temperature=s.temperature, with_entropy=s.entropy_coeff > 0
+                )
             loss, metrics = compute_policy_loss(
                 s.method,
                 log_prob=log_prob,
@@ -170,41 +197,53 @@ def ppo_update(
             if entropy is not None:
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - s.entropy_coeff * ent_loss
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             if s.target_kl is not None:
                 kl_sum = kl_sum + (kl_k3(log_prob.detach() - old_log_prob[mb]) * mask).sum()
             seq_log_w.append(seq_log_ratio(log_prob.detach(), old_log_prob[mb], mask.to(log_prob.dtype)))  # (b,)
             for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
                 share = value if key in _ADDITIVE else value / len(micro)
                 sums[key] = sums[key] + share if key in sums else share
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)  # before clipping
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clip and log the true gradient
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)  # before clipping
         sums["actor/grad_norm"] = grad_norm
+        sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
         sums["actor/grad_clipped"] = (grad_norm > s.grad_clip).float()  # its mean: the share of clipped steps
         sums["is/top1pct_w_share"] = top_share(torch.cat(seq_log_w))
         kl = kl_sum / n_tokens
-        stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros((), dtype=torch.bool)
+        stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros_like(kl, dtype=torch.bool)
         # one host sync per optimizer step: a NaN step would poison the weights; a KL past the target stops the update
         finite, stop = torch.stack([torch.isfinite(grad_norm), stop_flag]).tolist()
         sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
         if s.target_kl is not None:
             sums["actor/target_kl_k3"] = kl
+        if scaler is not None and (stop or not finite):
+            scaler.update()  # an overflow lowers the loss scale; the step itself is skipped below
         if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
             optimizer.zero_grad(set_to_none=True)
             history.append({key: v.detach() for key, v in sums.items()} | {"actor/kl_stopped": torch.tensor(1.0)})
             break
         keep = s.log_update_norm or s.step_scale != "none"
-        before = [p.detach().clone() for p in model.parameters()] if keep else None
+        before = [p.detach().clone() for p in params] if keep else None
         if finite:
-            optimizer.step()
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+                scaler.update()
+            if scheduler is not None:
+                scheduler.step()
         if s.step_scale == "mean_phi" and finite:  # theta <- theta_old + Z * (theta_adam - theta_old), Z <= 1
             scale = sums["vespo/Z"].clamp(max=1.0)
             sums["actor/step_scale"] = scale
             with torch.no_grad():
-                for p, b in zip(model.parameters(), before, strict=True):
+                for p, b in zip(params, before, strict=True):
                     p.lerp_(b, 1.0 - scale)
         if s.log_update_norm:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
             sums["actor/update_norm"] = torch.stack(
-                [(p.detach() - b).norm() for p, b in zip(model.parameters(), before, strict=True)]
+                [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
             ).norm()
         if s.target_kl is not None:
             sums["actor/kl_stopped"] = torch.tensor(0.0)
@@ -231,9 +270,7 @@ def _batch_context(
     if n_micro == 1:  # the call sees the whole mini-batch itself
         return BatchContext(mini_batch_index=k, num_mini_batches=s.num_mini_batches)
     with torch.no_grad():
-        log_prob, _ = policy_log_probs(
-            model, rollout, rows, micro_batch_size=s.micro_batch_size, temperature=s.temperature
-        )
+        log_prob, _ = policy_log_probs(model, rollout, rows, **s.log_prob_args)
     return batch_context(
         log_prob=log_prob,
         old_log_prob=old_log_prob[rows],

@@ -33,12 +33,13 @@ deletes. Any other file in the run dir is left alone."""
 # RNG state and checkpoints
 
 
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed torch, Python and NumPy; return a fresh generator for the sampling noise (its state is checkpointed)."""
+def seed_everything(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """Seed torch (every device), Python and NumPy; return a fresh generator on `device` for the sampling noise (its
+    state is checkpointed)."""
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def rng_state(gen: torch.Generator) -> dict:

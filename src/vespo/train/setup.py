@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,10 +16,11 @@ from vespo.data import load_records
 from vespo.embedded.task import embedded_split
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
-from vespo.models import load_policy
+from vespo.models import load_policy, resolve_device
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
+from vespo.rollout import Rollout
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
-from vespo.train.learner import UpdateSettings
+from vespo.train.learner import UpdateSettings, policy_log_probs
 from vespo.train.runs import (
     EssAlarm,
     Logger,
@@ -39,8 +41,10 @@ class RunState:
     policy_path: str | Path
     model: transformers.PreTrainedModel
     tokenizer: transformers.PreTrainedTokenizerBase
-    ref_model: transformers.PreTrainedModel | None
+    reference: Callable[..., torch.Tensor] | None
     optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    scaler: torch.amp.GradScaler | None
     gen: torch.Generator
     start: int
     checkpoint: dict | None
@@ -64,33 +68,100 @@ def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
     if num_threads:
         torch.set_num_threads(num_threads)
     run_dir = start_run(cfg)
-    policy_path = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
+    policy_path = cfg.model
+    if cfg.model == EMBEDDED:
+        policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
+    device = resolve_device(cfg.device)
     model, tokenizer = load_policy(policy_path)
+    if cfg.use_peft:
+        model = add_lora(model, cfg)
     if cfg.disable_dropout:
         disable_dropout(model)
-    model.train()
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device).train()
+    reference = build_reference(model, cfg)
     optimizer = build_optimizer(model, cfg)
-    gen = seed_everything(cfg.seed)  # global streams + the sampling-noise generator, all checkpointed
-    start = restore(ckpt, model, optimizer, gen) if ckpt is not None else 0
+    scheduler = build_scheduler(optimizer, cfg)
+    scaler = torch.amp.GradScaler(device.type) if cfg.fp16 else None
+    gen = seed_everything(cfg.seed, device)  # global streams + the sampling-noise generator, all checkpointed
+    start = 0
+    if ckpt is not None:
+        start = restore(ckpt, model, optimizer, gen)
+        for name, obj in (("scheduler", scheduler), ("scaler", scaler)):
+            if obj is not None and name in ckpt:
+                obj.load_state_dict(ckpt[name])
     logger = Logger(cfg, run_dir, start)
     alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
     return RunState(
-        run_dir, policy_path, model, tokenizer, ref_model, optimizer, gen, start, ckpt, train_set, eval_set,
-        reward_fn, logger, alarm,
+        run_dir, policy_path, model, tokenizer, reference, optimizer, scheduler, scaler, gen, start, ckpt, train_set,
+        eval_set, reward_fn, logger, alarm,
     )  # fmt: skip
 
 
-def close_step(run: RunState, cfg: TrainConfig, step: int, metrics: dict[str, float], extra: dict | None = None):
+def add_lora(model: transformers.PreTrainedModel, cfg: TrainConfig):
+    """The policy with LoRA adapters (peft, TRL's option names); only the adapters train."""
+    import peft
+
+    targets = cfg.lora_target_modules
+    lora = peft.LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=(targets[0] if targets == ("all-linear",) else list(targets)) if targets else None,
+        task_type="CAUSAL_LM",
+    )
+    model = peft.get_peft_model(model, lora)
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
+    return model
+
+
+def build_reference(model, cfg: TrainConfig) -> Callable[..., torch.Tensor] | None:
+    """log-probs of the KL reference (the initial policy), or None without a KL penalty: a frozen copy, or with LoRA
+    the same model with its adapters disabled (TRL's way: no second copy of the weights)."""
+    if cfg.kl_coef == 0:
+        return None
+    if cfg.use_peft:
+
+        def adapters_off(rollout: Rollout, rows: torch.Tensor, **lp_args) -> torch.Tensor:
+            with torch.no_grad(), model.disable_adapter():
+                return policy_log_probs(model, rollout, rows, **lp_args)[0]
+
+        return adapters_off
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def copy_of_initial(rollout: Rollout, rows: torch.Tensor, **lp_args) -> torch.Tensor:
+        with torch.no_grad():
+            return policy_log_probs(frozen, rollout, rows, **lp_args)[0]
+
+    return copy_of_initial
+
+
+def close_step(
+    run: RunState,
+    cfg: TrainConfig,
+    step: int,
+    metrics: dict[str, float],
+    *,
+    bar=None,
+    show: str,
+    extra: dict | None = None,
+) -> bool:
     """The end of a rollout step in every loop: held-out evaluation when due, log, warn on skipped updates, watch the
-    ESS, checkpoint when due (or when stopping). Returns True when the ESS alarm stops the run."""
+    ESS, checkpoint when due (or when stopping), advance the progress bar (reward and metric `show`). Returns True
+    when the ESS alarm stops the run."""
     if run.eval_set and cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
         metrics |= evaluate(run.model, run.tokenizer, run.eval_set, cfg)
     run.logger.log(metrics, step)
     warn_skipped_updates(step, metrics)
     stop = run.alarm.update(step, metrics)
     if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
-        save_checkpoint(run.run_dir, step, run.model, run.optimizer, run.gen, extra=extra)
+        state = {name: obj.state_dict() for name, obj in (("scheduler", run.scheduler), ("scaler", run.scaler)) if obj}
+        save_checkpoint(run.run_dir, step, run.model, run.optimizer, run.gen, extra=state | (extra or {}))
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix({"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"})
     return stop
 
 
@@ -114,7 +185,9 @@ def disable_dropout(model: torch.nn.Module) -> None:
 def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -> UpdateSettings:
     """The learner's settings from a run config; the loop says how many mini-batches one update takes."""
     shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "kl_coef", "entropy_coeff", "grad_clip")
+    autocast = torch.bfloat16 if cfg.bf16 else torch.float16 if cfg.fp16 else None
     return UpdateSettings(
+        autocast_dtype=autocast,
         **{name: getattr(cfg, name) for name in (*shared, "log_update_norm", "step_scale", "target_kl")},
         hparams=dict(cfg.hparams),
         num_mini_batches=num_mini_batches,
@@ -152,10 +225,21 @@ def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The actor's optimizer: AdamW (`adamw_torch`, betas/eps/decay from cfg) or plain SGD without momentum (`sgd`),
     whose steps shrink with the gradient where Adam's per-parameter normaliser rescales them (docs/results.md)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # all weights, or the LoRA adapters
     if cfg.optim == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """`transformers.get_scheduler` over the run's optimizer steps (total_training_steps x N), stepped once per
+    optimizer step; None for a constant learning rate."""
+    if cfg.lr_scheduler_type == "constant":
+        return None
+    total = cfg.total_training_steps * cfg.num_mini_batches
+    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * total)
+    return transformers.get_scheduler(
+        cfg.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total
     )
 
 

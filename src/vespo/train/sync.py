@@ -32,7 +32,7 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
     if cfg.sampler_dtype != "float32":
         sampler = copy.deepcopy(model).to(getattr(torch, cfg.sampler_dtype)).eval().requires_grad_(False)
     settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
-    lp_args = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    lp_args = settings.log_prob_args
     do_eval = bool(run.eval_set) and cfg.eval_every > 0
     if do_eval and run.start == 0:
         run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
@@ -54,14 +54,13 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
         t_gen = time.perf_counter()
         # 3. rewards and group advantages
         rewards = grade_batch(run.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
+        rewards = rewards.to(rollout.response_mask.device)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
         rows = torch.arange(rewards.numel())
         with torch.no_grad():
             old_log_prob, _ = policy_log_probs(model, rollout, rows, **lp_args)  # (B, T)
-            ref_log_prob = (
-                None if run.ref_model is None else policy_log_probs(run.ref_model, rollout, rows, **lp_args)[0]
-            )
+            ref_log_prob = None if run.reference is None else run.reference(rollout, rows, **lp_args)
         # 5. N sequential optimizer steps over the mini-batches; the sampler's log-probs correct the mismatch
         model.train()
         history = ppo_update(
@@ -73,6 +72,8 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
             settings,
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
+            scheduler=run.scheduler,
+            scaler=run.scaler,
         )
         model.eval()
         # 6. log: the step's tensors become floats here, once
@@ -80,11 +81,8 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
         metrics = to_floats(step_metrics | summarize_update(history))
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["time/gen_s"] = t_gen - t0
-        stop = close_step(run, cfg, step, metrics)  # evaluate, log, watch the ESS, checkpoint
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response/length_mean']:.1f}")
-        if stop:
+        # evaluate, log, watch the ESS, checkpoint
+        if close_step(run, cfg, step, metrics, bar=bar, show="response/length_mean"):
             break
     if bar is not None:
         bar.close()

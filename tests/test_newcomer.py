@@ -1,0 +1,70 @@
+"""A newcomer's first runs (issue 22): quiet under --no-progress, no deprecation noise from vespo's own calls, one
+vocabulary across commands, conflicting flags refused, veRL-style nested YAML keys accepted."""
+
+import subprocess
+import sys
+
+import pytest
+
+from vespo.embedded.task import build_tiny_model, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("newcomer")
+    tok = build_tokenizer()
+    build_tiny_model(tok, num_hidden_layers=1).save_pretrained(root / "m")
+    tok.save_pretrained(root / "m")
+    return root
+
+
+def _train(tiny, *flags):
+    argv = ["--model", str(tiny / "m"), "--num-operands", "2", "--eval-size", "8", "--train-batch-size", "2",
+            "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--max-response-length", "4", "--eval-every", "1",
+            "--total-training-steps", "1", "--no-tensorboard", *flags]  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "vespo", "train", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_no_progress_means_no_bars_and_no_deprecation_noise(tiny):
+    """--no-progress silences Hugging Face's loading/saving bars too, and vespo's sampler calls the model with the
+    installed transformers' current cache argument (no FutureWarning of our making)."""
+    done = _train(tiny, "--no-progress", "--run-dir", str(tiny / "run"))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-2000:]
+    for noise in ("Loading weights", "Writing model shards", "it/s]", "deprecated", "FutureWarning"):
+        assert noise not in out, (noise, out[-2000:])
+
+
+def test_verl_nested_and_dotted_yaml_keys(tmp_path):
+    """A veRL user's YAML works as is: nested sections and dotted keys map to vespo's fields; clip ratios become
+    hparams; an unknown veRL key is one clear error naming it."""
+    from vespo.train.config import ConfigError, load_yaml
+
+    (tmp_path / "verl.yaml").write_text(
+        "data:\n  train_batch_size: 64\n  max_response_length: 32\n"
+        "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 8\n    clip_ratio_high: 0.28\n"
+        "    use_kl_loss: false\n    kl_loss_coef: 0.01\n    policy_loss:\n      loss_mode: vespo\n"
+        "    optim:\n      lr: 1.0e-6\n  rollout:\n    n: 4\n    temperature: 0.9\n"
+        "trainer:\n  total_training_steps: 7\n"
+        "actor_rollout_ref.model.lora_rank: 8\nseed: 3\n"
+    )
+    got = load_yaml(tmp_path / "verl.yaml")
+    assert got == {
+        "train_batch_size": 64, "max_response_length": 32, "ppo_mini_batch_size": 8, "hparams": {"clip_ratio_high": 0.28},
+        "kl_coef": 0.0, "method": "vespo", "lr": 1e-6, "rollout_n": 4, "temperature": 0.9, "total_training_steps": 7,
+        "lora_r": 8, "use_peft": True, "seed": 3,
+    }  # fmt: skip
+    (tmp_path / "bad.yaml").write_text("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 2\n")
+    with pytest.raises(ConfigError, match="veRL key actor_rollout_ref.actor.ulysses_sequence_parallel_size"):
+        load_yaml(tmp_path / "bad.yaml")
+    (tmp_path / "clash.yaml").write_text("data:\n  train_batch_size: 64\ntrain_batch_size: 32\n")
+    with pytest.raises(ConfigError, match="train_batch_size"):
+        load_yaml(tmp_path / "clash.yaml")
+
+
+def test_staleness_and_an_explicit_train_batch_size_conflict(capsys):
+    from vespo.cli import main
+
+    assert main(["train", "--staleness", "4", "--train-batch-size", "8", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "staleness=4" in err[0] and "train_batch_size=8" in err[0] and "give one" in err[0]
