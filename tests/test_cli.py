@@ -61,6 +61,8 @@ _BAD_GRIDS = [
     (["sweep", *_SMALL_SWEEP, "--optimizer-steps", "0"], "optimizer_steps"),
     (["sweep", *_SMALL_SWEEP, "--min-rollout-steps", "0"], "min_rollout_steps"),
     (["sweep", *_SMALL_SWEEP, "--collapse-ratio", "nan"], "collapse_ratio"),
+    (["sweep", *_SMALL_SWEEP, "--extra", "run_dir", "{root}"], "extra: run_dir"),
+    (["sweep", *_SMALL_SWEEP, "--extra", "seed", "3"], "extra: seed"),
     (["lab", *_SMALL_LAB, "--out-dir", "{root}/afile"], "out_dir"),
     (["lab", *_SMALL_LAB, "--out-dir", ""], "out_dir"),
     (["lab", *_SMALL_LAB, "--seeds"], "seeds"),

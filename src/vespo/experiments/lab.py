@@ -14,12 +14,13 @@ gradient (share of the per-sequence score coefficient held by the top 1%).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -426,6 +427,18 @@ def plot(out: Path, results: list[dict]) -> None:
     plt.close(fig)
 
 
+_GRID_ONLY = ("out_dir", "jobs", "methods", "length", "staleness", "lr_scale", "seeds")
+"""LabConfig fields that do not change one cell's result (where it is written, parallelism, the grid's axes)."""
+
+
+def cell_file(cfg: LabConfig, cell: LabCell) -> str:
+    """A finished cell's JSON file name: the cell's name and a hash of every setting it depends on, so a cell is
+    reused only for exactly the same settings."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in _GRID_ONLY} | asdict(cell)
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    return f"{cell.name.replace('/', '_')}_{key}.json"
+
+
 def lab(cfg: LabConfig) -> list[dict]:
     """Run the grid (parallel processes), write tables and figures; returns the per-cell results."""
     grid = cells(cfg)
@@ -436,16 +449,14 @@ def lab(cfg: LabConfig) -> list[dict]:
     t0 = time.perf_counter()
     done = out / "cells"  # one JSON per finished cell: an interrupted grid resumes where it stopped
     done.mkdir(exist_ok=True)
-    todo = [c for c in grid if not (done / f"{c.name.replace('/', '_')}.json").is_file()]
+    todo = [c for c in grid if not (done / cell_file(cfg, c)).is_file()]
     with ProcessPoolExecutor(cfg.jobs) as pool:
-        for result in tqdm(
-            pool.map(run_cell, [cfg] * len(todo), todo),
-            total=len(grid),
-            initial=len(grid) - len(todo),
-            desc="vespo lab",
+        results = pool.map(run_cell, [cfg] * len(todo), todo)
+        for cell, result in tqdm(
+            zip(todo, results, strict=True), total=len(grid), initial=len(grid) - len(todo), desc="vespo lab"
         ):
-            (done / f"{result['name'].replace('/', '_')}.json").write_text(json.dumps(result))
-    results = [json.loads((done / f"{c.name.replace('/', '_')}.json").read_text()) for c in grid]
+            (done / cell_file(cfg, cell)).write_text(json.dumps(result))
+    results = [json.loads((done / cell_file(cfg, c)).read_text()) for c in grid]
     write_tables(out, results)
     plot(out, results)
     print(f"{len(grid)} cells in {time.perf_counter() - t0:.0f} s -> {out}/results.md")
