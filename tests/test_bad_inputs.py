@@ -84,6 +84,7 @@ _TRAIN = [
     ("optim choice", ["--optim", "adam"], "optim"),
     ("num_threads -1", ["--num-threads", "-1"], "num_threads"),
     ("top_p 0", ["--top-p", "0"], "top_p"),
+    ("save_total_limit 0", ["--save-total-limit", "0"], "save_total_limit must be an integer >= 1"),
     ("mini-batch must divide", ["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "ppo_mini_batch_size"),
     ("unknown method", ["--method", "ppo2"], "method"),
     ("hparams value", ["--hparams", "c1_pos", "abc"], "c1_pos"),

@@ -125,3 +125,11 @@ def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsy
     err = capsys.readouterr().err
     assert ("--resume continues" in err) == checkpointed, err
     assert checkpointed or "no checkpoint was saved yet" in err
+
+
+def test_version_comes_from_the_package_metadata():
+    from importlib.metadata import version
+
+    proc = subprocess.run([sys.executable, "-m", "vespo", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"vespo {version('vespo')}", proc.stderr
+    assert "--version" in subprocess.run([sys.executable, "-m", "vespo"], capture_output=True, text=True).stdout

@@ -194,3 +194,24 @@ def test_checkpoint_of_another_model_is_one_clear_error_on_restore(tmp_path):
     model = torch.nn.Linear(4, 2)
     with pytest.raises(ConfigError, match=r"does not fit the model: weight has shape \[2, 3\], the model \[2, 4\]"):
         restore(load_checkpoint(tmp_path / "run"), model, torch.optim.AdamW(model.parameters()), torch.Generator())
+
+
+def test_save_total_limit_keeps_the_last_k_checkpoints(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "mine.pt").write_bytes(b"not ours")
+    for step in range(1, 6):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        save_checkpoint(tmp_path, step, model, opt, torch.Generator(), keep=3)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["last.pt", "mine.pt", "step_3.pt", "step_4.pt", "step_5.pt"]
+    for step in (3, 4, 5):
+        ckpt = torch.load(tmp_path / "checkpoints" / f"step_{step}.pt", weights_only=True)
+        assert ckpt["step"] == step and ckpt["model"]["weight"].eq(step).all()
+    assert load_checkpoint(tmp_path)["step"] == 5
+    save_checkpoint(tmp_path, 6, model, opt, torch.Generator())  # keep=1: last.pt only, numbered ones left as are
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
+    with pytest.raises(ConfigError, match="save_total_limit must be an integer >= 1"):
+        resolve(TrainConfig(save_total_limit=0))

@@ -227,6 +227,9 @@ class TrainConfig:
     """On --resume, fields allowed to differ from the saved config; only total_training_steps (to train longer)."""
     save_every: int = 25
     """Checkpoint every this many rollout steps (and at the end)."""
+    save_total_limit: int = 1
+    """Checkpoints kept (TRL's name): 1 keeps run_dir/checkpoints/last.pt only; K > 1 also keeps the last K saves as
+    checkpoints/step_<step>.pt (hard links where the file system allows, so the newest costs no extra space)."""
     eval_every: int = 20
     """Held-out evaluation every this many rollout steps (and at the start and end); 0 disables it."""
     eval_size: int = 200
@@ -379,6 +382,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "sft_batch_size": (1, None, False, False),
     "sft_label_noise": (0, 1, False, True),
     "save_every": (1, None, False, False),
+    "save_total_limit": (1, None, False, False),
     "eval_every": (0, None, False, False),
     "eval_size": (1, None, False, False),
     "eval_n": (1, None, False, False),

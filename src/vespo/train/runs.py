@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import random
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -64,16 +65,27 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None
+    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None, *, keep: int = 1
 ) -> None:
     """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states (and
-    `extra` entries, e.g. the async trainer's next batch id). Only tensors and plain containers: no pickled code."""
+    `extra` entries, e.g. the async trainer's next batch id). Only tensors and plain containers: no pickled code.
+    With `keep` > 1 (`save_total_limit`) the last `keep` saves are also kept as checkpoints/step_<step>.pt."""
     path = Path(run_dir) / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state(gen)}
     torch.save(state | (extra or {}), tmp)
     os.replace(tmp, path)
+    if keep > 1:
+        numbered = path.parent / f"step_{step}.pt"
+        numbered.unlink(missing_ok=True)
+        try:
+            os.link(path, numbered)  # the same file as last.pt: no second copy on disk (the next save replaces last.pt)
+        except OSError:
+            shutil.copyfile(path, numbered)
+        saved = [p for p in path.parent.iterdir() if re.fullmatch(r"step_\d+\.pt", p.name)]
+        for old in sorted(saved, key=lambda p: int(p.stem[5:]))[:-keep]:
+            old.unlink()
 
 
 _CKPT_KEYS = ("step", "model", "optimizer", "rng")
@@ -164,6 +176,7 @@ RESUME_ALWAYS_OK = (
     "run_dir",
     "cache_dir",
     "overwrite_output_dir",
+    "save_total_limit",
 )
 """Fields that may differ on --resume: bookkeeping that does not change a trained number."""
 RESUME_OVERRIDABLE = ("total_training_steps",)
