@@ -319,7 +319,7 @@ def cells(cfg: LabConfig) -> list[LabCell]:
     if tokens > MAX_BATCH_TOKENS:
         raise ValueError(
             f"staleness x mini_batch_size x length must be <= {MAX_BATCH_TOKENS} tokens per rollout batch "
-            f"(~{MAX_BATCH_TOKENS * 24 >> 30} GiB per cell), got {max(cfg.staleness)} x {cfg.mini_batch_size} x {t}"
+            f"(~{MAX_BATCH_TOKENS * 24 / 2**30:.1f} GiB per cell), got {max(cfg.staleness)} x {cfg.mini_batch_size} x {t}"
         )
     return [
         LabCell(meth, t, n, s, seed)
