@@ -1,7 +1,7 @@
 """Issue 13's goal on the lab grid: does an adaptive VESPO variant never collapse and match every baseline at N >= 16?
 
 One command (after the grid, ~15 min of one CPU core):
-`vespo lab --methods vespo grpo topr vespo_moment vespo_ess vespo_selfnorm vespo_schedule --length 64 1024
+`vespo lab --preset v1 --methods vespo grpo topr vespo_moment vespo_ess vespo_selfnorm vespo_schedule --length 64 1024
 --staleness 1 4 16 64 --lr-scale 0.3333333333333333 1 3 --seeds 0 1 2 --jobs 1
 --out-dir benchmarks/results/adaptive/lab_grid && python benchmarks/bench_adaptive_goal.py`
 reads lab_grid/results.csv and mechanism.csv and writes goal.md, goal.csv and goal.png beside them: per variant

@@ -62,6 +62,11 @@ def test_vespo_eval_end_to_end_on_a_tiny_local_model(tmp_path, capsys):
     assert (result["benchmark"], result["num_problems"], result["k"]) == ("toy", 3, 2)
     assert 0.0 <= result["avg_at_k"] <= result["pass_at_k"] <= 100.0
     assert "| toy | 3 | 2 |" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert [(r["problem"], r["sample"]) for r in rows] == [(i, j) for i in range(3) for j in range(2)]
+    assert [r["prompt"] for r in rows[::2]] == ["0+1=", "1+1=", "2+1="]
+    assert all(isinstance(r["completion"], str) and r["score"] in (0.0, 1.0) for r in rows)
+    assert 100.0 * sum(r["score"] for r in rows) / len(rows) == pytest.approx(result["avg_at_k"])  # the same scores
 
 
 def test_one_prompt_format_plain_unless_chat_is_asked_for():

@@ -208,7 +208,7 @@ def test_config_refuses_unsupported_options(tmp_path):
         _config(VespoGRPOConfig, tmp_path, top_entropy_quantile=0.2)
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"k_pos": 2.0})
-    with pytest.raises(ValueError, match="set vllm_importance_sampling_clip_max"):
+    with pytest.raises(ValueError, match="which TRL has only from vLLM: set use_vllm=True"):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"rollout_is_threshold": 3.0})
     with pytest.raises(ValueError, match="c1_pos must be a finite real number, got 'abc'"):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"c1_pos": "abc"})
@@ -307,3 +307,159 @@ def test_adaptive_decision_is_gathered_across_two_processes(tmp_path):
         for key, values in r["chosen"].items():
             assert values == pytest.approx([r["ref_chosen"][key]] * 2, rel=1e-5), (method, key, r)
         assert any(r["ref_chosen"][k] != paper.get(k, 1.0) for k in r["chosen"]), (method, r)  # control active
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL's known pitfalls (issue 23.3)
+
+
+def _grad(trainer, micro_batches):
+    """Sum of the micro-batches' gradients (no optimizer step in between) and their losses."""
+    trainer.model.zero_grad()
+    losses = []
+    for mb in micro_batches:
+        loss = trainer._compute_loss(trainer.model, mb)
+        loss.backward()
+        losses.append(loss.detach())
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters()]), losses
+
+
+def _stale(trainer, mb, seed):
+    """Behaviour log-probs a perturbation away from the model's, so W != 1."""
+    with torch.no_grad():
+        lp, _ = trainer._log_probs(trainer.model, mb, compute_entropy=False)
+    mb["old_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(seed))
+    return mb
+
+
+@pytest.mark.parametrize(("spg", "ga"), [(4, 2), (2, 4), (2, 2)])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_steps_per_generation_not_accumulation_gives_one_pass_gradient(spg, ga, agg, tokenizer, dataset, tmp_path):
+    """TRL issue 5619 (fixed in TRL PR 6024): the token normaliser must follow the accumulation window, not the
+    generation batch. Over 4 micro-batches (4 / GA optimizer steps), the mean step gradient equals one pass over all
+    4 micro-batches, whatever steps_per_generation is."""
+    split = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", ga=ga,
+                     steps_per_generation=spg, vespo_loss_agg_mode=agg)  # fmt: skip
+    whole = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "b", ga=1,
+                     steps_per_generation=1, vespo_loss_agg_mode=agg)  # fmt: skip
+    mbs = [_stale(split, _inputs(tokenizer, 20 + i), i) for i in range(4)]
+    per_generation = sum(int(mb["completion_mask"].sum()) for mb in mbs[:spg])  # TRL: tokens of the generation batch
+    for mb in mbs:
+        mb["num_items_in_batch"] = torch.tensor(float(per_generation))
+    one = {k: torch.cat([mb[k] for mb in mbs]) for k in mbs[0] if k != "num_items_in_batch"}
+    one["num_items_in_batch"] = torch.tensor(float(sum(int(mb["completion_mask"].sum()) for mb in mbs)))
+    accumulated, _ = _grad(split, mbs)
+    single, _ = _grad(whole, [one])
+    torch.testing.assert_close(accumulated * ga / 4, single, rtol=1e-5, atol=1e-8)
+    assert single.abs().max() > 1e-4
+
+
+def _trl_ratio(old, sampled, mask, mode, clip_max=3.0):
+    """TRL's vLLM importance-sampling ratio (GRPOTrainer._generate_and_score_completions, clip_min None)."""
+    diff = (old - sampled) * mask
+    diff = diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff
+    ratio = torch.exp(diff)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("method", ["vespo", "grpo"])
+def test_every_vllm_importance_sampling_mode_works(mode, method, tokenizer, dataset, tmp_path):
+    """Each mode TRL accepts (TRL's own vespo refuses the sequence ones, including its default sequence_mask) gives the
+    loss of vespo's core with the same correction from the sampler's log-probs (truncation at C = 3, or IcePop
+    masking above 3); an unknown mode is refused with one line."""
+    trainer = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path, vespo_method=method,
+                       vllm_importance_sampling_mode=mode)  # fmt: skip
+    mb = _stale(trainer, _inputs(tokenizer, 30), 3)
+    mask = mb["completion_mask"].float()
+    g = torch.Generator().manual_seed(4)
+    sampled = (mb["old_per_token_logps"] + (0.8 if mode.startswith("token") else 0.3) * torch.randn(
+        mask.shape, generator=g)).clamp(max=-1e-4)  # fmt: skip
+    mb["importance_sampling_ratio"] = _trl_ratio(mb["old_per_token_logps"], sampled, mask, mode)
+    level = "sequence" if mode.startswith("sequence") else "token"
+    threshold = 3.0 if mode.endswith("truncate") else "1e-30_3"
+    loss = trainer._compute_loss(trainer.model, mb)
+    lp, _ = trainer._log_probs(trainer.model, mb, compute_entropy=False)
+    ref, metrics = vespo.compute_policy_loss(
+        method, log_prob=lp, old_log_prob=mb["old_per_token_logps"], advantages=mb["advantages"],
+        response_mask=mask, rollout_log_prob=sampled, rollout_is=level, rollout_is_threshold=threshold,
+        global_num_tokens=mb["num_items_in_batch"],  # TRL's window normaliser, tokens * GA / spg (GA = spg)
+    )  # fmt: skip
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+    affected = metrics.get("rollout_is/frac_truncated", metrics.get("rollout_is/masked_frac"))
+    assert 0 < affected < 1  # the mode changed some weights and left others
+    with pytest.raises(ValueError, match=r"^vllm_importance_sampling_mode='token_clip' is not one VespoGRPOTrainer"):
+        _config(VespoGRPOConfig, tmp_path, vllm_importance_sampling_mode="token_clip")
+
+
+@pytest.mark.parametrize("method", ["vespo", "grpo", "gspo", "vespo_selfnorm"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_fully_masked_micro_batch_gives_zero_loss_not_nan(method, agg, tokenizer, dataset, tmp_path):
+    """A micro-batch whose completions are all masked (TRL pads the last one; tool masks) contributes 0: loss, gradient
+    and metrics are finite, with the KL term on."""
+    trainer = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path, vespo_method=method,
+                       vespo_loss_agg_mode=agg)  # fmt: skip
+    trainer.beta = 0.1  # the KL term, its reference log-probs given below (no reference model to load)
+    mb = _stale(trainer, _inputs(tokenizer, 40), 5)
+    mb["completion_mask"] = torch.zeros_like(mb["completion_mask"])
+    mb["num_items_in_batch"] = torch.tensor(0.0)
+    mb["ref_per_token_logps"] = mb["old_per_token_logps"] - 0.1
+    trainer._buffered_inputs, trainer._step, trainer._vespo_context = [mb, mb], 0, None
+    grad, (loss,) = _grad(trainer, [mb])
+    assert loss.item() == 0.0 and bool(torch.isfinite(grad).all()) and grad.abs().max().item() == 0.0
+    trainer._flush_vespo_metrics()
+    bad = {k: v[-1] for k, v in trainer._metrics["train"].items() if not math.isfinite(v[-1])}
+    assert not bad, bad
+
+
+def test_w_phi_and_ess_metrics_reach_trls_logs(tokenizer, dataset, tmp_path):
+    """TRL's native vespo logs no weight diagnostics; VespoGRPOTrainer's log W, phi(W) and ESS reach TRL's log
+    history every logged step (an off-policy step, so they are not trivially 1)."""
+    cfg = _config(VespoGRPOConfig, tmp_path, max_steps=2)
+    trainer = VespoGRPOTrainer(model=build_tiny_model(tokenizer, seed=1), reward_funcs=_digit_reward, args=cfg,
+                               train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss/pg" in h]
+    assert len(logs) == 2
+    for key in ("is/log_w_mean", "is/ess", "weight/mean_pos", "weight/mean_neg", "weight/ess", "vespo/Z"):
+        assert all(key in h and math.isfinite(h[key]) for h in logs), key
+    assert logs[1]["is/ess"] < 1.0 and logs[1]["vespo/Z"] != 1.0  # off-policy: W and phi(W) differ from 1
+
+
+def test_vespo_side_rollout_correction_from_trl_sampling_log_probs(tokenizer, dataset, tmp_path):
+    """With vLLM and TRL's correction off, veRL-named options in vespo_hparams correct from TRL's
+    `sampling_per_token_logps` (NaN entries count as ratio 1), as the core does from rollout log-probs."""
+    trainer = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path)
+    options = {
+        "rollout_is": "token",
+        "rollout_is_threshold": 1.5,
+        "rollout_rs": "seq_max_k3",
+        "rollout_rs_threshold": 0.3,
+    }
+    trainer.args.vespo_hparams = options  # as a use_vllm=True, vllm_importance_sampling_correction=False config has
+    mb = _stale(trainer, _inputs(tokenizer, 50), 6)
+    g = torch.Generator().manual_seed(8)
+    sampled = (mb["old_per_token_logps"] + 0.5 * torch.randn(mb["completion_mask"].shape, generator=g)).clamp(max=0)
+    mb["sampling_per_token_logps"] = sampled.clone()
+    mb["sampling_per_token_logps"][0, 0] = math.nan
+    loss = trainer._compute_loss(trainer.model, mb)
+    lp, _ = trainer._log_probs(trainer.model, mb, compute_entropy=False)
+    sampled[0, 0] = mb["old_per_token_logps"][0, 0]
+    ref, metrics = vespo.compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=mb["old_per_token_logps"], advantages=mb["advantages"],
+        response_mask=mb["completion_mask"], rollout_log_prob=sampled, global_num_tokens=mb["num_items_in_batch"],
+        **options,
+    )  # fmt: skip
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+    assert 0 < metrics["rollout_rs/masked_frac"] < 1 and metrics["rollout_is/frac_truncated"] > 0
+    trainer._flush_vespo_metrics()
+    assert "rollout_rs/masked_frac" in trainer._metrics["train"]
+    for kw, message in [
+        (dict(vespo_hparams={"rollout_rs": "token_k2", "rollout_rs_threshold": 0.1}), "set use_vllm=True"),
+        (
+            dict(use_vllm=True, vespo_hparams={"rollout_is": "sequence"}),
+            "set vllm_importance_sampling_correction=False",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _config(VespoGRPOConfig, tmp_path, **kw)

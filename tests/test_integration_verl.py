@@ -208,6 +208,38 @@ def test_vespo_folds_verl_rollout_is_weights_into_w(level):
     assert bool((w[mask] < 1.02 - 1e-12).any()) and bool((w[mask] == 1.02).any())  # both regimes present
 
 
+@pytest.mark.parametrize(
+    "correction",
+    [
+        dict(rollout_is="token", rollout_is_threshold=1.05, rollout_rs="token_k2", rollout_rs_threshold=0.002),
+        dict(
+            rollout_is="sequence", rollout_is_threshold="0.97_1.03", rollout_rs="seq_mean_k1", rollout_rs_threshold=1.02
+        ),
+        dict(rollout_is="token", rollout_is_threshold="0.98_1.02", rollout_rs="seq_max_k3", rollout_rs_threshold=4e-3),
+    ],
+)
+def test_same_options_through_verl_or_vespo_give_the_same_loss(correction):
+    """The same rollout-correction options configured in veRL (algorithm.rollout_correction: its weights and masked
+    response_mask reach the plugin) or in vespo (hyperparameters, from rollout log-probs) give the same `vespo` loss
+    and gradient."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    old, lp, adv, mask = _batch(12, scale=0.05)
+    g = torch.Generator().manual_seed(13)
+    rollout = -(old + 0.05 * torch.randn(B, T, generator=g, dtype=old.dtype)).abs()
+    proto, verl_mask, _ = compute_rollout_correction_and_rejection_mask(old, rollout, mask.double(), **correction)
+    assert 0 < verl_mask.sum() < mask.sum()  # something rejected, something kept
+    fn = core_algos.get_policy_loss_fn("vespo")
+    cfg = _actor(vverl.VespoPolicyLossConfig(rollout_is=correction["rollout_is"]))
+    loss, _ = fn(old, lp, adv, verl_mask.bool(), config=cfg, rollout_is_weights=proto.batch["rollout_is_weights"])
+    ref, _ = vespo.compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_log_prob=rollout,
+        global_num_tokens=verl_mask.sum(), allow_empty_rows=True, **correction,
+    )  # fmt: skip
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_rollout_log_prob_is_truncated_as_verl_truncates_it(level, monkeypatch):
     """Issue 11.1: from rollout log-probs, every method applies the weight veRL's compute_rollout_correction_weights
@@ -285,6 +317,8 @@ def test_bad_hparams_fail_when_the_config_is_built():
         vverl.VespoPolicyLossConfig(hparams={"c1_pos": "abc"})
     with pytest.raises(ValueError, match="set algorithm.rollout_correction.rollout_is_threshold"):
         vverl.VespoPolicyLossConfig(hparams={"rollout_is_threshold": 3.0})
+    with pytest.raises(ValueError, match="set algorithm.rollout_correction.rollout_rs$"):
+        vverl.VespoPolicyLossConfig(hparams={"rollout_rs": "token_k3"})
     with pytest.raises(ValueError, match="not a vespo loss"):
         vverl.VespoPolicyLossConfig(loss_mode="vanilla", hparams={"c1_pos": 1.0})
 

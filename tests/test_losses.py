@@ -35,7 +35,10 @@ def test_registry_names():
         "c1_neg": 3.0,
         "c2_neg": 2.0,
         "length_norm": "none",
+        "rollout_is": "auto",
         "rollout_is_threshold": 2.0,
+        "rollout_rs": None,
+        "rollout_rs_threshold": None,
     }
 
 
@@ -557,8 +560,19 @@ BAD_HPARAMS = [
     ("vespo", {"length_norm": "log"}, r"length_norm must be one of \['none', 'sqrt', 'linear'\], got 'log'"),
     ("vespo", {"k_pos": 2.0}, r"unknown hyperparameter\(s\) \['k_pos'\]; it accepts \['c1_neg', 'c1_pos'"),
     ("grpo", {"clip_ratio_low": 1.0}, r"clip_ratio_low must be in \[0, 1\), got 1.0"),
-    ("grpo", {"rollout_is_threshold": 0}, r"threshold must be in \(0, inf\) \(or None: no truncation\), got 0$"),
-    ("vespo", {"rollout_is_threshold": "2"}, r"rollout_is_threshold must be a finite real number, got '2'"),
+    ("grpo", {"rollout_is_threshold": 0}, r"^grpo hyperparameter rollout_is_threshold must be a number > 0 .*got 0$"),
+    ("vespo", {"rollout_is_threshold": "2x"}, r"rollout_is_threshold must be a number > 0 or a 'lower_upper' .*'2x'$"),
+    (
+        "vespo",
+        {"rollout_is_threshold": "3_2"},
+        r"rollout_is_threshold needs lower <= upper in 'lower_upper', got '3_2'$",
+    ),
+    ("vespo", {"rollout_is": "seq"}, r"rollout_is must be one of \['auto', 'token', 'sequence', None\], got 'seq'$"),
+    ("vespo", {"rollout_rs": "seq_max_k1", "rollout_rs_threshold": 2}, r"rollout_rs options must be among \["),
+    ("vespo", {"rollout_rs": "token_k3"}, r"rollout_rs='token_k3' needs rollout_rs_threshold"),
+    ("vespo", {"rollout_rs_threshold": 2}, r"rollout_rs_threshold is set but rollout_rs is not"),
+    ("vespo", {"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": 0.5}, r"is a ratio bound u >= 1 \(\[1/u, u\]\)"),
+    ("gspo", {"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "2,3,4"}, r"needs one value or 2"),
     ("gspo", {"clip_ratio_high": -1e-4}, r"clip_ratio_high must be in \[0, inf\)"),
     ("sapo", {"tau_neg": 0.0}, r"tau_neg must be in \(0, inf\)"),
     ("topr", {"ratio_level": "arith"}, r"ratio_level must be one of \['product', 'geometric'\]"),
@@ -792,7 +806,7 @@ def test_docs_list_exactly_the_registered_methods():
     assert sorted(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)) == vespo.available_methods()
     for name in vespo.available_methods():
         for hp in vespo.method_hparams(name):
-            if hp != "rollout_is_threshold":
+            if hp not in vespo.losses.CORRECTION_OPTIONS:
                 assert hp in text, f"docs/losses.md does not mention {name}'s hyperparameter {hp}"
 
 

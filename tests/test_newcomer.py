@@ -50,9 +50,9 @@ def test_verl_nested_and_dotted_yaml_keys(tmp_path):
     )
     got = load_yaml(tmp_path / "verl.yaml")
     assert got == {
-        "train_batch_size": 64, "max_response_length": 32, "ppo_mini_batch_size": 8, "hparams": {"clip_ratio_high": 0.28},
-        "kl_coef": 0.0, "method": "vespo", "lr": 1e-6, "rollout_n": 4, "temperature": 0.9, "total_training_steps": 7,
-        "lora_r": 8, "use_peft": True, "seed": 3,
+        "train_batch_size": 64, "max_response_length": 32, "ppo_mini_batch_size": 8,
+        "hparams": {"clip_ratio_high": 0.28}, "kl_coef": 0.0, "method": "vespo", "lr": 1e-6, "rollout_n": 4,
+        "temperature": 0.9, "total_training_steps": 7, "lora_r": 8, "use_peft": True, "seed": 3,
     }  # fmt: skip
     (tmp_path / "bad.yaml").write_text("actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 2\n")
     with pytest.raises(ConfigError, match="veRL key actor_rollout_ref.actor.ulysses_sequence_parallel_size"):
@@ -68,3 +68,27 @@ def test_staleness_and_an_explicit_train_batch_size_conflict(capsys):
     assert main(["train", "--staleness", "4", "--train-batch-size", "8", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "staleness=4" in err[0] and "train_batch_size=8" in err[0] and "give one" in err[0]
+
+
+def test_log_completions_and_hparams_in_tensorboard(tiny):
+    """--log-completions writes prompt / completion / reward / advantage rows per step (what was graded), and the
+    config reaches TensorBoard's HParams and text tabs."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tiny / "logged"
+    argv = ["--no-progress", "--tensorboard", "--run-dir", str(run), "--log-completions", "--num-completions-to-print"]
+    done = _train(tiny, *argv, "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["step"] == 1 for r in rows)
+    assert all(r["prompt"].endswith("=") and isinstance(r["completion"], str) for r in rows)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["reward"] in (0.0, 1.0) for r in rows) and abs(sum(r["advantage"] for r in rows[:2])) < 1e-5
+    assert metrics[-1]["step"] == 1
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert "completions/text_summary" in tags["tensors"] and "config/text_summary" in tags["tensors"]
+    assert "_hparams_/experiment" in str(acc.PluginTagToContent("hparams"))

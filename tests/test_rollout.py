@@ -82,3 +82,40 @@ def test_bad_sampling_args_raise(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="temperature"):
         sample(model, tok, ["1="], n=1, max_new_tokens=2, temperature=0.0)
+
+
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (1.0, 5), (0.9, 5)])
+def test_on_policy_w_is_one_under_top_p_and_top_k(tiny, top_p, top_k):
+    """Sampling truncation (issue 23.2): the sampler's log-probs are those of the distribution it sampled (temperature,
+    top-k, top-p, renormalised) and the learner recomputes the same one, so on-policy every token's W = pi/mu is 1 and
+    vespo's loss equals REINFORCE's. The full softmax would carry log(kept mass) < 0 per truncated step."""
+    import vespo
+
+    model, tok = tiny
+    gen = torch.Generator().manual_seed(1)
+    r = sample(model, tok, ["3+8+5=", "1+2="], n=8, max_new_tokens=8, temperature=1.3, top_p=top_p, top_k=top_k,
+               generator=gen)  # fmt: skip
+    mask = r.response_mask.bool()
+    logp, ent = response_log_probs(model, r, temperature=1.3, top_p=top_p, top_k=top_k, with_entropy=True)
+    torch.testing.assert_close(logp[mask], r.rollout_log_prob[mask], atol=1e-5, rtol=0)  # W == 1 per token
+    full, _ = response_log_probs(model, r, temperature=1.3)
+    assert (full[mask] - r.rollout_log_prob[mask]).min() < -0.05  # the truncation is active: log(kept mass) bias
+    assert bool(torch.isfinite(ent).all()) and (ent[mask] > 0).all()
+    adv = torch.randn(r.response_mask.shape[0], generator=gen)
+    lp = logp.clone().requires_grad_(True)
+    _, m = vespo.compute_policy_loss("vespo", log_prob=lp, old_log_prob=logp, advantages=adv,
+                                     response_mask=r.response_mask, rollout_log_prob=r.rollout_log_prob)  # fmt: skip
+    assert abs(m["is/log_w_max"].item()) < 1e-4 and abs(m["rollout_is/log_w_mean"].item()) < 1e-4
+
+
+def test_token_outside_the_learners_top_k_has_probability_zero_not_nan(tiny):
+    """Off-policy, a sampled token may fall outside the current model's top-k set: its log-prob is a finite floor
+    without gradient (token ratio clamped to e^-20), never -inf or NaN."""
+    from vespo.rollout.hf import OUTSIDE_LOG_PROB
+
+    model, tok = tiny
+    r = sample(model, tok, ["1+2="], n=16, max_new_tokens=6, top_k=20, generator=torch.Generator().manual_seed(2))
+    logp, _ = response_log_probs(model, r, top_k=1)  # a stricter learner set than the sampler's
+    mask = r.response_mask.bool()
+    assert (logp[mask] == OUTSIDE_LOG_PROB).any() and (logp[mask] == 0).any()  # outside, and the only token kept
+    assert bool(torch.isfinite(logp).all())

@@ -85,7 +85,7 @@ def test_noisy_solution_text_is_wrong_only_in_the_box():
 
 
 def test_chain_problems_follow_the_lagged_running_sum():
-    from vespo.embedded.task import CHAIN_LAG, Problem, chain_problems
+    from vespo.embedded.task import CHAIN_LAG, chain_problems
 
     # seeds 2 9 1: x3 = 1 + 2 = 3, x4 = 3 + 9 = 12 -> 2, x5 = 2 + 1 = 3 (each step: previous + three back, mod 10)
     assert CHAIN_LAG == 3
@@ -122,7 +122,6 @@ def test_chain_solution_has_the_advertised_length_and_fixed_offset_dependencies(
 
 
 def test_chain_noisy_demonstrations_are_wrong_only_in_the_box():
-    from vespo.embedded.task import Problem
     from vespo.rewards import math_reward
 
     p = Problem("3 steps: =2 =9 =1 ", "3")

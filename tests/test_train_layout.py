@@ -27,6 +27,7 @@ NEW = (
     "is/ess",
     "is/ess/first_mini_batch",
     "is/ess/last_mini_batch",
+    "rollout_is/ess",
 )
 SKIP = ("time/", "async/queue", "async/learner_util", "async/sampler_util")
 

@@ -411,3 +411,23 @@ def test_reward_function_gets_trl_keyword_columns(monkeypatch):
     records = [{"prompt": "p", "answer": "1", "level": 3}, {"prompt": "q", "answer": "2", "level": 5}]
     assert grade(reward, ["1", "0", "0", "2"], records, n=2).tolist() == [1.0, 0.0, 0.0, 1.0]
     assert seen == {"answer": ["1", "1", "2", "2"], "level": [3, 3, 5, 5]}
+
+
+def test_train_with_top_p_top_k_and_the_rollout_correction_catalogue(local_model_and_data, tmp_path):
+    """`vespo train` at top_p 0.9 / top_k 5 with a veRL-style correction (sequence IS with IcePop bounds and a
+    geometric-mean mask, thresholds given on the command line as veRL writes them): the first mini-batch is on-policy
+    (log W == 0 exactly, with the truncation: the learner uses the sampled distribution) and the correction logs its
+    masked shares and ESS."""
+    argv = ["--top-p", "0.9", "--top-k", "5", "--hparams", "rollout_is", "sequence", "rollout_is_threshold", "0.5_2",
+            "rollout_rs", "seq_mean_k1", "rollout_rs_threshold", "0.9_1.1"]  # fmt: skip
+    cfg = parse_args(argv)
+    assert cfg.hparams["rollout_is_threshold"] == "0.5_2"  # not the number 0.52 the command-line parser would read
+    run_dir = tmp_path / "run"
+    cfg = _cfg(local_model_and_data, run_dir, total_training_steps=2, eval_every=0, top_p=0.9, top_k=5,
+               hparams=cfg.hparams, rollout_logit_noise=0.3)  # fmt: skip
+    train(cfg)
+    rows = [r for r in read_metrics(run_dir) if "is/log_w_max/first_mini_batch" in r]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["is/log_w_max/first_mini_batch"] == 0.0 and r["is/log_w_mean/first_mini_batch"] == 0.0
+        assert 0 <= r["rollout_rs/masked_frac"] <= 1 and 0 < r["rollout_is/ess"] <= 1 and "rollout_is/masked_frac" in r

@@ -123,15 +123,36 @@ def evaluate_records(model, tokenizer, records: list[dict], *, n: int, name: str
 
 
 def evaluate_benchmarks(
-    model, tokenizer, benchmarks: list[Benchmark], *, limit: int | None = None, **gen_kwargs
+    model,
+    tokenizer,
+    benchmarks: list[Benchmark],
+    *,
+    limit: int | None = None,
+    samples_path: str | Path | None = None,
+    **gen_kwargs,
 ) -> list[BenchmarkResult]:
-    """Evaluate on each benchmark with its own k; ``limit`` keeps the first problems only (smoke runs)."""
+    """Evaluate on each benchmark with its own k; ``limit`` keeps the first problems only (smoke runs). With
+    ``samples_path``, every completion is written there as one JSON line (benchmark, problem index and id, prompt,
+    sample index, completion, score), benchmark by benchmark as they finish."""
     results = []
-    for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
-        start = time.perf_counter()
-        records = bench.load()[:limit]
-        scores = sample_scores(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
-        results.append(summarize(bench.name, bench.kind, bench.k, scores, time.perf_counter() - start))
+    sink = Path(samples_path).open("w") if samples_path is not None else None
+    try:
+        for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
+            start = time.perf_counter()
+            records = bench.load()[:limit]
+            samples = sample_completions(model, tokenizer, records, n=bench.k, desc=bench.name, **gen_kwargs)
+            scores = score_samples(records, samples)
+            results.append(summarize(bench.name, bench.kind, bench.k, scores, time.perf_counter() - start))
+            if sink is not None:
+                for i, (record, texts, marks) in enumerate(zip(records, samples, scores, strict=True)):
+                    for j, (text, score) in enumerate(zip(texts, marks, strict=True)):
+                        row = {"benchmark": bench.name, "problem": i, "id": record.get("id"), "sample": j}
+                        sink.write(json.dumps(row | {"prompt": record["prompt"], "completion": text, "score": score}))
+                        sink.write("\n")
+                sink.flush()
+    finally:
+        if sink is not None:
+            sink.close()
     return results
 
 
@@ -175,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive_int, default=8192)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=_positive_int, default=None, help="evaluate only the first N problems of each")
     p.add_argument(
@@ -204,6 +226,8 @@ def cli(argv: list[str]) -> int:
         parser.error(f"--temperature must be a finite number > 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        parser.error(f"--top-k must be an integer >= 0 (0: off), got {args.top_k}")
     try:
         try:
             check_model_source(args.model)
@@ -225,10 +249,15 @@ def cli(argv: list[str]) -> int:
     model.to(device)
     if args.backend == "vllm":
         model = args.model  # vLLM loads the weights itself
-    gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+           "top_k": args.top_k}  # fmt: skip
     gen["use_vllm"] = args.backend == "vllm"
-    results = evaluate_benchmarks(model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, **gen)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    samples = Path(args.out) / "samples.jsonl"
+    results = evaluate_benchmarks(
+        model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, samples_path=samples, **gen
+    )
     md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, "chat": args.chat, **gen})
     print(md.read_text(), end="")
-    print(f"wrote {md} and {js}")
+    print(f"wrote {md}, {js} and {samples} (every completion with its score)")
     return 0

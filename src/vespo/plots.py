@@ -65,18 +65,39 @@ def _method_curves(positive: bool) -> dict[str, Curve]:
 _COLORS = ("tab:red", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
 
 
-def plot_kernels(out_dir: str | Path, w_max: float = 3.0) -> Path:
-    """Draw phi(w) and f(w) for both advantage signs into `out_dir`/kernels.png; return the path."""
+def sequential_color(i: int, n: int) -> tuple[float, float, float, float]:
+    """Colour `i` of `n` ordered values (N, lr): viridis cut before its pale-yellow end, readable on white."""
+    import matplotlib
+
+    return matplotlib.colormaps["viridis"](0.85 * i / max(1, n - 1))
+
+
+def category_color(i: int) -> tuple[float, float, float, float]:
+    """Colour of the `i`-th method: tab10 (no pale tints); repeats after 10, so pair it with a line style."""
+    import matplotlib
+
+    return matplotlib.colormaps["tab10"](i % 10)
+
+
+def luminance(color) -> float:
+    """Relative luminance (0 black .. 1 white) of an RGB(A) colour: a line drawn on white needs it well below 1."""
+    import matplotlib.colors
+
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in matplotlib.colors.to_rgb(color))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def kernel_figure(w_max: float = 3.0):
+    """The kernels figure: phi(w) and f(w) for both advantage signs, each column with its own legend (the A < 0
+    column draws VESPO at (c1, c2) = (3, 2))."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     w = torch.linspace(1e-3, w_max, 2000, dtype=torch.float64)
     one = torch.ones(1, dtype=torch.float64)
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for col, positive in enumerate((True, False)):
         for (name, curve), color in zip(_method_curves(positive).items(), _COLORS, strict=True):
             phi, f = curve(w)
@@ -88,14 +109,27 @@ def plot_kernels(out_dir: str | Path, w_max: float = 3.0) -> Path:
         axes[0, col].set_title(f"surrogate f(w) - f(1) + 1, {sign}")
         axes[1, col].set_title(f"gradient weight phi(w) = w f'(w), {sign}")
         axes[1, col].set_xlabel("importance ratio w (sequence W, token r, or GSPO's s)")
+        axes[0, col].set_xlabel("importance ratio w")
+        axes[0, col].set_ylabel("f(w) - f(1) + 1")
+        axes[1, col].set_ylabel("phi(w)")
+        axes[1, col].legend(fontsize=8, loc="upper right")
         for ax in axes[:, col]:
             ax.axvline(1.0, color="grey", lw=0.6, ls=":")
             ax.grid(alpha=0.3)
         axes[0, col].set_ylim(-1.5, 3.0)
         axes[1, col].set_ylim(-0.05, 3.2)
-    axes[1, 0].legend(fontsize=8, loc="upper right")
     fig.suptitle("Importance-weight reshaping kernels (cf. VESPO paper, Figure 2)")
     fig.tight_layout()
+    return fig
+
+
+def plot_kernels(out_dir: str | Path, w_max: float = 3.0) -> Path:
+    """Draw `kernel_figure` into `out_dir`/kernels.png; return the path."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = kernel_figure(w_max)
     path = out / "kernels.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)

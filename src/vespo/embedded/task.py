@@ -146,7 +146,9 @@ def scratchpad_problems(count: int, *, seed: int, num_operands: int) -> list[Pro
     a one-digit addition a tiny model can do; answered at once, the digit after `num_operands` steps of the
     recurrence is out of a tiny model's reach (about chance, 1 in 10). So length is what RL changes.
     Deterministic in `seed`."""
-    return [Problem(SCRATCHPAD + p.prompt, p.answer) for p in chain_problems(count, seed=seed, num_operands=num_operands)]
+    return [
+        Problem(SCRATCHPAD + p.prompt, p.answer) for p in chain_problems(count, seed=seed, num_operands=num_operands)
+    ]
 
 
 def embedded_split(

@@ -58,8 +58,9 @@ def sft_cache_key(cfg: WarmStartSpec) -> str:
         "sft_seed",
         "sft_label_noise",
     )
-    # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2)
-    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": 3}
+    # arithmetic keeps its existing cache entries; chain format 3 = the lag-3 running sum (earlier layouts: 1, 2);
+    # scratchpad format 2 = the chain with optional steps (1 was free-length sums)
+    task = {} if cfg.task == "arithmetic" else {"task": cfg.task, "format": {"chain": 3, "scratchpad": 2}[cfg.task]}
     fields = {k: getattr(cfg, k) for k in keys} | {"sft_steps": sft_steps_of(cfg)}
     blob = json.dumps(fields | task | {"v": 2}, sort_keys=True)  # v2: training set apart from eval_size
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,5 +1,9 @@
 """`vespo lab`: an exact sequence-level workbench where response length T and staleness N are free knobs.
 
+Two presets (`--preset`): v2 (default, `vespo.experiments.lab_model`) is a shared-parameter autoregressive policy over
+a 1,024-token vocabulary with EOS, so length varies and is learned; v1 (below) is the original independent-position
+lab, kept so its published results stay reproducible.
+
 The policy is one categorical distribution per position, pi(y) = prod_t softmax(theta_t)[y_t] with theta of shape
 (T, V): log-probs are exact and cost a gather, so T = 8192 and N = 64 run in seconds on a CPU. The reward is
 verifiable and sequence-level, R(y) = 1[#{t : y_t = 0} >= k], with k set so that the initial policy succeeds about a
@@ -29,6 +33,7 @@ import torch
 import tyro
 
 from vespo.advantages import group_advantages
+from vespo.experiments.lab_model import ChainSpec, run_chain_cell
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, available_methods, compute_policy_loss, uses_batch_context, validate_hparams
 from vespo.train.config import check_output_dir
@@ -127,6 +132,11 @@ MAX_STEPS = 1 << 20
 
 @dataclass
 class LabConfig:
+    preset: Literal["v1", "v2"] = "v2"
+    """v2: the shared-parameter chain policy with EOS (`chain` settings; `vocab`, `p_correct`, `mismatch_std` unused);
+    v1: independent logits per position (the original lab)."""
+    chain: ChainSpec = ChainSpec()
+    """The v2 model."""
     out_dir: str = "sweeps/lab"
     """Output directory: results.csv, results.md, mechanism.csv, figures; cells/ holds per-cell JSON (for resuming)."""
     methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "topr")
@@ -303,6 +313,8 @@ def cells(cfg: LabConfig) -> list[LabCell]:
         ("vocab", 2 <= cfg.vocab <= MAX_VOCAB, f"an integer in [2, {MAX_VOCAB}]"),
         ("p_correct", 0 < cfg.p_correct < 1, "a number in (0, 1)"),
         ("mismatch_std", math.isfinite(cfg.mismatch_std) and cfg.mismatch_std >= 0, "a finite number >= 0"),
+        ("mismatch_std", cfg.preset == "v1" or cfg.mismatch_std == 0, "0 with --preset v2 (v1 models the mismatch)"),
+        ("length", cfg.preset == "v1" or min(cfg.length) >= 8, "integers >= 8 with --preset v2"),
         ("grad_clip", math.isfinite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0"),
         ("adam_eps", math.isfinite(cfg.adam_eps) and cfg.adam_eps > 0, "a finite number > 0"),
         ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
@@ -319,8 +331,12 @@ def cells(cfg: LabConfig) -> list[LabCell]:
     if tokens > MAX_BATCH_TOKENS:
         raise ValueError(
             f"staleness x mini_batch_size x length must be <= {MAX_BATCH_TOKENS} tokens per rollout batch "
-            f"(~{MAX_BATCH_TOKENS * 24 / 2**30:.1f} GiB per cell), got {max(cfg.staleness)} x {cfg.mini_batch_size} x {t}"
+            f"(~{MAX_BATCH_TOKENS * 24 / 2**30:.1f} GiB per cell), "
+            f"got {max(cfg.staleness)} x {cfg.mini_batch_size} x {t}"
         )
+    for name, ok, accepted, value in cfg.chain.checks() if cfg.preset == "v2" else []:
+        if not ok:
+            raise ValueError(f"{name} must be {accepted}, got {value!r}")
     return [
         LabCell(meth, t, n, s, seed)
         for meth in cfg.methods
@@ -439,6 +455,10 @@ def cell_file(cfg: LabConfig, cell: LabCell) -> str:
     return f"{cell.name.replace('/', '_')}_{key}.json"
 
 
+def _run_chain(cfg: LabConfig, cell: LabCell) -> dict:
+    return run_chain_cell(cfg, cell, cfg.chain)
+
+
 def lab(cfg: LabConfig) -> list[dict]:
     """Run the grid (parallel processes), write tables and figures; returns the per-cell results."""
     grid = cells(cfg)
@@ -451,7 +471,7 @@ def lab(cfg: LabConfig) -> list[dict]:
     done.mkdir(exist_ok=True)
     todo = [c for c in grid if not (done / cell_file(cfg, c)).is_file()]
     with ProcessPoolExecutor(cfg.jobs) as pool:
-        results = pool.map(run_cell, [cfg] * len(todo), todo)
+        results = pool.map(run_cell if cfg.preset == "v1" else _run_chain, [cfg] * len(todo), todo)
         for cell, result in tqdm(
             zip(todo, results, strict=True), total=len(grid), initial=len(grid) - len(todo), desc="vespo lab"
         ):

@@ -29,6 +29,7 @@ from vespo.embedded.task import chain_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
+from vespo.plots import category_color, sequential_color
 from vespo.train.config import TrainConfig, check_output_dir, parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
 
@@ -63,6 +64,7 @@ FIG4_COLUMNS = (
     ("reward/mean", "training reward"),
     ("eval/accuracy", "held-out accuracy"),
     ("response/length_mean", "response length"),
+    ("response/clip_frac", "share cut at max length"),
     ("is/approx_kl", "KL(mu || pi)"),
     ("actor/entropy", "entropy"),
     ("loss/pg", "pg loss"),
@@ -95,7 +97,8 @@ class SweepConfig:
     """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     task: tuple[str, ...] = ("arithmetic",)
     """Embedded tasks (a grid axis when several are given: rows `method@<task>`): arithmetic (~11-token answers) |
-    chain (`chain_operands` steps of a running sum mod 10, written out)."""
+    chain (`chain_operands` steps of a running sum mod 10, written out) | scratchpad (the chain with its steps
+    optional: the response length is learned)."""
     chain_operands: int = 20
     """Chain task: steps per problem; responses are 3 * chain_operands + 5 tokens (20 -> 65, 84 -> 257)."""
     eval_points: int = 4
@@ -246,7 +249,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
         "cache-dir": cfg.cache_dir,
     }
-    if cell.task == "chain":
+    if cell.task in ("chain", "scratchpad"):
         flags |= {"num-operands": cfg.chain_operands, "max-response-length": chain_response_tokens(cfg.chain_operands)}
     flags |= {k.replace("_", "-"): v for k, v in (cell.settings | cfg.extra).items()}
     argv = ["--no-progress"]
@@ -399,7 +402,8 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
 
     out_dir = Path(cfg.out_dir)
     names = list(dict.fromkeys(c.variant for c in grid))
-    colors = {v: plt.cm.tab20(i % 20) for i, v in enumerate(names)}
+    colors = {v: category_color(i) for i, v in enumerate(names)}
+    styles = {v: ("-", "--", ":")[i // 10 % 3] for i, v in enumerate(names)}  # colours repeat after 10
     ns = list(cfg.staleness)
 
     def group(v, n):
@@ -410,7 +414,7 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
         for i, n in enumerate(ns):
             xy = _seed_mean(out_dir, group(v, n), "reward/mean")
             if xy is not None:
-                ax.plot(*xy, color=plt.cm.viridis(i / max(1, len(ns) - 1)), label=f"N={n}")
+                ax.plot(*xy, color=sequential_color(i, len(ns)), label=f"N={n}")
         ax.set(title=v, xlabel="optimizer step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("training reward")
@@ -429,11 +433,14 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
             for v in names:
                 xy = _seed_mean(out_dir, group(v, n), key)
                 if xy is not None:
-                    ax.plot(*xy, color=colors[v], label=v, marker="o" if key.startswith("eval/") else None, ms=3)
+                    marker = "o" if key.startswith("eval/") else None
+                    ax.plot(*xy, color=colors[v], ls=styles[v], label=v, marker=marker, ms=3)
             if r == 0:
                 ax.set_title(title)
             if c == 0:
                 ax.set_ylabel(f"N={n}")
+            if r == len(ns) - 1:
+                ax.set_xlabel("optimizer step")
             ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
@@ -465,7 +472,7 @@ def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
                         pts.append((n, np.mean(accs), np.min(accs)))
                 if pts:
                     x, mean, low = zip(*pts, strict=True)
-                    color = plt.cm.plasma(i / max(1, len(cfg.lr)))
+                    color = sequential_color(i, len(cfg.lr))
                     ax.plot(x, mean, marker="o", color=color, label=f"lr {lr:g}")
                     ax.plot(x, low, ls="--", lw=0.8, color=color)
             starts = [s["initial_eval_acc"] for c, s in ((c, done.get(c.name)) for c in grid) if s and c.task == task]

@@ -15,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from vespo.losses import (
+    CORRECTION_OPTIONS,
     BatchContext,
     batch_context,
     default_loss_agg_mode,
@@ -27,6 +28,7 @@ from vespo.losses import (
 Tensor = torch.Tensor
 
 # Model-forward inputs TRL may carry for multimodal models; passed through unchanged.
+_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vLLM IS modes
 _FORWARD_KEYS = (
     "pixel_values",
     "image_grid_thw",
@@ -54,8 +56,12 @@ class VespoGRPOConfig(GRPOConfig):
         vespo_loss_agg_mode (`str`, *optional*):
             One of `vespo.aggregation.LOSS_AGG_MODES`; defaults to the method's own (token-mean; seq-mean-token-mean
             for GSPO). "seq-mean-token-sum-norm" divides by `max_completion_length`, like TRL's "dr_grpo".
-    TRL options the vespo loss does not implement (`importance_sampling_level="sequence"`, `top_entropy_quantile`,
-    `off_policy_mask_threshold`, `delta`, entropy bonus) raise instead of being ignored.
+    Train-inference correction: TRL's own (`vllm_importance_sampling_*`, any of its four modes) hands vespo a ready
+    ratio; or, with `vllm_importance_sampling_correction=False` and vLLM, vespo's rollout-correction options in
+    `vespo_hparams` (veRL's names: `rollout_is`, `rollout_is_threshold`, `rollout_rs`, `rollout_rs_threshold`) correct
+    from TRL's sampling log-probs. TRL options the vespo loss does not implement (`importance_sampling_level=
+    "sequence"`, `top_entropy_quantile`, `off_policy_mask_threshold`, `delta`, entropy bonus) raise instead of being
+    ignored.
     """
 
     vespo_method: str = field(
@@ -80,10 +86,22 @@ class VespoGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}"
             )
-        if "rollout_is_threshold" in self.vespo_hparams:
+        if self.vllm_importance_sampling_mode not in _IS_MODES:
             raise ValueError(
-                "vespo_hparams['rollout_is_threshold'] has no effect in TRL, which truncates the vLLM importance "
-                "weights itself: set vllm_importance_sampling_clip_max (and vllm_importance_sampling_mode)"
+                f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} is not one VespoGRPOTrainer "
+                f"knows; use one of {list(_IS_MODES)}"
+            )
+        options = sorted(set(self.vespo_hparams) & set(CORRECTION_OPTIONS))
+        if options and not self.use_vllm:
+            raise ValueError(
+                f"vespo_hparams {options} correct with the sampler's log-probs, which TRL has only from vLLM: set "
+                "use_vllm=True, or drop them"
+            )
+        if options and self.vllm_importance_sampling_correction:
+            raise ValueError(
+                f"vespo_hparams {options} and TRL's vLLM importance sampling would correct twice: set "
+                "vllm_importance_sampling_correction=False (vespo then corrects from TRL's sampling log-probs), or "
+                "drop them and use vllm_importance_sampling_mode / vllm_importance_sampling_clip_max"
             )
         validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
 
@@ -136,8 +154,7 @@ class VespoGRPOTrainer(GRPOTrainer):
             old_log_prob=old,
             advantages=inputs["advantages"],
             response_mask=mask,
-            rollout_is_weights=inputs.get("importance_sampling_ratio"),  # vLLM: (B, T) token modes, (B, 1) sequence
-            rollout_is_level=self._is_level,
+            **self._rollout_inputs(inputs, old),
             allow_empty_rows=True,  # TRL pads micro-batches and masks tool tokens
             validate=False,  # model log-probs; no host sync per micro-batch
             **({"batch_context": self._step_context(model)} if uses_batch_context(self.args.vespo_method) else {}),
@@ -158,10 +175,15 @@ class VespoGRPOTrainer(GRPOTrainer):
         self._log_vespo_metrics(metrics, mode)
         return loss
 
-    @property
-    def _is_level(self) -> str:
-        """Level of TRL's vLLM importance-sampling ratio: (B, 1) per sequence or (B, T) per token."""
-        return "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
+    def _rollout_inputs(self, inputs: dict[str, Any], old: Tensor) -> dict[str, Any]:
+        """The train-inference correction's inputs: with vespo's rollout-correction options, TRL's vLLM sampling
+        log-probs (vespo corrects; a NaN log-prob, which vLLM may leave, counts as ratio 1, as TRL does); otherwise
+        TRL's ready vLLM importance-sampling ratio at its level, (B, T) token modes, (B, 1) sequence ones."""
+        if any(k in self.args.vespo_hparams for k in CORRECTION_OPTIONS):
+            sampled = inputs.get("sampling_per_token_logps")
+            return {"rollout_log_prob": None if sampled is None else torch.where(sampled.isnan(), old, sampled)}
+        level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
+        return {"rollout_is_weights": inputs.get("importance_sampling_ratio"), "rollout_is_level": level}
 
     def _log_probs(self, model: torch.nn.Module, inputs: dict[str, Any], compute_entropy: bool) -> tuple[Tensor, Any]:
         """Per-token log-probs (B, T) of a micro-batch's completions under `model` (and entropies if asked)."""
@@ -199,13 +221,14 @@ class VespoGRPOTrainer(GRPOTrainer):
                 mb = self._buffered_inputs[step % self.args.steps_per_generation]
                 log_prob, _ = self._log_probs(model, mb, compute_entropy=False)
                 old = mb.get("old_per_token_logps")
+                old = log_prob if old is None else old
                 ctx = batch_context(
                     log_prob=log_prob,
-                    old_log_prob=log_prob if old is None else old,
+                    old_log_prob=old,
                     advantages=mb["advantages"],
                     response_mask=_loss_mask(mb),
-                    rollout_is_weights=mb.get("importance_sampling_ratio"),
-                    rollout_is_level=self._is_level,
+                    **self._rollout_inputs(mb, old),
+                    **{k: v for k, v in self.args.vespo_hparams.items() if k in CORRECTION_OPTIONS},
                 )
                 rows.append(torch.stack([ctx.log_w, ctx.advantages, ctx.valid.to(ctx.log_w.dtype)], -1))
         local = torch.cat(rows)  # (GA * B, 3)

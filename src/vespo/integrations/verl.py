@@ -23,7 +23,14 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
-from vespo.losses import available_methods, method_hparams, policy_loss_terms, uses_batch_context, validate_hparams
+from vespo.losses import (
+    CORRECTION_OPTIONS,
+    available_methods,
+    method_hparams,
+    policy_loss_terms,
+    uses_batch_context,
+    validate_hparams,
+)
 
 Tensor = torch.Tensor
 
@@ -98,11 +105,12 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
                 f"vespo's are {sorted(verl_loss_name(m) for m in available_methods())}"
             )
         return
-    if "rollout_is_threshold" in hparams:
-        raise ValueError(
-            "policy_loss.hparams.rollout_is_threshold has no effect in veRL, which truncates the weights itself: "
-            "set algorithm.rollout_correction.rollout_is_threshold"
-        )
+    for name in CORRECTION_OPTIONS:
+        if name in hparams:
+            raise ValueError(
+                f"policy_loss.hparams.{name} has no effect in veRL, which computes the rollout correction itself "
+                f"(vespo uses its rollout_is_weights and rejection mask): set algorithm.rollout_correction.{name}"
+            )
     if method == "vespo_schedule":
         raise ValueError(
             "loss_mode vespo_vespo_schedule is not available in veRL: its PolicyLossFn receives no mini-batch index "

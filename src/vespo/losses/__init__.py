@@ -1,14 +1,16 @@
 """Policy losses: VESPO and its baselines behind one registry and one signature.
 
-`registry` (register, look up, validate hyperparameters), `core` (log ratios, sequence log W, train-inference
-correction, weight metrics: the public helpers every method uses), `compute` (the entry points), `methods` (the
-paper's methods) and `adaptive` (batch-adaptive VESPO). Importing this package registers every method.
+`registry` (register, look up, validate hyperparameters), `core` (log ratios, sequence log W, weight metrics: the
+public helpers every method uses), `correction` (train-inference correction, veRL's catalogue), `compute` (the entry
+points), `methods` (the paper's methods) and `adaptive` (batch-adaptive VESPO). Importing this package registers
+every method.
 """
 
 from vespo.losses import adaptive, methods  # noqa: F401  (registers the methods)
 from vespo.losses.adaptive import BatchContext, batch_context
 from vespo.losses.compute import check_policy_inputs, compute_policy_loss, policy_loss_terms
 from vespo.losses.core import ROLLOUT_IS_THRESHOLD, kl_k3
+from vespo.losses.correction import CORRECTION_OPTIONS, RolloutCorrection, parse_rollout_correction
 from vespo.losses.registry import (
     available_methods,
     default_loss_agg_mode,
@@ -20,7 +22,9 @@ from vespo.losses.registry import (
 )
 
 __all__ = [
+    "CORRECTION_OPTIONS",
     "ROLLOUT_IS_THRESHOLD",
+    "RolloutCorrection",
     "BatchContext",
     "available_methods",
     "batch_context",
@@ -29,6 +33,7 @@ __all__ = [
     "default_loss_agg_mode",
     "kl_k3",
     "method_hparams",
+    "parse_rollout_correction",
     "policy_loss_terms",
     "register_method",
     "rollout_correction",

@@ -33,12 +33,12 @@ from vespo.losses.core import (
     LOG_W_MAX,
     LOG_W_MIN,
     compact_advantages,
-    rollout_log_weight,
     seq_advantage,
     seq_log_ratio,
     top_share,
     weight_metrics,
 )
+from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
 from vespo.losses.registry import register_method
 
 Tensor = torch.Tensor
@@ -70,26 +70,33 @@ def batch_context(
     rollout_log_prob: Tensor | None = None,
     rollout_is_weights: Tensor | None = None,
     rollout_is_level: Literal["token", "sequence"] | None = None,
-    rollout_is_threshold: float | None = 2.0,
     mini_batch_index: int | None = None,
     num_mini_batches: int | None = None,
+    **correction: object,
 ) -> BatchContext:
     """The `BatchContext` of a whole mini-batch: (B, T) inputs as for `compute_policy_loss`, log W computed the way
     the loss computes it (token log-ratios clamped to +-20, summed, plus the folded rollout log-weight from
-    `rollout_log_prob` or an engine's ready `rollout_is_weights` at `rollout_is_level`; (B, 1) means "sequence").
+    `rollout_log_prob` under the rollout-correction options in `correction` (`CORRECTION_OPTIONS`, rejected tokens
+    left out), or from an engine's ready `rollout_is_weights` at `rollout_is_level`; (B, 1) means "sequence").
     Detached."""
     mask = response_mask.float() if not response_mask.is_floating_point() else response_mask
     dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32
     mask, old = mask.to(dtype), old_log_prob.detach().to(dtype)
-    log_w = seq_log_ratio(log_prob.detach().to(dtype), old, mask)  # (M,)
+    fold = None
     if rollout_log_prob is not None or rollout_is_weights is not None:
+        options = parse_rollout_correction(*(correction.get(k, d) for k, d in CORRECTION_OPTIONS.items()))
         rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
         weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
         if weights is not None and weights.shape[-1] == 1:
             rollout_is_level = "sequence"
         if weights is not None and rollout_is_level not in ("token", "sequence"):
             raise ValueError(f"rollout_is_weights need rollout_is_level 'token' or 'sequence': {rollout_is_level!r}")
-        fold, _ = rollout_log_weight(old, rollout, weights, rollout_is_level, mask, rollout_is_threshold)
+        level = rollout_is_level if weights is not None else options.level
+        level = level if level in ("token", "sequence") else "token"
+        fold, keep, _ = rollout_correction(old, rollout, weights, mask, options, level, fold=True)
+        mask = mask if keep is None else mask * keep
+    log_w = seq_log_ratio(log_prob.detach().to(dtype), old, mask)  # (M,)
+    if fold is not None:
         log_w = log_w + fold
     adv = advantages.detach().to(dtype)
     adv = adv.reshape(-1, 1).expand(mask.shape) if adv.dim() == 1 or adv.shape[-1] == 1 else adv

@@ -17,13 +17,14 @@ Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments 
 checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
 `vespo.aggregation`.
 
-Train-inference mismatch is corrected here, once, for every method: the caller passes the sampler's log-probs
-(`rollout_log_prob`) or an engine's ready weights (`rollout_is_weights`, what veRL and TRL hand over), and the
-method's registered `rollout_correction` says how they apply: "token" multiplies each token's loss by
-min(mu/pi_rollout, C), "sequence" by min(prod_t mu/pi_rollout, C), "fold" passes the sum of the token-level
-truncated log-weights to the method (VESPO: W = pi/mu * prod_t min(mu/pi_rollout, C), as the official code).
-C = `rollout_is_threshold` (default `ROLLOUT_IS_THRESHOLD` = 2, veRL's default, which the official VESPO code
-receives), a hyperparameter of every method; None means no truncation.
+Train-inference mismatch is corrected here, once, for every method, by `vespo.losses.correction`: the caller passes
+the sampler's log-probs (`rollout_log_prob`) or an engine's ready weights (`rollout_is_weights`, what veRL and TRL hand
+over). From log-probs, the four rollout-correction hyperparameters every method has (veRL's names: `rollout_is`,
+`rollout_is_threshold`, `rollout_rs`, `rollout_rs_threshold`) give the IS weight and the rejection mask; the method's
+registered `rollout_correction` says how the weight applies: "token" multiplies each token's loss by min(r, C),
+"sequence" by min(prod_t r, C), "fold" passes the sequence's log-weight to the method (VESPO: W = pi/mu *
+prod_t min(r, C), as the official code), with r = mu/pi_rollout and C = `rollout_is_threshold` (default 2, veRL's,
+which the official VESPO code receives). Rejected tokens are removed from the mask the method sees and contribute 0.
 
 The public entry points are `compute_policy_loss` (scalar loss and 0-dim metric tensors) and `policy_loss_terms`
 (loss matrix, for engines that aggregate themselves). Both check their inputs with one fused test (one host
@@ -43,14 +44,8 @@ from typing import Literal
 import torch
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss
-from vespo.losses.core import (
-    LOG_PROB_MAX,
-    ratio_metrics,
-    rollout_is_factor,
-    rollout_log_weight,
-    row_sum,
-    token_log_ratio,
-)
+from vespo.losses.core import LOG_PROB_MAX, ratio_metrics, row_sum, token_log_ratio
+from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
 from vespo.losses.registry import default_loss_agg_mode, get_method, validate_hparams
 
 Tensor = torch.Tensor
@@ -84,7 +79,7 @@ def policy_loss_terms(
     """
     spec = get_method(method)
     hp = validate_hparams(method, **hparams)
-    threshold = hp.pop("rollout_is_threshold")
+    options = parse_rollout_correction(*(hp.pop(k) for k in CORRECTION_OPTIONS))
     if batch_context is not None and "batch_context" not in spec.inputs:
         raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
     dtype = _check_structure(log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, rollout_is_weights)
@@ -124,17 +119,29 @@ def policy_loss_terms(
     if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
         adv = adv.reshape(-1, 1).expand(lp.shape)
 
+    if weights is not None:
+        if not options.is_default:
+            raise ValueError(
+                "rollout-correction options (rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold) "
+                "apply to rollout_log_prob; rollout_is_weights come corrected by the engine: configure it there"
+            )
+        level = rollout_is_level or "token"
+    elif options.level in ("token", "sequence"):
+        level = options.level
+    else:  # "auto" (and None, which applies no weight): the method's registered level
+        level = "sequence" if spec.rollout_correction == "sequence" else "token"
+    correction, keep, ro_metrics = rollout_correction(old, rollout, weights, mask, options, level, fold=fold)
+    if keep is not None:  # rejection sampling: rejected tokens leave W, the loss and the metrics
+        mask = mask * keep
     log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
     shared = {"log_ratio": log_ratio, "seq_log_ratio": row_sum(log_ratio, mask), "batch_context": batch_context}
     if fold:
-        shared["rollout_log_w"], ro_metrics = rollout_log_weight(
-            old, rollout, weights, rollout_is_level, mask, threshold
-        )
+        shared["rollout_log_w"] = correction
     loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
-    if not fold:
-        factor, ro_metrics = rollout_is_factor(old, rollout, weights, mask, spec.rollout_correction, threshold)
-        if factor is not None:
-            loss_mat = loss_mat * factor  # (B, T) or (B, 1), detached
+    if not fold and correction is not None:
+        loss_mat = loss_mat * correction  # (B, T) or (B, 1), detached
+    if keep is not None:
+        loss_mat = loss_mat * keep  # rejected tokens contribute exactly 0 (the caller's normaliser is unchanged)
     metrics.update(ro_metrics)
     metrics.update(ratio_metrics(shared["seq_log_ratio"], adv, mask))
     return loss_mat, metrics

@@ -11,7 +11,6 @@ import math
 
 import torch
 
-from vespo.aggregation import masked_mean
 from vespo.kernels import effective_sample_size
 
 Tensor = torch.Tensor
@@ -85,82 +84,6 @@ def kl_k3(log_ratio: Tensor, clamp: float | None = None) -> Tensor:
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
-def log_threshold(threshold: float | None) -> float:
-    return TOKEN_LOG_RATIO_CLAMP if threshold is None else min(math.log(threshold), TOKEN_LOG_RATIO_CLAMP)
-
-
-def rollout_is_factor(
-    old: Tensor, rollout: Tensor | None, weights: Tensor | None, mask: Tensor, level: str, threshold: float | None
-) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """The detached factor on the per-token loss for train-inference mismatch, and its metrics.
-
-    Ready engine weights are used as given. From rollout log-probs: level "token" gives min(mu/pi_rollout, C) per
-    token (B, T), "sequence" min(prod_t mu/pi_rollout, C) per sequence (B, 1); the log-ratio is clamped to
-    [-20, 20] before the exp, as veRL's `compute_rollout_correction_weights`.
-    """
-    if weights is not None:
-        if weights.shape == mask.shape:
-            mean = masked_mean(weights, mask)
-        else:
-            seq_valid = (mask.sum(-1, keepdim=True) > 0).to(weights.dtype)
-            mean = (weights * seq_valid).sum() / seq_valid.sum().clamp(min=1.0)
-        return weights, {"rollout_is/mean": mean}
-    if rollout is None:
-        return None, {}
-    log_c = log_threshold(threshold)
-    if level == "token":
-        log_r = (old - rollout).clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # (B, T)
-        factor = torch.exp(log_r.clamp(max=log_c))
-        metrics = {
-            "rollout_is/mean": masked_mean(factor, mask),
-            "rollout_is/frac_truncated": masked_mean(log_r > log_c, mask),
-        }
-    else:
-        log_r = row_sum(old - rollout, mask).clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # (B,)
-        factor = torch.exp(log_r.clamp(max=log_c)).unsqueeze(-1)  # (B, 1)
-        seq_valid = mask.sum(-1) > 0
-        n = seq_valid.sum().clamp(min=1)
-        metrics = {
-            "rollout_is/mean": (factor[:, 0] * seq_valid).sum() / n,
-            "rollout_is/frac_truncated": ((log_r > log_c) & seq_valid).sum() / n,
-        }
-    return factor, metrics
-
-
-def rollout_log_weight(
-    old: Tensor,
-    rollout: Tensor | None,
-    weights: Tensor | None,
-    level: str | None,
-    mask: Tensor,
-    threshold: float | None,
-) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """log of the sequence's train-inference weight (B,) for methods that fold it into W, and its metrics.
-
-    From rollout log-probs: sum_t log min(mu/pi_rollout, C), each term floored at log 1e-8 (the official VESPO code
-    applied to veRL's token-level weights). Ready weights: the sum of their logs (per token) or the log of the
-    sequence's weight, taken once (a broadcast sequence weight summed over T tokens would be raised to the power T).
-    """
-    if rollout is not None:
-        log_r = old - rollout  # (B, T)
-        log_c = log_threshold(threshold)
-        log_w = row_sum(log_r.clamp(LOG_W_MIN, log_c), mask)
-        frac = masked_mean(log_r > log_c, mask)
-        return log_w, {"rollout_is/log_w_mean": seq_mean(log_w, mask), "rollout_is/frac_truncated": frac}
-    if weights is None:
-        return None, {}
-    if level == "token":
-        log_w = row_sum(torch.log(weights.clamp(min=1e-8)).clamp(max=TOKEN_LOG_RATIO_CLAMP), mask)
-    else:
-        w_seq = (
-            weights
-            if weights.shape[-1] == 1
-            else weights.gather(1, (mask > 0).to(torch.uint8).argmax(-1, keepdim=True))
-        )
-        log_w = torch.log(w_seq[:, 0].clamp(min=1e-8)).clamp(max=TOKEN_LOG_RATIO_CLAMP)
-    return log_w, {"rollout_is/log_w_mean": seq_mean(log_w, mask)}
-
-
 def seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of a per-sequence quantity (B,) over the sequences with at least one valid token."""
     seq_valid = (mask.sum(-1) > 0).to(x.dtype)
@@ -220,10 +143,12 @@ def ratio_metrics(log_w: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]
     lengths = mask.sum(-1)
     seq_valid = lengths > 0
     a_seq = seq_advantage(adv, mask)
+    zero = torch.zeros((), dtype=log_w.dtype, device=log_w.device)
+    any_valid = seq_valid.any()  # a fully masked (padding) micro-batch reports 0, not +-inf, into averaged logs
     return {
         "is/log_w_mean": (log_w * seq_valid).sum() / seq_valid.sum().clamp(min=1),
-        "is/log_w_min": torch.where(seq_valid, log_w, math.inf).min(),
-        "is/log_w_max": torch.where(seq_valid, log_w, -math.inf).max(),
+        "is/log_w_min": torch.where(any_valid, torch.where(seq_valid, log_w, math.inf).min(), zero),
+        "is/log_w_max": torch.where(any_valid, torch.where(seq_valid, log_w, -math.inf).max(), zero),
         # k1 estimate of KL(mu || pi) per token, mean of -log(pi/mu) (veRL's ppo_kl); free given log W
         "is/approx_kl": -log_w.sum() / lengths.sum().clamp(min=1.0),
         # normalised Kish ESS of the sequence IS weights W over the batch: how many sequences carry the estimate

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from vespo.aggregation import LOSS_AGG_MODES
-from vespo.losses.core import ROLLOUT_IS_THRESHOLD
+from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction
 
 Tensor = torch.Tensor
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
@@ -64,9 +64,8 @@ _OPTIONAL_INPUTS = (
     "batch_context",  # caller-supplied mini-batch statistics (`vespo.adaptive.BatchContext`) or None
 )
 # Hyperparameters every method has, applied by the core (not passed to the method function).
-_COMMON_HPARAMS: dict[str, tuple[object, object, _Interval]] = {
-    "rollout_is_threshold": (ROLLOUT_IS_THRESHOLD, float | None, _Interval("(0, inf)", "or None: no truncation")),
-}
+# The rollout-correction options (veRL's names, `vespo.losses.correction`) are checked by their parser.
+_COMMON_HPARAMS: dict[str, object] = dict(CORRECTION_OPTIONS)
 
 
 def register_method(
@@ -108,8 +107,8 @@ def register_method(
         stray = sorted(set(parsed) - set(hp))
         if stray:
             raise ValueError(f"bounds given for {stray}, which are not hyperparameters of {name!r}")
-        for k, (default, kind, interval) in _COMMON_HPARAMS.items():
-            hp[k], kinds[k], parsed[k] = default, kind, interval
+        for k, default in _COMMON_HPARAMS.items():
+            hp[k], kinds[k] = default, object
         _REGISTRY[name] = MethodSpec(fn, default_loss_agg_mode, rollout_correction, inputs, hp, kinds, parsed, check)
         return fn
 
@@ -157,6 +156,15 @@ def validate_hparams(method: str, **hparams: object) -> dict[str, object]:
             raise ValueError(
                 f"{method} hyperparameter {name} must be in {interval.text}{why}, got {hparams.get(name)!r}"
             )
+    try:
+        parse_rollout_correction(*(out[k] for k in _COMMON_HPARAMS))
+    except ValueError as exc:
+        raise ValueError(f"{method} hyperparameter {exc}") from None
+    except TypeError:  # unhashable value (a list, a dict)
+        bad = {k: out[k] for k in _COMMON_HPARAMS if not isinstance(out[k], (str, int, float, type(None)))}
+        raise ValueError(
+            f"{method} hyperparameters {sorted(bad)} must be strings, numbers or None, got {bad}"
+        ) from None
     if spec.check is not None:
         problem = spec.check(out)
         if problem:

@@ -1,8 +1,9 @@
 """Rollouts: sample completions with their sampler log-probs, and score fixed sequences under a policy.
 
-The sampler records log pi_rollout(y_t) = log_softmax(logits / temperature)[y_t] at generation time (before top-p
-truncation, as veRL/vLLM report them). The trainer recomputes the same quantity under its own weights with
-`response_log_probs`, so any difference between the two is train-inference mismatch (paper Sec. 4.6).
+The policy is the distribution actually sampled: logits / temperature, then top-k, then top-p truncation, renormalised
+(`processed_logits`; vLLM's "processed_logprobs"). The sampler records log pi_rollout(y_t) of that distribution and the
+trainer recomputes the same quantity under its own weights with `response_log_probs`, so on-policy W == 1 at any
+top_p / top_k and any difference between the two is train-inference mismatch (paper Sec. 4.6; docs/losses.md).
 This module is the Hugging Face backend (KV-cached sampling in the trainer's own process, or in a sampler process
 through `HFEngine`); `vespo.rollout.vllm` is the vLLM one.
 """
@@ -22,6 +23,19 @@ Tensor = torch.Tensor
 def _position_ids(attention_mask: Tensor) -> Tensor:
     """Positions counting real tokens only, so left padding does not shift the prompt (as HF generate does)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+
+
+OUTSIDE_LOG_PROB = -1e4  # log-prob of a token outside the learner's top-k / top-p set (probability 0; kept finite)
+
+
+def processed_logits(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> Tensor:
+    """The sampling distribution's logits (..., V): divided by `temperature`, then everything outside the `top_k`
+    largest (0: off) and outside the nucleus of mass `top_p` set to -inf (the order of vLLM and HF generate)."""
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return top_p_filter(logits, top_p)
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -53,6 +67,7 @@ def sample(
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    top_k: int = 0,
     generator: torch.Generator | None = None,
     logit_noise_std: float = 0.0,
 ) -> Rollout:
@@ -62,10 +77,10 @@ def sample(
     that std is added to the sampler's logits (drawn from `generator`), so log pi_rollout != log pi_train by a
     controlled amount. The model runs in whatever dtype it is in (a bf16 copy gives the dtype mismatch).
     """
-    if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
+    if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
         raise ValueError(
-            f"need n>=1, max_new_tokens>=1, temperature>0, 0<top_p<=1; got n={n}, max_new_tokens={max_new_tokens}, "
-            f"temperature={temperature}, top_p={top_p}"
+            f"need n>=1, max_new_tokens>=1, temperature>0, 0<top_p<=1, top_k>=0; got n={n}, "
+            f"max_new_tokens={max_new_tokens}, temperature={temperature}, top_p={top_p}, top_k={top_k}"
         )
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
@@ -86,9 +101,9 @@ def sample(
         if logit_noise_std > 0:
             noise = torch.randn(logits.shape, generator=generator, device=device)
             logits = logits + logit_noise_std * noise
-        logp = logits.log_softmax(-1)  # (B, V) sampler distribution before top-p
-        probs = top_p_filter(logits, top_p).softmax(-1)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+        logits = processed_logits(logits, top_p=top_p, top_k=top_k)  # the distribution sampled from
+        logp = logits.log_softmax(-1)  # (B, V), -inf outside the top-k / top-p set
+        tok = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)  # (B,)
         tok = torch.where(alive, tok, torch.full_like(tok, pad))
         tokens.append(tok)
         tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)  # (B,)
@@ -108,12 +123,20 @@ def sample(
 
 
 def response_log_probs(
-    model: transformers.PreTrainedModel, rollout: Rollout, *, temperature: float = 1.0, with_entropy: bool = False
+    model: transformers.PreTrainedModel,
+    rollout: Rollout,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log pi(y_t | x, y_<t) of the rollout's response tokens under `model`, and optionally the entropy.
 
-    Logits are divided by `temperature` exactly as at sampling time (veRL does the same), so on-policy the result
-    equals the sampler's log-probs up to numerics. Returns ((B, T) log-probs, (B, T) entropy or None); 0 on padding.
+    pi is the sampling distribution, `processed_logits` with the sampler's temperature, top_k and top_p, so on-policy
+    the result equals the sampler's log-probs up to numerics. A token outside this model's top-k / top-p set has
+    probability 0: its log-prob is `OUTSIDE_LOG_PROB` (finite, no gradient), so its token ratio is clamped to e^-20.
+    Returns ((B, T) log-probs, (B, T) entropy of the processed distribution or None); 0 on padding.
     """
     p = rollout.prompt_len
     logits = model(
@@ -121,12 +144,16 @@ def response_log_probs(
         attention_mask=rollout.attention_mask,
         position_ids=_position_ids(rollout.attention_mask),
     ).logits  # (B, P + T, V)
-    logits = logits[:, p - 1 : -1].float() / temperature  # (B, T, V): position t predicts response token t
-    logp_all = logits.log_softmax(-1)
-    logp = logp_all.gather(-1, rollout.response_ids[..., None]).squeeze(-1) * rollout.response_mask  # (B, T)
+    logits = logits[:, p - 1 : -1].float()  # (B, T, V): position t predicts response token t
+    logp_all = processed_logits(logits, temperature, top_p, top_k).log_softmax(-1)
+    logp = logp_all.gather(-1, rollout.response_ids[..., None]).squeeze(-1)  # (B, T)
+    if top_p < 1.0 or top_k > 0:  # outside the set: probability 0, a finite floor without gradient
+        logp = torch.where(torch.isinf(logp), OUTSIDE_LOG_PROB, logp)
+    logp = logp * rollout.response_mask
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * rollout.response_mask  # (B, T)
+        probs = logp_all.exp()
+        entropy = -torch.where(probs > 0, probs * logp_all, 0.0).sum(-1) * rollout.response_mask  # 0 log 0 = 0
     return logp, entropy
 
 
@@ -148,7 +175,7 @@ def generate_texts(
     **sampling: float,
 ) -> list[list[str]]:
     """Per prompt, `n` sampled completion strings. `model` is a loaded HF model or a local path / Hub id;
-    `sampling` is `sample`'s max_new_tokens, temperature and top_p.
+    `sampling` is `sample`'s max_new_tokens, temperature, top_p and top_k.
 
     Uses vLLM when `use_vllm` (CUDA; `vespo eval --backend vllm`), the HF sampler otherwise (prompts are processed
     in chunks of `batch_size`).
@@ -202,6 +229,7 @@ class HFEngine:
             max_new_tokens=cfg.max_response_length,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
+            top_k=cfg.top_k,
             generator=torch.Generator().manual_seed(seed),
             logit_noise_std=cfg.rollout_logit_noise,
         )

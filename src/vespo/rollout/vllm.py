@@ -1,7 +1,8 @@
 """vLLM generation (CUDA only; written against vLLM's `LLM` API and not run on the CPU CI): the async samplers'
 engine and `vespo eval`'s backend.
 
-Log-probs are vLLM's "processed" ones (after temperature), the convention of `vespo.rollout.hf.sample`.
+Log-probs are vLLM's "processed" ones (after temperature, top-k and top-p): the log-probs of the distribution actually
+sampled, the convention of `vespo.rollout.hf.sample` and of the learner's `response_log_probs`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ class VLLMEngine:
     """vLLM in the sampler's own process; each published version is pushed in place with the model runner's
     `load_weights` (as TRL's colocate mode and veRL's sharding manager do), then the prefix cache is reset.
 
-    Log-probs are vLLM's "processed" ones (after temperature), vespo's convention when top_p = 1 (with top_p < 1,
-    check whether the vLLM version in use reports them before or after truncation). Needs CUDA: written against
+    Log-probs are vLLM's "processed" ones (after temperature, top-k and top-p), vespo's convention (the learner
+    recomputes them on the same processed distribution; docs/losses.md). Needs CUDA: written against
     vLLM's `LLM` API with the in-process driver worker, and not run here; `pack_rollout` is tested on HF samples.
     """
 
@@ -58,6 +59,7 @@ class VLLMEngine:
             n=cfg.rollout_n,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
+            top_k=cfg.top_k or -1,  # vLLM: -1 disables
             max_tokens=cfg.max_response_length,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
@@ -82,6 +84,7 @@ def generate_texts_vllm(
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    top_k: int = 0,
 ) -> list[list[str]]:
     """vLLM backend of `generate_texts` (an in-memory model is saved to a temp dir first). Not exercised on CPU CI."""
     from vllm import LLM, SamplingParams
@@ -93,6 +96,8 @@ def generate_texts_vllm(
             model.save_pretrained(path)
             tokenizer.save_pretrained(path)
         llm = LLM(model=path, seed=seed or 0)
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+        params = SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, top_k=top_k or -1, max_tokens=max_new_tokens, seed=seed
+        )
         results = llm.generate(prompts, params)
     return [[c.text for c in r.outputs] for r in results]

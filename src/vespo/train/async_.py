@@ -31,7 +31,7 @@ from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
 from vespo.train.runs import finish_run, progress_bar
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
-from vespo.train.setup import close_step, evaluate, setup_run, update_settings
+from vespo.train.setup import close_step, completion_rows, evaluate, setup_run, update_settings
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
 _STARTUP_S = 600.0  # a sampler that is not ready (model loaded, weights pulled) after this long fails the run
@@ -354,6 +354,10 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
                 m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
                 per_unit.append(m)
                 rewards.append(unit.rewards)
+                if cfg.log_completions and len(per_unit) == 1:  # the step's first mini-batch
+                    limit = cfg.num_completions_to_print
+                    rows = completion_rows(tokenizer, unit.rollout, unit.rewards, unit.advantages, limit)
+                    run.logger.log_completions(rows, step)
                 bucket = f"lag_{lag_bucket(lag)}"
                 log_w = m.get("is/log_w_mean", 0.0)
                 if cfg.use_decoupled_loss:  # the stale part of W is pi_prox / mu

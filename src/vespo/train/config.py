@@ -21,7 +21,7 @@ from typing import Literal
 import tyro
 import yaml
 
-from vespo.losses import available_methods, rollout_correction, validate_hparams
+from vespo.losses import CORRECTION_OPTIONS, available_methods, rollout_correction, validate_hparams
 from vespo.models import check_model_source, looks_local
 from vespo.rewards.batch import load_reward_fn
 
@@ -135,7 +135,9 @@ class TrainConfig:
     temperature: float = 1.0
     """Sampling temperature (the trainer's log-probs use the same temperature)."""
     top_p: float = 1.0
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass. The learner's log-probs use the same truncated distribution (docs/losses.md)."""
+    top_k: int = 0
+    """Sample among the top_k most likely tokens (0: off); the learner's log-probs use the same truncation."""
     sampler_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Sampler weights dtype. Another dtype than the trainer's (float32) creates a real train-inference mismatch."""
     rollout_logit_noise: float = 0.0
@@ -249,6 +251,11 @@ class TrainConfig:
     """Also log to trackio (if installed) under this project."""
     progress: bool = True
     """Show a progress bar with live reward and response length."""
+    log_completions: bool = False
+    """Log sampled completions (TRL's name): prompt, completion, reward and advantage of the first
+    `num_completions_to_print` rows of every rollout step, to run_dir/completions.jsonl and a TensorBoard text table."""
+    num_completions_to_print: int = 8
+    """Rows per rollout step that `log_completions` writes."""
 
     @property
     def num_mini_batches(self) -> int:
@@ -371,6 +378,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "max_response_length": (1, None, False, False),
     "temperature": (0, None, True, False),
     "top_p": (0, 1, True, False),
+    "top_k": (0, None, False, False),
     "rollout_logit_noise": (0, None, False, False),
     "max_staleness": (0, None, False, False),
     "sync_every": (1, None, False, False),
@@ -387,6 +395,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "eval_size": (1, None, False, False),
     "eval_n": (1, None, False, False),
     "num_threads": (1, None, False, False),
+    "num_completions_to_print": (1, None, False, False),
 }
 
 
@@ -695,4 +704,15 @@ def parse_args(argv: list[str]) -> TrainConfig:
         prog="vespo train",
         description="RL-train a causal LM with any vespo policy loss (no arguments: the embedded task).",
     )
-    return resolve(cfg)
+    return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _raw_correction_hparams(argv)))
+
+
+def _raw_correction_hparams(argv: list[str]) -> dict[str, object]:
+    """The rollout-correction hyperparameters of `--hparams` as typed: veRL's "lower_upper" thresholds are strings
+    (the command-line parser would read "0.5_5" as the number 0.55), and "None" is None."""
+    if "--hparams" not in argv:
+        return {}
+    values = argv[argv.index("--hparams") + 1 :]
+    values = values[: next((i for i, v in enumerate(values) if v.startswith("--")), len(values))]
+    pairs = dict(zip(values[::2], values[1::2], strict=False))
+    return {k: None if v in ("None", "null") else v for k, v in pairs.items() if k in CORRECTION_OPTIONS}

@@ -13,7 +13,7 @@ import transformers
 
 from vespo.aggregation import agg_loss
 from vespo.losses import (
-    ROLLOUT_IS_THRESHOLD,
+    CORRECTION_OPTIONS,
     BatchContext,
     batch_context,
     check_policy_inputs,
@@ -58,6 +58,10 @@ class UpdateSettings:
     """Sequences per forward/backward pass (accumulation; does not change the result)."""
     temperature: float = 1.0
     """Sampling temperature the log-probs are taken at."""
+    top_p: float = 1.0
+    """Nucleus mass of the sampling distribution the log-probs are taken under."""
+    top_k: int = 0
+    """Top-k truncation of the sampling distribution (0: off)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the reference (needs ref_log_prob)."""
     entropy_coeff: float = 0.0
@@ -83,6 +87,8 @@ class UpdateSettings:
         return {
             "micro_batch_size": self.micro_batch_size,
             "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
             "autocast_dtype": self.autocast_dtype,
         }
 
@@ -110,12 +116,17 @@ def policy_log_probs(
     micro_batch_size: int,
     temperature: float,
     autocast_dtype: torch.dtype | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """log pi (and entropy) of `rows`, (len(rows), T), computed micro-batch by micro-batch as the update sees them."""
+    """log pi (and entropy) of `rows`, (len(rows), T), computed micro-batch by micro-batch as the update sees them,
+    under the sampling distribution (temperature, top_p, top_k)."""
     with autocast(model, autocast_dtype):
         outs = [
-            response_log_probs(model, rollout.select(mb), temperature=temperature, with_entropy=with_entropy)
+            response_log_probs(
+                model, rollout.select(mb), temperature=temperature, top_p=top_p, top_k=top_k, with_entropy=with_entropy
+            )
             for mb in micro_batches(rows, micro_batch_size)
         ]
     logp = torch.cat([o[0] for o in outs])  # (len(rows), T)
@@ -173,7 +184,12 @@ def ppo_update(
             mask = rollout.response_mask[mb]  # (b, T)
             with autocast(model, s.autocast_dtype):
                 log_prob, entropy = response_log_probs(
-                    model, rollout.select(mb), temperature=s.temperature, with_entropy=s.entropy_coeff > 0
+                    model,
+                    rollout.select(mb),
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    top_k=s.top_k,
+                    with_entropy=s.entropy_coeff > 0,
                 )
             loss, metrics = compute_policy_loss(
                 s.method,
@@ -277,7 +293,7 @@ def _batch_context(
         advantages=advantages[rows],
         response_mask=rollout.response_mask[rows],
         rollout_log_prob=None if rollout_lp is None else rollout_lp[rows],
-        rollout_is_threshold=s.hparams.get("rollout_is_threshold", ROLLOUT_IS_THRESHOLD),
+        **{k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams},
         mini_batch_index=k,
         num_mini_batches=s.num_mini_batches,
     )

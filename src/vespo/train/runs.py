@@ -307,6 +307,7 @@ class Logger:
             tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step + 1)
             self.sinks.append(lambda m, s: [tb.add_scalar(k, v, s) for k, v in m.items()])
             self._tb = tb
+            _tb_hparams(tb, cfg)
         for name, project in (("wandb", cfg.wandb_project), ("trackio", cfg.trackio_project)):
             if project:
                 lib = importlib.import_module(name)  # ImportError here is the clear message we want
@@ -320,10 +321,34 @@ class Logger:
         for sink in self.sinks:
             sink(metrics, step)
 
+    def log_completions(self, rows: list[dict], step: int) -> None:
+        """Sampled completions of one step: appended to completions.jsonl, and a text table in TensorBoard."""
+        with (self.path.parent / "completions.jsonl").open("a") as f:
+            f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
+        if hasattr(self, "_tb"):
+            cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+            table = ["| prompt | completion | reward | advantage |", "|---|---|---|---|"]
+            table += [f"| {cell(r['prompt'])} | {cell(r['completion'])} | {r['reward']:.3f} | {r['advantage']:.3f} |"
+                      for r in rows]  # fmt: skip
+            self._tb.add_text("completions", "\n".join(table), step)
+
     def close(self) -> None:
         """Flush and close TensorBoard."""
         if hasattr(self, "_tb"):
             self._tb.close()
+
+
+def _tb_hparams(tb, cfg: TrainConfig) -> None:
+    """The run's config in TensorBoard: the HParams tab (scalar fields, against reward and held-out accuracy) and
+    the full config.yaml as text."""
+    from torch.utils.tensorboard.summary import hparams
+
+    from vespo.train.config import to_yaml
+
+    flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in dataclasses.asdict(cfg).items()}
+    for summary in hparams(flat, {"reward/mean": 0.0, "eval/accuracy": 0.0}):
+        tb._get_file_writer().add_summary(summary)
+    tb.add_text("config", "```yaml\n" + to_yaml(cfg) + "```", 0)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -341,6 +366,17 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return rows
 
 
+def run_title(run_dir: str | Path) -> str:
+    """What a run is, from its config.yaml: method, staleness N, lr, task or model, seed."""
+    try:
+        c = load_yaml(Path(run_dir) / "config.yaml")
+        n = int(c["train_batch_size"]) // int(c["ppo_mini_batch_size"])
+        data = c["task"] if c.get("model") == "embedded" else Path(str(c["model"])).name
+        return f"{c['method']}, N={n}, lr={c['lr']:g}, {data}, seed {c['seed']}"
+    except (KeyError, TypeError, ValueError):  # ConfigError is a ValueError: an unreadable config.yaml
+        return Path(run_dir).name
+
+
 def plot_run(run_dir: str | Path) -> Path:
     """reward.png: training reward per step and held-out accuracy at the evaluation steps."""
     import matplotlib
@@ -356,7 +392,7 @@ def plot_run(run_dir: str | Path) -> Path:
         ax.plot(*zip(*train, strict=True), label="training reward")
     if evals:
         ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy")
-    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=Path(run_dir).name)
+    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=run_title(run_dir))
     ax.legend()
     ax.grid(alpha=0.3)
     out = Path(run_dir) / "reward.png"

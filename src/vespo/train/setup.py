@@ -18,7 +18,7 @@ from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
 from vespo.models import load_policy, resolve_device
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
-from vespo.rollout import Rollout
+from vespo.rollout import Rollout, decode_responses
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.learner import UpdateSettings, policy_log_probs
 from vespo.train.runs import (
@@ -166,9 +166,26 @@ def close_step(
     return stop
 
 
+def completion_rows(tokenizer, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, limit: int) -> list:
+    """The first `limit` rows of a rollout as logged completions: prompt and completion text, reward, advantage."""
+    rows = slice(0, limit)
+    prompts = tokenizer.batch_decode(rollout.input_ids[rows, : rollout.prompt_len].tolist(), skip_special_tokens=True)
+    texts = decode_responses(tokenizer, rollout.select(rows))
+    values = torch.stack([rewards[rows], advantages[rows]]).tolist()
+    return [
+        {"prompt": p, "completion": c, "reward": r, "advantage": a}
+        for p, c, r, a in zip(prompts, texts, *values, strict=True)
+    ]
+
+
 def sampling_kwargs(cfg: TrainConfig) -> dict[str, float]:
     """The generation settings training and held-out evaluation share."""
-    return {"max_new_tokens": cfg.max_response_length, "temperature": cfg.temperature, "top_p": cfg.top_p}
+    return {
+        "max_new_tokens": cfg.max_response_length,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+    }
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -185,7 +202,8 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -> UpdateSettings:
     """The learner's settings from a run config; the loop says how many mini-batches one update takes."""
-    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "kl_coef", "entropy_coeff", "grad_clip")
+    shared = ("method", "loss_agg_mode", "micro_batch_size", "temperature", "top_p", "top_k", "kl_coef",
+              "entropy_coeff", "grad_clip")  # fmt: skip
     autocast = torch.bfloat16 if cfg.bf16 else torch.float16 if cfg.fp16 else None
     return UpdateSettings(
         autocast_dtype=autocast,

@@ -21,7 +21,7 @@ from vespo.rollout import decode_responses, sample
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
 from vespo.train.runs import finish_run, progress_bar, read_metrics
-from vespo.train.setup import close_step, evaluate, sampling_kwargs, setup_run, update_settings
+from vespo.train.setup import close_step, completion_rows, evaluate, sampling_kwargs, setup_run, update_settings
 
 
 def train_sync(cfg: TrainConfig) -> dict[str, float]:
@@ -56,6 +56,9 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
         rewards = grade_batch(run.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
         rewards = rewards.to(rollout.response_mask.device)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+        if cfg.log_completions:
+            rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
+            run.logger.log_completions(rows, step)
         # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
         rows = torch.arange(rewards.numel())
         with torch.no_grad():

@@ -1,0 +1,337 @@
+"""Lab v2 (`vespo lab --preset v2`): a shared-parameter autoregressive chain policy that stale training can break.
+
+The v1 lab (independent logits per position, one reward-relevant token) cannot collapse: every estimator with
+non-negative weights pushes the right way there. v2 keeps the exact log-probs and the speed but shares parameters
+across contexts, as a language model does:
+
+    logit(y | prev, t) = b[y] + E[prev] . U[y]            for y != EOS
+    logit(EOS | prev, t) = b[EOS] + E[prev] . U[EOS] + g(t)
+
+with a vocabulary of V tokens (id 0 = EOS), a rank-d bilinear term shared by every context, a Zipf-like bias b (so
+the initial distribution of wrong tokens is Zipf), and a position term g(t) on EOS (hat functions over [0, T]), so
+length is sampled, varies, and is learned. The correct token after `prev` is `answer[prev]` (a fixed random map
+to non-EOS tokens): pushing a token down where it is wrong moves b and U, which it shares with the contexts where it is
+right. A response is the tokens up to its first EOS; one with no EOS within T is truncated. Reward:
+R = 1[the response ended with EOS, has at least T/4 tokens, and a share >= q of them is correct], q set so that
+about a quarter of the initial policy's responses succeed. Length is a real trade-off: below q, shorter responses
+succeed more often (more variance), above it longer ones (less), and a truncated one fails.
+E[R] has no tractable closed form here (the count couples all positions), so it is
+estimated on a fixed evaluation sample (`eval_samples` sequences, the same random numbers at every evaluation:
+common random numbers make differences across steps and methods low-variance; the standard error of one estimate is
+at most 0.5 / sqrt(eval_samples)).
+
+Log-probs are one (V+1, V) table per step and a gather: a mini-batch at T = 1024 costs milliseconds, exactly, and
+the tests check them against a direct per-token softmax. Sampling loops over positions, batched over sequences, by
+a binary search in one flattened CDF of all contexts (no per-step (B, V) work).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+EOS = 0
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """The v2 model (`vespo lab --preset v2`); every cell of a grid shares one initial policy."""
+
+    vocab: int = 1024
+    """Tokens, EOS (id 0) included (>= 16)."""
+    rank: int = 32
+    """Rank d of the shared bilinear term E[prev] . U[y]."""
+    zipf: float = 1.3
+    """Zipf exponent of the initial distribution of the non-EOS tokens (rank r gets mass ~ r^-zipf)."""
+    p_correct: float = 0.15
+    """Initial probability of the correct token before the bilinear noise (below the Zipf head's 0.28, so the most
+    likely token is a wrong one in most contexts: sharpening the current policy is harmful)."""
+    mean_length: float = 0.5
+    """Initial mean response length as a fraction of T (geometric: constant EOS probability per token)."""
+    knots: int = 8
+    """Hat functions of the EOS position term g(t)."""
+    eval_samples: int = 1024
+    """Sequences of the fixed evaluation sample that estimates E[R] (common random numbers across evaluations)."""
+    min_length: float = 0.25
+    """Shortest gradable response, as a fraction of T (shorter ones get R = 0: no answer by a length trick)."""
+    success_quantile: float = 0.75
+    """q = this quantile of the initial policy's accuracy (ungradable responses count -1): ~1/4 succeed."""
+
+    def checks(self) -> list[tuple[str, bool, str, object]]:
+        """(flag, valid, what is accepted, value) for every field: `vespo lab` reports the first invalid one."""
+        return [
+            ("chain.vocab", self.vocab >= 16, "an integer >= 16", self.vocab),
+            ("chain.rank", self.rank >= 1, "an integer >= 1", self.rank),
+            ("chain.zipf", math.isfinite(self.zipf) and self.zipf >= 0, "a finite number >= 0", self.zipf),
+            ("chain.p_correct", 0 < self.p_correct < 1, "a number in (0, 1)", self.p_correct),
+            ("chain.mean_length", 0 < self.mean_length <= 100, "a number in (0, 100]", self.mean_length),
+            ("chain.knots", self.knots >= 2, "an integer >= 2", self.knots),
+            ("chain.eval_samples", self.eval_samples >= 16, "an integer >= 16", self.eval_samples),
+            ("chain.min_length", 0 <= self.min_length < 1, "a number in [0, 1)", self.min_length),
+            ("chain.success_quantile", 0 < self.success_quantile < 1, "a number in (0, 1)", self.success_quantile),
+        ]
+
+
+class ChainPolicy:
+    """The v2 policy: parameters (b, E, U, g) as leaf tensors; exact log-probs, batched sampling, the reward."""
+
+    def __init__(self, spec: ChainSpec, length: int, *, seed: int):
+        if spec.vocab < 16 or spec.rank < 1 or length < 2:
+            raise ValueError(f"need vocab >= 16, rank >= 1 and length >= 2, got {spec.vocab}, {spec.rank}, {length}")
+        self.spec, self.length = spec, length
+        v, d = spec.vocab, spec.rank
+        gen = torch.Generator().manual_seed(seed)
+        f64 = torch.float64
+        # the correct token after each context (prev in 0..V, V = BOS): a random non-EOS token
+        self.answer = 1 + torch.randint(0, v - 1, (v + 1,), generator=gen)  # (V+1,)
+        # Zipf prior over the non-EOS tokens, in a random rank order; EOS gets probability 1/(mean length) per token
+        ranks = 1 + torch.randperm(v - 1, generator=gen).to(f64)
+        bias = torch.empty(v, dtype=f64)
+        bias[1:] = -spec.zipf * ranks.log()
+        bias[1:] -= torch.logsumexp(bias[1:], 0)
+        u = torch.randn(v, d, generator=gen, dtype=f64) / math.sqrt(d)  # (V, d), rows of norm ~1
+        u[EOS] = 0.0
+        # E[prev] . U[answer] = beta(prev) sets the correct token's log-odds against the Zipf mass (which is 1)
+        beta = math.log(spec.p_correct / (1 - spec.p_correct)) - bias[self.answer]  # (V+1,)
+        emb = beta[:, None] * u[self.answer] / u[self.answer].square().sum(-1, keepdim=True)  # (V+1, d)
+        p_eos = 1.0 / max(2.0, spec.mean_length * length)
+        bias[EOS] = math.log(p_eos / (1 - p_eos))  # against the non-EOS log-partition, which is ~0 (below)
+        self.params = {
+            "bias": bias.requires_grad_(),
+            "emb": emb.requires_grad_(),
+            "out": u.requires_grad_(),
+            "eos_pos": torch.zeros(spec.knots, dtype=f64, requires_grad=True),
+        }
+        # hat-function basis of g(t) over positions 0..T-1: (T, knots)
+        pos = torch.linspace(0, spec.knots - 1, length, dtype=f64)
+        self.basis = (1 - (pos[:, None] - torch.arange(spec.knots, dtype=f64)).abs()).clamp_min(0)
+        # center the initial non-EOS log-partition of each context at 0 so p_eos is as stated
+        with torch.no_grad():
+            z_rest = self._tables()[1]
+            self.params["bias"][EOS] += z_rest.mean()
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # exact log-probs
+
+    def _tables(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(logits (V+1, V) without the position term, log-partition of the non-EOS tokens (V+1,), g (T,))."""
+        p = self.params
+        logits = p["emb"] @ p["out"].T + p["bias"]  # (V+1, V)
+        z_rest = torch.logsumexp(logits[:, 1:], -1)  # (V+1,)
+        return logits, z_rest, self.basis @ p["eos_pos"]
+
+    @staticmethod
+    def previous(tokens: Tensor, bos: int) -> Tensor:
+        """The context of each position: the previous token, BOS (= V) at t = 0. (B, T)."""
+        return torch.cat([torch.full_like(tokens[:, :1], bos), tokens[:, :-1]], 1)
+
+    def log_probs(self, tokens: Tensor) -> Tensor:
+        """Exact log pi(y_t | y_{t-1}, t) of every token: (B, T) -> (B, T), differentiable in the parameters."""
+        logits, z_rest, g = self._tables()
+        prev = self.previous(tokens, self.spec.vocab)
+        eos_logit = logits[prev, EOS] + g[: tokens.shape[1]]  # (B, T)
+        log_z = torch.logaddexp(z_rest[prev], eos_logit)  # (B, T)
+        chosen = torch.where(tokens == EOS, eos_logit, logits[prev, tokens])
+        return chosen - log_z
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # sampling and reward
+
+    @torch.no_grad()
+    def sample(self, count: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        """`count` responses: tokens (count, T) int64 (anything after the first EOS is padding) and the response mask
+        (count, T): 1 up to and including the first EOS, every position of a truncated response.
+
+        Per position, batched over responses: EOS when logit(u) - g(t) < logit(EOS | prev) - log Z_rest(prev), else a
+        binary search of prev + u' in the flattened CDF of all contexts (row r lies in (r, r + 1]), with the queries
+        sorted (cache-friendly). The loop runs in numpy, whose per-call overhead is a few microseconds: this loop
+        is the lab's main cost."""
+        logits, z_rest, g = self._tables()
+        v, t_max = self.spec.vocab, self.length
+        eos_margin = (logits[:, EOS] - z_rest).numpy()  # (V+1,)
+        cdf = torch.softmax(logits[:, 1:], -1).cumsum(-1)  # (V+1, V-1) non-EOS tokens given no EOS
+        cdf[:, -1] = 1.0
+        flat = (cdf + torch.arange(v + 1, dtype=cdf.dtype)[:, None]).reshape(-1).numpy()
+        token_of = (torch.arange(flat.size) % (v - 1) + 1).numpy()  # flat index -> token id
+        u = torch.rand(2, t_max, count, generator=gen, dtype=torch.float64)
+        eos_draw = (torch.logit(u[0]) - g[:, None]).numpy()  # (T, B)
+        tok_draw = (1.0 - u[1]).numpy()  # (T, B) in (0, 1]: prev + u stays inside row prev
+        tokens = np.empty((t_max, count), dtype=np.int64)
+        prev = np.full(count, v, dtype=np.int64)
+        for t in range(t_max):
+            query = prev + tok_draw[t]
+            order = np.argsort(query)
+            tok = np.empty(count, dtype=np.int64)
+            tok[order] = token_of[np.searchsorted(flat, query[order])]
+            prev = np.where(eos_draw[t] < eos_margin[prev], EOS, tok)
+            tokens[t] = prev
+        tokens = torch.from_numpy(tokens.T.copy())
+        return tokens, self.response_mask(tokens)
+
+    @staticmethod
+    def response_mask(tokens: Tensor) -> Tensor:
+        """1 up to and including the first EOS (all of a response with none): (B, T) float64."""
+        eos_before = (tokens == EOS).cumsum(1) - (tokens == EOS).long()  # EOS strictly before t
+        return (eos_before == 0).to(torch.float64)
+
+    def correct_counts(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """Correct tokens per response: y_t == answer[y_{t-1}] inside the response. (B,)."""
+        prev = self.previous(tokens, self.spec.vocab)
+        return ((tokens == self.answer[prev]) & (mask > 0)).sum(-1)
+
+    @staticmethod
+    def ended(tokens: Tensor) -> Tensor:
+        """Whether each response ended with EOS within T (not truncated). (B,) bool."""
+        return (tokens == EOS).any(-1)
+
+    def accuracy(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """Share of correct tokens among a response's content tokens (EOS excluded); 0 for an empty one. (B,)."""
+        content = mask.sum(-1) - self.ended(tokens).to(mask.dtype)
+        return self.correct_counts(tokens, mask) / content.clamp_min(1)
+
+    def eligible(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """Whether a response can be graded: it ended with EOS and has at least `min_length` x T tokens. (B,)."""
+        return self.ended(tokens) & (mask.sum(-1) >= self.spec.min_length * self.length)
+
+    def rewards(self, tokens: Tensor, mask: Tensor, threshold: float) -> Tensor:
+        """R = 1[ended with EOS, long enough, and a share >= threshold of its tokens correct]. (B,) float64."""
+        return (self.eligible(tokens, mask) & (self.accuracy(tokens, mask) >= threshold)).to(torch.float64)
+
+    def success_threshold(self, eval_seed: int) -> float:
+        """q: the `success_quantile` of the initial policy's accuracy on the evaluation sample (ineligible = -1)."""
+        tokens, mask = self.sample(self.spec.eval_samples, torch.Generator().manual_seed(eval_seed))
+        score = torch.where(self.eligible(tokens, mask), self.accuracy(tokens, mask), -1.0)
+        return torch.quantile(score, self.spec.success_quantile).item()
+
+    def evaluate(self, threshold: float, eval_seed: int) -> dict[str, float]:
+        """E[R], mean / p90 length, truncation rate and per-token accuracy on the fixed evaluation sample."""
+        tokens, mask = self.sample(self.spec.eval_samples, torch.Generator().manual_seed(eval_seed))
+        lengths = mask.sum(-1)
+        counts = self.correct_counts(tokens, mask).to(torch.float64)
+        return {
+            "reward": self.rewards(tokens, mask, threshold).mean().item(),
+            "length_mean": lengths.mean().item(),
+            "length_p90": torch.quantile(lengths, 0.9).item(),
+            "truncated": 1.0 - self.ended(tokens).to(torch.float64).mean().item(),
+            "token_accuracy": (counts.sum() / lengths.sum()).item(),
+            "eligible": self.eligible(tokens, mask).to(torch.float64).mean().item(),
+        }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One cell
+
+
+EVAL_SEED = 1_000_003  # the evaluation sample's random numbers: the same at every evaluation of every cell
+
+
+def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
+    """Train one v2 cell (`cfg`: a `LabConfig`, `cell`: a `LabCell`, `cell.length` = T) with the v1 protocol.
+
+    A rollout batch of N mini-batches from mu = pi_old, group advantages, N sequential optimizer steps through
+    `compute_policy_loss` with the response mask. Returns the summary (E[R], length, truncation, token accuracy at
+    the start and the end), the curve (step, E[R] or nan, training reward, mean length) and per mini-batch index the
+    mechanism metrics of v1 (log W, ESS, gradient norm, update norm, top-1% share).
+    """
+    from vespo.advantages import group_advantages
+    from vespo.kernels import effective_sample_size
+    from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
+
+    torch.set_num_threads(1)
+    policy = ChainPolicy(spec, cell.length, seed=cfg.init_seed)
+    params = list(policy.params.values())
+    lr = cfg.lr * cell.lr_scale
+    if cfg.optimizer == "adam":
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), eps=cfg.adam_eps, weight_decay=0.0)
+    else:
+        opt = torch.optim.SGD(params, lr=lr)
+    gen = torch.Generator().manual_seed(cell.seed)
+    threshold = policy.success_threshold(EVAL_SEED)
+    start = policy.evaluate(threshold, EVAL_SEED)
+    n, m = cell.staleness, cfg.mini_batch_size
+    curve = [(0, start["reward"], float("nan"), start["length_mean"])]
+    keys = ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share", "bound_holds")
+    per_k = {k: torch.zeros(n, dtype=torch.float64) for k in keys}
+    rollout_steps = cfg.optimizer_steps // n
+    adaptive = uses_batch_context(cell.method)
+    hp = dict(cell.hparams)
+    for r in range(rollout_steps):
+        tokens, mask = policy.sample(n * m, gen)  # (N*M, T): mu = pi_old
+        with torch.no_grad():
+            old_lp = policy.log_probs(tokens)
+            rewards = policy.rewards(tokens, mask, threshold)
+            adv = group_advantages(rewards, cfg.group_size)
+            order = torch.randperm(n * m, generator=gen)
+        for k in range(n):
+            idx = order[k * m : (k + 1) * m]
+            lp = policy.log_probs(tokens[idx])  # (M, T)
+            lp.retain_grad()
+            loss, metrics = compute_policy_loss(
+                cell.method,
+                log_prob=lp,
+                old_log_prob=old_lp[idx],
+                advantages=adv[idx],
+                response_mask=mask[idx],
+                loss_agg_mode=cfg.loss_agg_mode,
+                **({"batch_context": BatchContext(mini_batch_index=k, num_mini_batches=n)} if adaptive else {}),
+                **hp,
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            before = [p.detach().clone() for p in params]
+            opt.step()
+            with torch.no_grad():
+                log_w = ((lp.detach() - old_lp[idx]) * mask[idx]).sum(-1)  # (M,)
+                coef = (lp.grad * mask[idx]).sum(-1).abs()
+                share = coef / coef.sum().clamp_min(1e-300)
+                stats = {
+                    "log_w_mean": log_w.mean(),
+                    "log_w_min": log_w.min(),
+                    "ess": effective_sample_size(log_w),
+                    "grad_norm": grad_norm,
+                    "update_norm": torch.stack(
+                        [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
+                    ).norm(),
+                    "top1_share": share.topk(max(1, math.ceil(0.01 * m))).values.sum(),
+                    # Prop. 3.1 on this mini-batch (VESPO only; nan otherwise): mean phi^2 <= mean K phi W
+                    "bound_holds": (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
+                    if "vespo/phi_sq_mean" in metrics
+                    else torch.tensor(math.nan),
+                }
+                for key, value in stats.items():
+                    per_k[key][k] += value / rollout_steps
+        exact = (r + 1) % max(1, rollout_steps // cfg.eval_points) == 0 or r + 1 == rollout_steps
+        value = policy.evaluate(threshold, EVAL_SEED)["reward"] if exact and r + 1 < rollout_steps else float("nan")
+        curve.append([(r + 1) * n, value, rewards.mean().item(), mask.sum(-1).mean().item()])
+    final = policy.evaluate(threshold, EVAL_SEED)
+    curve[-1][1] = final["reward"]
+    finite = all(bool(torch.isfinite(p).all()) for p in params)
+    tail = [c[2] for c in curve[1:]][-max(1, rollout_steps // 4) :]
+    return {
+        "name": cell.name,
+        "summary": {
+            "method": cell.method,
+            "length": cell.length,
+            "staleness": n,
+            "lr_scale": cell.lr_scale,
+            "seed": cell.seed,
+            "initial_reward": start["reward"],
+            "final_reward": final["reward"],
+            "train_reward_last_quarter": sum(tail) / len(tail),
+            "collapsed": int(final["reward"] < cfg.collapse_ratio * start["reward"] or not finite),
+            "finite": int(finite),
+            "sampler_kl": 0.0,
+            "threshold": threshold,
+            **{f"initial_{k}": v for k, v in start.items() if k != "reward"},
+            **{f"final_{k}": v for k, v in final.items() if k != "reward"},
+        },
+        "curve": curve,
+        "per_k": {key: v.tolist() for key, v in per_k.items()},
+    }
