@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from vespo.experiments.stats import format_ci, holm, welch
-from vespo.experiments.sweep import SweepConfig, sweep
+from vespo.experiments.sweep import SweepConfig, cells, sweep
 
 OUT = Path("benchmarks/results/step_controls")
 LRS = (9e-4, 3e-4, 1e-4)
@@ -40,9 +40,9 @@ def run(seeds: list[int], jobs: int) -> list[dict]:
         out = OUT / f"grid_{name}"
         extra = {"log_update_norm": "True", "tensorboard": "False"} | settings
         cfg = SweepConfig(out_dir=str(out), methods=methods, lr=lrs, extra=extra, **common)
-        for s in sweep(cfg):
+        for c, s in zip(cells(cfg), sweep(cfg), strict=True):  # summaries come back in grid order
             label = s["variant"] if name == "plain" else name  # plain rows are vespo@lr<value>
-            cell = out / "cells" / s["variant"] / f"N{s['N']}" / f"seed{s['seed']}"
+            cell = out / "cells" / c.name
             rows.append({"variant": label, "N": s["N"], "seed": s["seed"], "final_eval_acc": s["final_eval_acc"],
                          "best_eval_acc": s["best_eval_acc"], "update_norm": _update_norm(cell)})  # fmt: skip
     return rows

@@ -30,7 +30,7 @@ COLUMNS = {  # output column -> metrics key (per rollout step)
 
 def main(sweep_dir: Path) -> None:
     groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
-    for summary in sorted((sweep_dir / "cells").glob("*/N*/seed*/summary.json")):
+    for summary in sorted((sweep_dir / "cells").glob("*/N*/seed*/*/summary.json")):
         cell = json.loads(summary.read_text())
         rows = [json.loads(line) for line in (summary.parent / "metrics.jsonl").read_text().splitlines() if line]
         steps = [r for r in rows if "reward/mean" in r]

@@ -53,6 +53,21 @@ _TINY = ["--total-training-steps", "1", "--no-progress", "--no-tensorboard"]
 _OK = json.dumps({"prompt": "1+1=", "answer": "2"})
 _CODE = json.dumps({"prompt": "p", "tests": [{"assert": "1"}]})
 _SAVED = "{root}/saved"
+_CODE_REWARD = ["--reward-fn", "vespo.rewards:code_reward"]
+_BAD_TESTS = {  # a code record's `tests` that no grader can run: refused when the data loads, before the model
+    "no_output": [{"input": "1"}],
+    "assert_not_str": [{"assert": 5}],
+    "setup_not_str": [{"assert": "assert f()", "setup": ["x"]}],
+    "entry_not_identifier": [{"assert": "assert f()", "entry_point": "f; import os"}],
+    "fn_name_list": [{"fn_name": ["f"], "input": [1], "output": 1}],
+    "fn_name_not_identifier": [{"fn_name": "a b", "input": [1], "output": 1}],
+    "fn_names_differ": [{"fn_name": "f", "input": [1], "output": 1}, {"fn_name": "g", "input": [1], "output": 1}],
+    "call_input_not_json": [{"fn_name": "f", "input": "1\n{oops", "output": 1}],
+    "call_output_not_json": [{"fn_name": "f", "input": [1], "output": "{oops"}],
+    "mixed_modes": [{"assert": "assert f()"}, {"input": "1", "output": "2"}],
+    "empty": [],
+    "not_a_list": "{oops",
+}
 
 # (id, argv with {root} for the case files made by `_make_files`, text the message must contain)
 _TRAIN = [
@@ -69,6 +84,7 @@ _TRAIN = [
     ("optim choice", ["--optim", "adam"], "optim"),
     ("num_threads -1", ["--num-threads", "-1"], "num_threads"),
     ("top_p 0", ["--top-p", "0"], "top_p"),
+    ("save_total_limit 0", ["--save-total-limit", "0"], "save_total_limit must be an integer >= 1"),
     ("mini-batch must divide", ["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "ppo_mini_batch_size"),
     ("unknown method", ["--method", "ppo2"], "method"),
     ("hparams value", ["--hparams", "c1_pos", "abc"], "c1_pos"),
@@ -89,8 +105,20 @@ _TRAIN = [
     ("config rollout lp 'False'", ["--config", "{root}/lp.yaml"], "use_rollout_log_prob must be true or false"),
     ("config lr string", ["--config", "{root}/lr.yaml"], "lr must be a number"),
     ("config not a mapping", ["--config", "{root}/list.yaml"], "mapping"),
+    ("config not UTF-8", ["--config", "{root}/latin1.yaml"], "latin1.yaml: not UTF-8 text"),
+    (
+        "config duplicate key",
+        ["--config", "{root}/dup.yaml"],
+        "dup.yaml: line 3: YAML syntax error: duplicate key",
+    ),
+    ("config nested duplicate key", ["--config", "{root}/dup2.yaml"], "duplicate key 'c1_pos'"),
+    ("config too deep", ["--config", "{root}/deep.yaml"], "deep.yaml"),
+    ("config too large", ["--config", "{root}/big.yaml"], "big.yaml: larger than"),
+    ("config is a directory", ["--config", "{root}/notamodel"], "--config"),
     ("run_dir not writable", ["--run-dir", "{root}/afile/run"], "run_dir"),
-    ("run_dir exists", ["--run-dir", _SAVED], "--resume"),
+    ("run_dir exists", ["--run-dir", _SAVED], "--resume to continue it, --overwrite-output-dir to replace it"),
+    ("run_dir empty", ["--run-dir", ""], "run_dir must be a directory path"),
+    ("resume and overwrite", ["--run-dir", _SAVED, "--resume", "--overwrite-output-dir"], "exclude each other"),
     ("resume no checkpoint", ["--run-dir", "{root}/fresh", "--resume"], "no checkpoint"),
     ("resume other method", ["--run-dir", _SAVED, "--resume", "--method", "grpo"], "method"),
     ("resume other lr", ["--run-dir", _SAVED, "--resume", "--lr", "0.1"], "lr"),
@@ -105,6 +133,20 @@ _TRAIN = [
     ("truncated checkpoint", ["--run-dir", "{root}/torn", "--resume"], "cannot load checkpoint"),
     ("empty checkpoint", ["--run-dir", "{root}/empty", "--resume"], "cannot load checkpoint"),
     ("foreign checkpoint", ["--run-dir", "{root}/foreign", "--resume"], "not a vespo checkpoint"),
+    ("saved config not UTF-8", ["--run-dir", "{root}/s_latin1", "--resume"], "config.yaml: not UTF-8 text"),
+    ("saved config duplicate key", ["--run-dir", "{root}/s_dup", "--resume"], "duplicate key 'lr'"),
+    ("saved config betas type", ["--run-dir", "{root}/s_betas", "--resume"], "betas must be a list of 2"),
+    ("saved config lr range", ["--run-dir", "{root}/s_lr", "--resume"], "lr must be a finite number"),
+    ("saved config syntax", ["--run-dir", "{root}/s_syntax", "--resume"], "config.yaml: line 2: YAML syntax error"),
+    ("checkpoint step string", ["--run-dir", "{root}/c_step_str", "--resume"], "step must be an integer >= 1"),
+    ("checkpoint step negative", ["--run-dir", "{root}/c_step_neg", "--resume"], "step must be an integer >= 1"),
+    ("checkpoint step bool", ["--run-dir", "{root}/c_step_bool", "--resume"], "step must be an integer >= 1"),
+    ("checkpoint model list", ["--run-dir", "{root}/c_model", "--resume"], "model must be a mapping"),
+    ("checkpoint optimizer", ["--run-dir", "{root}/c_optim", "--resume"], "optimizer must be"),
+    ("checkpoint rng torch", ["--run-dir", "{root}/c_rng_torch", "--resume"], "rng.torch"),
+    ("checkpoint rng python", ["--run-dir", "{root}/c_rng_python", "--resume"], "rng.python"),
+    ("checkpoint rng numpy", ["--run-dir", "{root}/c_rng_numpy", "--resume"], "rng.numpy"),
+    ("checkpoint rng missing", ["--run-dir", "{root}/c_rng_none", "--resume"], "rng must be a mapping"),
     ("crafted checkpoint", ["--run-dir", "{root}/crafted", "--resume"], "cannot load checkpoint"),
     ("empty dataset", ["--dataset", "{root}/empty.jsonl"], "empty.jsonl: no records"),
     ("malformed dataset", ["--dataset", "{root}/bad.jsonl"], "bad.jsonl:2: not valid JSON"),
@@ -114,6 +156,10 @@ _TRAIN = [
     ("bool answer", ["--dataset", "{root}/bool.jsonl"], "bool.jsonl:1: 'answer' must be"),
     ("empty prompt", ["--dataset", "{root}/prompt.jsonl"], "prompt.jsonl:1: 'prompt' must be"),
     ("code data with math reward", ["--dataset", "{root}/code.jsonl"], "reward_fn vespo.rewards:math_reward"),
+    *[
+        (f"code tests {name}", ["--dataset", f"{{root}}/tests_{name}.jsonl", *_CODE_REWARD], f"tests_{name}.jsonl:2: ")
+        for name in _BAD_TESTS
+    ],
 ]
 _EVAL = [
     ("eval limit -1", ["--model", "{root}/model", "--limit", "-1"], "--limit"),
@@ -162,9 +208,17 @@ def _make_files(root) -> None:
         "bool.jsonl": '{"prompt": "p", "answer": true}\n',
         "prompt.jsonl": '{"prompt": "", "answer": "1"}\n',
         "code.jsonl": f"{_CODE}\n" * 16,
+        "dup.yaml": "method: vespo\nlr: 0.1\nlr: 0.2\n",
+        "dup2.yaml": "hparams:\n  c1_pos: 2\n  c1_pos: 3\n",
+        "deep.yaml": "lr: " + "[" * 100_000 + "]" * 100_000 + "\n",
+        "big.yaml": "# " + "x" * (2 << 20) + "\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
+    good_code = json.dumps({"prompt": "p", "tests": [{"input": "1", "output": "1"}]})
+    for name, tests in _BAD_TESTS.items():
+        (root / f"tests_{name}.jsonl").write_text(f"{good_code}\n" + json.dumps({"prompt": "p", "tests": tests}) + "\n")
+    (root / "latin1.yaml").write_bytes("method: vespo\n# caf\u00e9\n".encode("latin-1"))
     (root / "notamodel").mkdir()
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text("{}")
@@ -175,6 +229,34 @@ def _make_files(root) -> None:
     (root / "empty" / CHECKPOINT).write_bytes(b"")
     torch.save({"state_dict": torch.ones(1)}, root / "foreign" / CHECKPOINT)
     torch.save({"step": 1, "model": _Payload(), "optimizer": {}, "rng": {}}, root / "crafted" / CHECKPOINT)
+    saved_configs = {
+        "s_latin1": lambda t: (t + "# caf\u00e9\n").encode("latin-1"),
+        "s_dup": lambda t: (t + "lr: 0.5\n").encode(),
+        "s_betas": lambda t: t.replace("betas:\n- 0.9\n- 0.99\n", "betas: 5\n").encode(),
+        "s_lr": lambda t: t.replace("lr: 0.0003", "lr: -1.0").encode(),
+        "s_syntax": lambda t: ("model: embedded\n  x: [\n" + t).encode(),
+    }
+    for name, edit in saved_configs.items():
+        _saved_run(root / name)
+        path = root / name / "config.yaml"
+        text = path.read_text()
+        path.write_bytes(edit(text))
+        assert path.read_bytes() != text.encode(), name
+    good = torch.load(root / "saved" / CHECKPOINT, weights_only=True)
+    checkpoints = {
+        "c_step_str": {"step": "3"},
+        "c_step_neg": {"step": -3},
+        "c_step_bool": {"step": True},
+        "c_model": {"model": [1, 2]},
+        "c_optim": {"optimizer": {"state": 1}},
+        "c_rng_torch": {"rng": good["rng"] | {"torch": torch.zeros(3)}},
+        "c_rng_python": {"rng": good["rng"] | {"python": (3, (1, 2), None)}},
+        "c_rng_numpy": {"rng": good["rng"] | {"numpy": {"name": "MT19937"}}},
+        "c_rng_none": {"rng": None},
+    }
+    for name, change in checkpoints.items():
+        _saved_run(root / name)
+        torch.save(good | change, root / name / CHECKPOINT)
 
 
 def _env():
@@ -210,6 +292,8 @@ def test_bad_input_is_one_clear_error_before_compute(outcomes, case_id, message)
     assert result["code"] == 2, text
     assert "Traceback" not in text, text
     assert message in text, text
+    if text.startswith("vespo train: error:"):  # vespo's own messages are exactly one line
+        assert len(text.strip().splitlines()) == 1, text
 
 
 def test_nothing_is_written_or_overwritten(outcomes):

@@ -37,7 +37,13 @@ def test_load_jsonl_math_and_code(tmp_path):
         ([json.dumps({"prompt": "p", "answer": ""})], "bad.jsonl:1: 'answer' must be"),
         ([json.dumps({"prompt": "p", "tests": []})], "bad.jsonl:1: 'tests' must be a non-empty list"),
         (["[1, 2]"], "bad.jsonl:1: expected an object"),
-        ([json.dumps({"prompt": "p", "answer": "1"}), json.dumps({"prompt": "q", "tests": [{}]})], "mixes"),
+        (
+            [
+                json.dumps({"prompt": "p", "answer": "1"}),
+                json.dumps({"prompt": "q", "tests": [{"input": "1", "output": "1"}]}),
+            ],
+            "mixes",
+        ),
         ([], "bad.jsonl: no records"),
         (["", "  "], "bad.jsonl: no records"),
     ],

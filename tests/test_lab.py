@@ -150,7 +150,22 @@ def test_adam_gives_back_the_step_size_vespo_takes_away():
 
 def test_cli_rejects_bad_input_in_one_line(capsys):
     assert cli(["--methods", "nope"]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
+    out = capsys.readouterr().err.strip().splitlines()
     assert len(out) == 1 and "methods" in out[0] and "vespo" in out[0]
     assert cli(["--staleness", "3", "--optimizer-steps", "128"]) == 2
-    assert "staleness" in capsys.readouterr().out
+    assert "staleness" in capsys.readouterr().err
+
+
+def test_changed_settings_never_reuse_a_lab_cell(tmp_path):
+    import dataclasses
+
+    from vespo.experiments.lab import LabConfig, lab
+
+    cfg = LabConfig(
+        out_dir=str(tmp_path), methods=("vespo",), length=(8,), staleness=(1,), lr_scale=(1.0,), seeds=(0,),
+        optimizer_steps=4, eval_points=1, jobs=1,
+    )  # fmt: skip
+    first = lab(cfg)[0]["summary"]["final_reward"]
+    assert lab(cfg)[0]["summary"]["final_reward"] == first and len(list((tmp_path / "cells").iterdir())) == 1
+    other = lab(dataclasses.replace(cfg, lr=0.5))[0]["summary"]["final_reward"]
+    assert other != first and len(list((tmp_path / "cells").iterdir())) == 2

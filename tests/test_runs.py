@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vespo.train.config import ConfigError, TrainConfig, to_yaml
+from vespo.train.config import ConfigError, TrainConfig, resolve, to_yaml
 from vespo.train.runs import (
     CHECKPOINT,
     Logger,
@@ -115,17 +115,60 @@ def test_resume_refuses_a_changed_config_and_keeps_the_saved_one(tmp_path):
     assert (tmp_path / "run" / "config.yaml").read_text() == saved  # nothing was overwritten
 
 
-def test_resume_without_checkpoint_and_reuse_without_resume_are_errors(tmp_path):
+def test_resume_without_checkpoint_is_an_error_and_a_dead_run_dir_is_reused(tmp_path, capsys):
     cfg = TrainConfig(run_dir=str(tmp_path / "fresh"))
     with pytest.raises(ConfigError, match="no checkpoint"):
         check_run(dataclasses.replace(cfg, resume=True))
     assert not (tmp_path / "fresh").exists()
-    start_run(cfg)  # a run that wrote its config.yaml but died before its first checkpoint
-    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
-        check_run(cfg)
+    # a run that wrote its config.yaml, metrics and events but died before its first checkpoint
+    start_run(dataclasses.replace(cfg, lr=0.1))
+    (tmp_path / "fresh" / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
+    (tmp_path / "fresh" / "tb").mkdir()
+    (tmp_path / "fresh" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert check_run(cfg) is None  # no error: nothing there can be resumed
+    start_run(cfg)
+    assert "holds no checkpoint; starting over" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["config.yaml", "notes.txt"]
+    assert (tmp_path / "fresh" / "config.yaml").read_text() == to_yaml(cfg)
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="not writable"):
         check_run(TrainConfig(run_dir=str(tmp_path / "file" / "run")))
+
+
+def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
+    cfg = _saved_run(tmp_path)
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    fresh = dataclasses.replace(cfg, lr=1e-3)
+    with pytest.raises(ConfigError, match="--resume to continue it, --overwrite-output-dir to replace it"):
+        check_run(fresh)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        resolve(dataclasses.replace(cfg, resume=True, overwrite_output_dir=True))
+    over = dataclasses.replace(fresh, overwrite_output_dir=True)
+    assert check_run(over) is None and (tmp_path / "run" / CHECKPOINT).exists()  # checking deletes nothing
+    capsys.readouterr()
+    start_run(over)
+    assert "replacing the run there (deleting its config.yaml, checkpoints)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "notes.txt"]
+    # the replaced run's saved config (overwrite_output_dir: true) still resumes without the flag
+    resumed = dataclasses.replace(fresh, resume=True)
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path / "run", 1, model, torch.optim.AdamW(model.parameters()), torch.Generator())
+    assert check_run(resumed)["step"] == 1
+
+
+def test_a_foreign_config_yaml_is_never_replaced(tmp_path):
+    (tmp_path / "config.yaml").write_text("model: resnet\nepochs: 3\n")
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match="not a vespo run's"):
+            check_run(TrainConfig(run_dir=str(tmp_path), overwrite_output_dir=overwrite))
+    assert (tmp_path / "config.yaml").read_text() == "model: resnet\nepochs: 3\n"
+
+
+def test_default_run_dir_is_per_method():
+    assert resolve(TrainConfig(method="grpo")).run_dir == "runs/grpo"
+    assert resolve(TrainConfig()).run_dir == "runs/vespo"
+    assert resolve(TrainConfig(method="grpo", run_dir="x")).run_dir == "x"
 
 
 def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
@@ -144,3 +187,31 @@ def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
 def test_saved_config_is_yaml_of_the_config(tmp_path):
     cfg = _saved_run(tmp_path)
     assert (tmp_path / "run" / "config.yaml").read_text() == to_yaml(cfg)
+
+
+def test_checkpoint_of_another_model_is_one_clear_error_on_restore(tmp_path):
+    _saved_run(tmp_path)  # weights of a Linear(3, 2)
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ConfigError, match=r"does not fit the model: weight has shape \[2, 3\], the model \[2, 4\]"):
+        restore(load_checkpoint(tmp_path / "run"), model, torch.optim.AdamW(model.parameters()), torch.Generator())
+
+
+def test_save_total_limit_keeps_the_last_k_checkpoints(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "mine.pt").write_bytes(b"not ours")
+    for step in range(1, 6):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        save_checkpoint(tmp_path, step, model, opt, torch.Generator(), keep=3)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["last.pt", "mine.pt", "step_3.pt", "step_4.pt", "step_5.pt"]
+    for step in (3, 4, 5):
+        ckpt = torch.load(tmp_path / "checkpoints" / f"step_{step}.pt", weights_only=True)
+        assert ckpt["step"] == step and ckpt["model"]["weight"].eq(step).all()
+    assert load_checkpoint(tmp_path)["step"] == 5
+    save_checkpoint(tmp_path, 6, model, opt, torch.Generator())  # keep=1: last.pt only, numbered ones left as are
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
+    with pytest.raises(ConfigError, match="save_total_limit must be an integer >= 1"):
+        resolve(TrainConfig(save_total_limit=0))

@@ -98,7 +98,8 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
     for fig in ("fig3_training_reward.png", "fig4_dynamics.png"):
         assert (tmp_path / "sw" / fig).stat().st_size > 0
     # finished cells are skipped: summaries come back unchanged without rerunning
-    done = tmp_path / "sw" / "cells" / "grpo" / "N2" / "seed0" / "summary.json"
+    (cell,) = [c for c in cells(cfg) if (c.variant, c.n) == ("grpo", 2)]
+    done = tmp_path / "sw" / "cells" / "grpo" / "N2" / "seed0" / cell.key / "summary.json"
     stamp = done.stat().st_mtime_ns
     assert sweep(cfg) == summaries and done.stat().st_mtime_ns == stamp
     assert json.loads(done.read_text())["N"] == 2
@@ -151,3 +152,53 @@ def test_lr_robustness_figure_reads_finished_cells(tmp_path):
         (d / "summary.json").write_text(json.dumps({"final_eval_acc": 0.1 * (i % 5), "initial_eval_acc": 0.25}))
     plot_lr_robustness(cfg, grid)
     assert (tmp_path / "fig_lr_robustness.png").stat().st_size > 0
+
+
+def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
+    """A cell's run dir is named by the hash of its whole `vespo train` config: a finished cell is reused only for
+    exactly the same settings."""
+    import dataclasses
+    import subprocess
+
+    base = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), optimizer_steps=4)
+
+    def run_dirs(cfg):
+        return [train_config(cfg, c).run_dir for c in cells(cfg)]
+
+    first = run_dirs(base)
+    assert run_dirs(base) == first and run_dirs(dataclasses.replace(base, jobs=4)) == first
+    changes = [
+        {"eval_size": 100},
+        {"eval_points": 2},
+        {"mini_batch_size": 2},
+        {"rollout_n": 4},
+        {"optimizer_steps": 8},
+        {"extra": {"rollout_logit_noise": "0.3"}},
+        {"extra": {"tensorboard": "False"}},
+    ]
+    for change in changes:
+        assert set(run_dirs(dataclasses.replace(base, **change))).isdisjoint(first), change
+
+    def ran(*args, **kwargs):
+        raise RuntimeError("the cell ran")
+
+    monkeypatch.setattr(subprocess, "run", ran)
+    from vespo.experiments.sweep import run_cell
+
+    (cell,) = cells(base)
+    done = tmp_path / "cells" / cell.name / "summary.json"
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps({"final_eval_acc": 0.5}))
+    assert run_cell(base, cell) == {"final_eval_acc": 0.5}  # same settings: the finished cell is reused
+    changed = dataclasses.replace(base, eval_size=100)
+    with pytest.raises(RuntimeError, match="the cell ran"):  # other settings: never the old summary
+        run_cell(changed, cells(changed)[0])
+
+
+@pytest.mark.parametrize("key", ["run_dir", "run-dir", "seed", "method", "hparams", "lr", "cache_dir", "resume"])
+def test_extra_cannot_set_the_sweeps_own_fields(tmp_path, key):
+    cfg = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), extra={key: "x"})
+    with pytest.raises(ValueError, match=f"extra: {key} is set by the sweep"):
+        cells(cfg)
+    with pytest.raises(ValueError, match="extra: nope is not a `vespo train` field"):
+        cells(SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), extra={"nope": "1"}))

@@ -6,6 +6,7 @@ Sub-commands are looked up lazily so `vespo bound` does not import transformers.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 # name -> ("module", "function", "one-line help"); each function takes the remaining argv.
@@ -32,8 +33,18 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _version() -> str:
+    """The installed package's version (its metadata), or the source tree's when vespo is not installed."""
+    try:
+        return importlib.metadata.version("vespo")
+    except importlib.metadata.PackageNotFoundError:
+        from vespo import __version__
+
+        return __version__
+
+
 def _usage() -> str:
-    lines = ["usage: vespo <command> [options]", "", "commands:"]
+    lines = ["usage: vespo <command> [options]  |  vespo --version", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, _, help_) in _COMMANDS.items()]
     lines += ["", "Run `vespo <command> --help` for the options of one command."]
     return "\n".join(lines)
@@ -44,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"vespo {_version()}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in _COMMANDS:

@@ -11,6 +11,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from vespo.rewards.code import parse_tests
+
 Record = dict
 """A record is a plain dict (see the module docstring), so it travels to TRL, datasets and sampler processes as is."""
 
@@ -40,6 +42,11 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
         record["answer"] = str(answer)
     elif not isinstance(row["tests"], list) or not row["tests"] or not all(isinstance(t, dict) for t in row["tests"]):
         raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/rewards.md)")
+    else:
+        try:  # the grader's own parser: a record it accepts can be graded
+            parse_tests(row["tests"])
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise ValueError(f"{where}: 'tests' cannot be graded: {' '.join(str(exc).split())[:200]}") from None
     return record
 
 

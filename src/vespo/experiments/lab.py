@@ -18,11 +18,13 @@ gradient (share of the per-sequence score coefficient held by the top 1%).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -34,6 +36,7 @@ from vespo.advantages import group_advantages
 from vespo.experiments.lab_model import ChainSpec, run_chain_cell
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, available_methods, compute_policy_loss, uses_batch_context, validate_hparams
+from vespo.train.config import check_output_dir
 
 Tensor = torch.Tensor
 
@@ -113,6 +116,18 @@ class LabCell:
     @property
     def name(self) -> str:
         return f"{self.method}/T{self.length}/N{self.staleness}/lr{self.lr_scale:g}/seed{self.seed}"
+
+
+MAX_LENGTH = 1 << 20
+"""Largest response length T a lab cell accepts."""
+MAX_VOCAB = 1 << 12
+"""Largest vocabulary a lab cell accepts."""
+MAX_LOGITS = 1 << 24
+"""Largest T x V: theta, Adam's two moments, the gradient and the sampler's CDF are each (T, V) float64."""
+MAX_BATCH_TOKENS = 1 << 26
+"""Largest N x mini_batch_size x T: the rollout batch's tokens and two log-prob tensors (24 bytes a token)."""
+MAX_STEPS = 1 << 20
+"""Most optimizer steps per cell."""
 
 
 @dataclass
@@ -268,14 +283,20 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
 
 
 def cells(cfg: LabConfig) -> list[LabCell]:
-    """All grid cells; everything is validated before anything runs."""
+    """All grid cells; everything is validated before anything runs, sizes included (a cell holds the rollout
+    batch's N x mini_batch_size x T tokens and log-probs, and (T, V) logits with Adam's state)."""
+    check_output_dir("out_dir", cfg.out_dir)
+    for name in ("methods", "length", "staleness", "lr_scale", "seeds"):  # grid axes: one or more, none twice
+        values = getattr(cfg, name)
+        if not values or len(set(values)) != len(values):
+            raise ValueError(f"{name} must be one or more distinct values, got {list(values)}")
     unknown = sorted(set(cfg.methods) - set(available_methods()))
     if unknown:
         raise ValueError(f"methods: unknown {unknown}; registered methods are {available_methods()}")
     for method in cfg.methods:
         validate_hparams(method)
     checks = [
-        ("length", all(t >= 1 for t in cfg.length), "positive integers"),
+        ("length", all(1 <= t <= MAX_LENGTH for t in cfg.length), f"integers in [1, {MAX_LENGTH}]"),
         (
             "staleness",
             all(n >= 1 and cfg.optimizer_steps % n == 0 for n in cfg.staleness),
@@ -283,23 +304,36 @@ def cells(cfg: LabConfig) -> list[LabCell]:
         ),
         ("lr_scale", all(math.isfinite(s) and s > 0 for s in cfg.lr_scale), "finite numbers > 0"),
         ("lr", math.isfinite(cfg.lr) and cfg.lr > 0, "a finite number > 0"),
+        ("optimizer_steps", 1 <= cfg.optimizer_steps <= MAX_STEPS, f"an integer in [1, {MAX_STEPS}]"),
         (
             "mini_batch_size",
             cfg.mini_batch_size >= cfg.group_size >= 2 and cfg.mini_batch_size % cfg.group_size == 0,
             "a multiple of group_size, and group_size >= 2",
         ),
-        ("vocab", cfg.vocab >= 2, "an integer >= 2"),
+        ("vocab", 2 <= cfg.vocab <= MAX_VOCAB, f"an integer in [2, {MAX_VOCAB}]"),
         ("p_correct", 0 < cfg.p_correct < 1, "a number in (0, 1)"),
         ("mismatch_std", math.isfinite(cfg.mismatch_std) and cfg.mismatch_std >= 0, "a finite number >= 0"),
         ("mismatch_std", cfg.preset == "v1" or cfg.mismatch_std == 0, "0 with --preset v2 (v1 models the mismatch)"),
         ("length", cfg.preset == "v1" or min(cfg.length) >= 8, "integers >= 8 with --preset v2"),
         ("grad_clip", math.isfinite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0"),
         ("adam_eps", math.isfinite(cfg.adam_eps) and cfg.adam_eps > 0, "a finite number > 0"),
+        ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
+        ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
         ("jobs", cfg.jobs >= 1, "an integer >= 1"),
     ]
     for name, ok, accepted in checks:
         if not ok:
             raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
+    t = max(cfg.length)
+    if t * cfg.vocab > MAX_LOGITS:
+        raise ValueError(f"length x vocab must be <= {MAX_LOGITS} logits per cell, got {t} x {cfg.vocab}")
+    tokens = max(cfg.staleness) * cfg.mini_batch_size * t
+    if tokens > MAX_BATCH_TOKENS:
+        raise ValueError(
+            f"staleness x mini_batch_size x length must be <= {MAX_BATCH_TOKENS} tokens per rollout batch "
+            f"(~{MAX_BATCH_TOKENS * 24 / 2**30:.1f} GiB per cell), "
+            f"got {max(cfg.staleness)} x {cfg.mini_batch_size} x {t}"
+        )
     for name, ok, accepted, value in cfg.chain.checks() if cfg.preset == "v2" else []:
         if not ok:
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
@@ -409,6 +443,18 @@ def plot(out: Path, results: list[dict]) -> None:
     plt.close(fig)
 
 
+_GRID_ONLY = ("out_dir", "jobs", "methods", "length", "staleness", "lr_scale", "seeds")
+"""LabConfig fields that do not change one cell's result (where it is written, parallelism, the grid's axes)."""
+
+
+def cell_file(cfg: LabConfig, cell: LabCell) -> str:
+    """A finished cell's JSON file name: the cell's name and a hash of every setting it depends on, so a cell is
+    reused only for exactly the same settings."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in _GRID_ONLY} | asdict(cell)
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    return f"{cell.name.replace('/', '_')}_{key}.json"
+
+
 def _run_chain(cfg: LabConfig, cell: LabCell) -> dict:
     return run_chain_cell(cfg, cell, cfg.chain)
 
@@ -423,16 +469,14 @@ def lab(cfg: LabConfig) -> list[dict]:
     t0 = time.perf_counter()
     done = out / "cells"  # one JSON per finished cell: an interrupted grid resumes where it stopped
     done.mkdir(exist_ok=True)
-    todo = [c for c in grid if not (done / f"{c.name.replace('/', '_')}.json").is_file()]
+    todo = [c for c in grid if not (done / cell_file(cfg, c)).is_file()]
     with ProcessPoolExecutor(cfg.jobs) as pool:
-        for result in tqdm(
-            pool.map(run_cell if cfg.preset == "v1" else _run_chain, [cfg] * len(todo), todo),
-            total=len(grid),
-            initial=len(grid) - len(todo),
-            desc="vespo lab",
+        results = pool.map(run_cell if cfg.preset == "v1" else _run_chain, [cfg] * len(todo), todo)
+        for cell, result in tqdm(
+            zip(todo, results, strict=True), total=len(grid), initial=len(grid) - len(todo), desc="vespo lab"
         ):
-            (done / f"{result['name'].replace('/', '_')}.json").write_text(json.dumps(result))
-    results = [json.loads((done / f"{c.name.replace('/', '_')}.json").read_text()) for c in grid]
+            (done / cell_file(cfg, cell)).write_text(json.dumps(result))
+    results = [json.loads((done / cell_file(cfg, c)).read_text()) for c in grid]
     write_tables(out, results)
     plot(out, results)
     print(f"{len(grid)} cells in {time.perf_counter() - t0:.0f} s -> {out}/results.md")
@@ -445,7 +489,7 @@ def cli(argv: list[str]) -> int:
     try:
         cells(cfg)
     except ValueError as exc:
-        print(f"vespo lab: error: {exc}")
+        print(f"vespo lab: error: {exc}", file=sys.stderr)
         return 2
     lab(cfg)
     return 0

@@ -12,8 +12,9 @@ in the style of the paper's Figures 3 and 4.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
 from vespo.plots import category_color, sequential_color
-from vespo.train.config import TrainConfig, parse_args
+from vespo.train.config import TrainConfig, check_output_dir, parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
 
 Variant = tuple[str, dict, dict]
@@ -113,7 +114,32 @@ class SweepConfig:
     cache_dir: str = "~/.cache/vespo"
     """Warm-start cache shared by all cells."""
     extra: dict[str, str] = field(default_factory=dict)
-    """Additional `vespo train` flags for every cell, e.g. `--extra rollout_logit_noise 0.3 tensorboard False`."""
+    """Additional `vespo train` flags for every cell, e.g. `--extra rollout_logit_noise 0.3 tensorboard False`; not
+    the fields the sweep sets itself (`SWEEP_OWNED`)."""
+
+
+SWEEP_OWNED = {
+    "run_dir": "--out-dir",
+    "cache_dir": "--cache-dir",
+    "resume": "rerunning the sweep",
+    "overwrite_output_dir": "another --out-dir",
+    "allow_change": "another --out-dir",
+    "method": "--methods or --preset",
+    "hparams": "--preset",
+    "seed": "--seeds",
+    "lr": "--lr",
+    "task": "--task",
+    "ppo_mini_batch_size": "--mini-batch-size",
+    "train_batch_size": "--staleness",
+    "staleness": "--staleness",
+    "rollout_n": "--rollout-n",
+    "total_training_steps": "--optimizer-steps",
+    "eval_size": "--eval-size",
+    "eval_n": "--eval-n",
+}
+"""`vespo train` fields the sweep sets for every cell (-> the sweep flag to use instead): `extra` may not set them."""
+NOT_IDENTITY = ("run_dir", "cache_dir", "resume", "allow_change", "overwrite_output_dir", "progress")
+"""TrainConfig fields left out of a cell's identity: where it is written, and bookkeeping that changes no number."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +155,13 @@ class Cell:
     task: str = "arithmetic"
     settings: dict = field(default_factory=dict)
 
+    key: str = ""
+    """Hash of the cell's whole `vespo train` config (`cell_key`): its run dir is named by it, so a finished cell is
+    reused only for exactly the same settings."""
+
     @property
     def name(self) -> str:
-        return f"{self.variant}/N{self.n}/seed{self.seed}"
+        return f"{self.variant}/N{self.n}/seed{self.seed}" + (f"/{self.key}" if self.key else "")
 
 
 def variants(cfg: SweepConfig) -> dict[str, Variant]:
@@ -145,6 +175,21 @@ def variants(cfg: SweepConfig) -> dict[str, Variant]:
 
 def cells(cfg: SweepConfig) -> list[Cell]:
     """All grid cells, validated (each cell's TrainConfig is resolved) before anything runs."""
+    check_output_dir("out_dir", cfg.out_dir)
+    axes = ("staleness", "seeds", "lr", "task") + (("methods",) if cfg.preset is None else ())
+    for name in axes:  # grid axes: at least one value, none twice (two cells would share one run dir)
+        values = getattr(cfg, name)
+        if not values or len(set(values)) != len(values):
+            raise ValueError(f"{name} must be one or more distinct values, got {list(values)}")
+    for name, ok, accepted in (
+        ("optimizer_steps", cfg.optimizer_steps >= 1, "an integer >= 1"),
+        ("min_rollout_steps", cfg.min_rollout_steps >= 1, "an integer >= 1"),
+        ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
+        ("jobs", cfg.jobs >= 1, "an integer >= 1"),
+        ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
+    ):
+        if not ok:
+            raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
     bad = [n for n in cfg.staleness if n < 1 or _optimizer_steps(cfg, n) % n]
     if bad:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
@@ -155,7 +200,14 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     def label(variant: str, lr: float, task: str) -> str:  # lr and task axes are extra rows: tables stay 2-D
         return variant + ("" if len(cfg.lr) == 1 else f"@lr{lr:g}") + ("" if len(cfg.task) == 1 else f"@{task}")
 
-    out = [
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for key in cfg.extra:
+        name = key.replace("-", "_")
+        if name in SWEEP_OWNED:
+            raise ValueError(f"extra: {key} is set by the sweep for every cell; use {SWEEP_OWNED[name]}")
+        if name not in fields:
+            raise ValueError(f"extra: {key} is not a `vespo train` field")
+    grid = [
         Cell(label(v, lr, task), m, h, n, s, lr, task, settings)
         for task in cfg.task
         for v, (m, h, settings) in variants(cfg).items()
@@ -163,9 +215,13 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         for n in cfg.staleness
         for s in cfg.seeds
     ]
-    for cell in out:
-        train_config(cfg, cell)  # parses and validates
-    return out
+    return [dataclasses.replace(c, key=cell_key(train_config(cfg, c))) for c in grid]  # parses and validates
+
+
+def cell_key(tc: TrainConfig) -> str:
+    """Identity of a cell: a hash of its resolved `vespo train` config, all but `NOT_IDENTITY`."""
+    settings = {k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 
 def _optimizer_steps(cfg: SweepConfig, n: int) -> int:
@@ -213,15 +269,14 @@ def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
 
 
 def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
-    """Run one cell in a subprocess (resuming a half-finished one); returns its summary (also saved as summary.json)."""
+    """Run one cell in a subprocess (resuming a half-finished one); returns its summary (also saved as summary.json).
+    Nothing is deleted: the cell's run dir is its own (named by `cell_key`)."""
     tc = train_config(cfg, cell)
     run_dir = Path(tc.run_dir)
     done = run_dir / "summary.json"
     if done.is_file():
         return json.loads(done.read_text())
-    resume = (run_dir / CHECKPOINT).is_file()
-    if not resume and run_dir.exists():  # killed before its first checkpoint: nothing to keep, start the cell over
-        shutil.rmtree(run_dir)
+    resume = (run_dir / CHECKPOINT).is_file()  # else a fresh run; one killed before its checkpoint is started over
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -464,7 +519,7 @@ def cli(argv: list[str]) -> int:
     try:
         cells(cfg)
     except ValueError as exc:
-        print(f"vespo sweep: error: {exc}")
+        print(f"vespo sweep: error: {exc}", file=sys.stderr)
         return 2
     sweep(cfg)
     print((Path(cfg.out_dir) / "results.md").read_text())

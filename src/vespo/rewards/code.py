@@ -86,6 +86,8 @@ def parse_tests(tests) -> tuple[str, list, list, str | None]:
             )
         return "assert", cases, ["passed"] * len(tests), None
     if all("fn_name" in t and "input" in t and "output" in t for t in tests):
+        if not all(isinstance(t["fn_name"], str) and t["fn_name"].isidentifier() for t in tests):
+            raise ValueError("function-call tests need an identifier 'fn_name'")
         names = {t["fn_name"] for t in tests}
         if len(names) != 1:
             raise ValueError(f"function-call tests of one problem must share fn_name, got {sorted(names)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
 import re
 import types
 import typing
@@ -213,8 +214,13 @@ class TrainConfig:
     # --- run management
     seed: int = 0
     """Seed of prompt order, sampling and anything else random in RL."""
-    run_dir: str = "runs/vespo"
-    """Output directory: config.yaml, metrics.jsonl, TensorBoard events, plots, checkpoints."""
+    run_dir: str | None = None
+    """Output directory: config.yaml, metrics.jsonl, TensorBoard events, plots, checkpoints; None = runs/<method>.
+    A directory left by a run that stopped before its first checkpoint is reused (the new run says so)."""
+    overwrite_output_dir: bool = False
+    """Replace the run already in run_dir (TRL's name): its config, metrics, events, checkpoints and final model are
+    deleted when the new run starts; other files in run_dir are kept. Without it, a run dir with a checkpoint is
+    refused (continue it with --resume, or choose another run_dir)."""
     cache_dir: str = "~/.cache/vespo"
     """Where warm-started embedded models are cached."""
     resume: bool = False
@@ -224,6 +230,9 @@ class TrainConfig:
     """On --resume, fields allowed to differ from the saved config; only total_training_steps (to train longer)."""
     save_every: int = 25
     """Checkpoint every this many rollout steps (and at the end)."""
+    save_total_limit: int = 1
+    """Checkpoints kept (TRL's name): 1 keeps run_dir/checkpoints/last.pt only; K > 1 also keeps the last K saves as
+    checkpoints/step_<step>.pt (hard links where the file system allows, so the newest costs no extra space)."""
     eval_every: int = 20
     """Held-out evaluation every this many rollout steps (and at the start and end); 0 disables it."""
     eval_size: int = 200
@@ -261,6 +270,8 @@ _HINTS = typing.get_type_hints(TrainConfig, include_extras=False)
 def resolve(cfg: TrainConfig) -> TrainConfig:
     """Apply the `staleness` shortcut, then `validate`."""
     check_types(cfg)
+    if cfg.run_dir is None:
+        cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
     if cfg.staleness is not None:
         _check_range("staleness", cfg.staleness, 1, None)
         implied = cfg.staleness * cfg.ppo_mini_batch_size
@@ -324,7 +335,7 @@ def check_types(cfg: TrainConfig) -> None:
     for name, hint in _HINTS.items():
         value = getattr(cfg, name)
         if not _conforms(value, hint):
-            raise ConfigError(f"{name} must be {_describe(hint)}, got {value!r}")
+            raise ConfigError(f"{name} must be {_describe(hint)}, got {_short(value)}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -380,6 +391,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "sft_batch_size": (1, None, False, False),
     "sft_label_noise": (0, 1, False, True),
     "save_every": (1, None, False, False),
+    "save_total_limit": (1, None, False, False),
     "eval_every": (0, None, False, False),
     "eval_size": (1, None, False, False),
     "eval_n": (1, None, False, False),
@@ -388,15 +400,21 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 }
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
-    wrong; everything here is checked before any model or dataset is loaded."""
+def check_values(cfg: TrainConfig) -> None:
+    """Types and numeric ranges of every field (no registry, file or import look-ups): also applied to a saved
+    config.yaml on --resume."""
     check_types(cfg)
     for name, (lo, hi, open_lo, open_hi) in _RANGES.items():
         if getattr(cfg, name) is not None:
             _check_range(name, getattr(cfg, name), lo, hi, open_lo=open_lo, open_hi=open_hi)
     for i, beta in enumerate(cfg.betas):
         _check_range(f"betas[{i}]", beta, 0, 1, open_hi=True)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
+    wrong; everything here is checked before any model or dataset is loaded."""
+    check_values(cfg)
     if cfg.rollout_n < 2:
         raise ConfigError(
             f"rollout_n must be >= 2, got {cfg.rollout_n}: advantages are relative to the group of responses to one "
@@ -420,6 +438,11 @@ def validate(cfg: TrainConfig) -> None:
     _validate_task(cfg)
     _validate_hardware(cfg)
     _validate_async(cfg)
+    for name in ("run_dir", "cache_dir"):
+        if getattr(cfg, name) is not None:  # run_dir None is filled in by `resolve`
+            check_output_dir(name, getattr(cfg, name))
+    if cfg.resume and cfg.overwrite_output_dir:
+        raise ConfigError("resume and overwrite_output_dir exclude each other: continue the run, or replace it")
     check_model(cfg.model)
     for name in ("dataset", "eval_dataset"):
         check_dataset(name, getattr(cfg, name))
@@ -427,6 +450,20 @@ def validate(cfg: TrainConfig) -> None:
         load_reward_fn(cfg.reward_fn)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_output_dir(name: str, value: str) -> Path:
+    """`value` names a directory this command may create or write in: not empty, not a file, and its nearest existing
+    ancestor a writable directory (ConfigError naming `name` otherwise). Nothing is created."""
+    if not value.strip():
+        raise ConfigError(f"{name} must be a directory path, got an empty string")
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name} {path} is a file, not a directory")
+    parent = next(p for p in (path, *path.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} {path} is not writable ({parent} is not a writable directory)")
+    return path
 
 
 def check_model(value: str) -> None:
@@ -514,36 +551,74 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 
 _YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # PyYAML reads `1e-3` (no dot) as a string
+_YAML_MAX_BYTES = 1 << 20  # a config is a few KB; a larger file (or /dev/zero) is refused before parsing
 
 
-def load_yaml(path: str | Path) -> dict:
-    """Read a YAML config: keys must be TrainConfig fields and values of the field's type (ConfigError otherwise)."""
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, label: str) -> object:
+    """Parse a YAML file: UTF-8, at most 1 MiB, no duplicate keys; any problem is a one-line ConfigError starting
+    with `label` and the path (and line, for syntax errors)."""
     try:
-        text = Path(path).read_text()
+        with open(Path(path).expanduser(), "rb") as f:
+            raw = f.read(_YAML_MAX_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path} ({exc.strerror or exc})") from None
+        raise ConfigError(f"{label}: cannot read {path} ({exc.strerror or exc})") from None
+    if len(raw) > _YAML_MAX_BYTES:
+        raise ConfigError(f"{label} {path}: larger than {_YAML_MAX_BYTES >> 20} MiB; not a config file")
     try:
-        data = yaml.safe_load(text) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label} {path}: not UTF-8 text (byte {raw[exc.start]:#x} at offset {exc.start})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        where = f" line {mark.line + 1}:" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"--config {path}:{where}: YAML syntax error: {problem}") from None
+        raise ConfigError(f"{label} {path}:{where} YAML syntax error: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{label} {path}: nested too deeply to be a config") from None
+
+
+def load_yaml(path: str | Path, label: str = "--config") -> dict:
+    """Read a YAML config: keys must be TrainConfig fields and values of the field's type (ConfigError otherwise).
+    Lists become tuples, so the result can be passed to TrainConfig as is."""
+    data = read_yaml(path, label)
+    data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
-    data = from_verl_keys(data, where=f"--config {path}")
+        raise ConfigError(f"{label} {path}: expected a mapping of TrainConfig fields, got {type(data).__name__}")
+    data = from_verl_keys(data, where=f"{label} {path}")
     unknown = sorted(set(data) - set(_HINTS), key=str)
     if unknown:
-        raise ConfigError(f"--config {path}: unknown config key(s) {unknown}")
+        raise ConfigError(f"{label} {path}: unknown config key(s) {unknown}")
     for name, value in data.items():
         hint = _HINTS[name]
         if isinstance(value, str) and _YAML_FLOAT.match(value) and _conforms(1.0, hint):
             value = data[name] = float(value)
         if not _conforms(value, hint):
-            raise ConfigError(f"--config {path}: {name} must be {_describe(hint)}, got {value!r}")
+            raise ConfigError(f"{label} {path}: {name} must be {_describe(hint)}, got {_short(value)}")
         if isinstance(value, list):
             data[name] = tuple(value)
     return data
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """repr of a user value, cut to `limit` characters so an error message stays one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # veRL's config paths (ppo_trainer.yaml) -> vespo fields; a veRL user's YAML, nested or with dotted keys, works as is

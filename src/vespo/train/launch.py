@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from vespo.models import quiet_hf_progress
 from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
+from vespo.train.runs import CHECKPOINT
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
@@ -25,6 +27,18 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     return train_sync(cfg)
 
 
+def _interrupted(cfg: TrainConfig | None) -> str:
+    """What an interrupted run leaves: a checkpoint to resume from, or a run dir a new run will reuse."""
+    if cfg is None:
+        return "nothing was started"
+    run_dir = Path(cfg.run_dir).expanduser()
+    if (run_dir / CHECKPOINT).is_file():
+        return f"the last checkpoint in {run_dir} is kept (--resume continues from it)"
+    return (
+        f"no checkpoint was saved yet (the first is at step {cfg.save_every}); running again starts over in {run_dir}"
+    )
+
+
 def cli(argv: list[str]) -> int:
     """`vespo train [--config file.yaml] [flags]`."""
     cfg = None
@@ -35,8 +49,7 @@ def cli(argv: list[str]) -> int:
         print(f"vespo train: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        where = f" in {cfg.run_dir}" if cfg is not None else ""
-        print(f"vespo train: interrupted; the last checkpoint{where} is kept (--resume continues from it)")
+        print(f"vespo train: interrupted; {_interrupted(cfg)}", file=sys.stderr)
         return 130
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
     print(f"run dir: {cfg.run_dir}")

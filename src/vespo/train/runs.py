@@ -12,18 +12,22 @@ import importlib
 import json
 import os
 import random
+import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
-from vespo.train.config import ConfigError, TrainConfig, to_yaml
+from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, load_yaml, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb", "checkpoints", "final", "reward.png", "async_summary.json")
+"""Everything a run writes in its run dir: what replacing a run (a dead one, or with --overwrite-output-dir)
+deletes. Any other file in the run dir is left alone."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,23 +65,35 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None
+    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None, *, keep: int = 1
 ) -> None:
     """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states (and
-    `extra` entries, e.g. the async trainer's next batch id). Only tensors and plain containers: no pickled code."""
+    `extra` entries, e.g. the async trainer's next batch id). Only tensors and plain containers: no pickled code.
+    With `keep` > 1 (`save_total_limit`) the last `keep` saves are also kept as checkpoints/step_<step>.pt."""
     path = Path(run_dir) / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state(gen)}
     torch.save(state | (extra or {}), tmp)
     os.replace(tmp, path)
+    if keep > 1:
+        numbered = path.parent / f"step_{step}.pt"
+        numbered.unlink(missing_ok=True)
+        try:
+            os.link(path, numbered)  # the same file as last.pt: no second copy on disk (the next save replaces last.pt)
+        except OSError:
+            shutil.copyfile(path, numbered)
+        saved = [p for p in path.parent.iterdir() if re.fullmatch(r"step_\d+\.pt", p.name)]
+        for old in sorted(saved, key=lambda p: int(p.stem[5:]))[:-keep]:
+            old.unlink()
 
 
 _CKPT_KEYS = ("step", "model", "optimizer", "rng")
 
 
 def load_checkpoint(run_dir: str | Path) -> dict:
-    """The run's last checkpoint, loaded with ``weights_only=True`` (a crafted pickle cannot run code).
+    """The run's last checkpoint, loaded with ``weights_only=True`` (a crafted pickle cannot run code) and checked
+    field by field (`check_checkpoint`), so a damaged one is refused before the model loads.
 
     Raises ConfigError naming the file when it is missing, truncated, not a torch file, or not a vespo checkpoint.
     """
@@ -91,7 +107,56 @@ def load_checkpoint(run_dir: str | Path) -> dict:
         raise ConfigError(f"resume: cannot load checkpoint {path}: {first}") from None
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in _CKPT_KEYS):
         raise ConfigError(f"resume: {path} is not a vespo checkpoint (needs keys {list(_CKPT_KEYS)})")
+    problem = check_checkpoint(ckpt)
+    if problem:
+        raise ConfigError(f"resume: {path} is damaged: {problem}")
     return ckpt
+
+
+def _is_index(value: object, lo: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lo
+
+
+def check_checkpoint(ckpt: dict) -> str | None:
+    """What is wrong with a loaded checkpoint's fields (None: nothing): step, the weights and optimizer containers,
+    every RNG state (each tried on a throwaway generator, never on the global streams) and the async batch id.
+    Shapes against the model are checked when it is restored (`restore`)."""
+    if not _is_index(ckpt["step"], 1):
+        return f"step must be an integer >= 1, got {ckpt['step']!r:.60}"
+    model = ckpt["model"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()):
+        return "model must be a mapping of parameter names to tensors"
+    opt = ckpt["optimizer"]
+    groups, state = (opt.get("param_groups"), opt.get("state")) if isinstance(opt, dict) else (None, None)
+    if not (
+        isinstance(groups, list)
+        and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+        and isinstance(state, dict)
+        and all(isinstance(v, dict) for v in state.values())
+    ):
+        return "optimizer must be a torch optimizer state ({'state': {...}, 'param_groups': [...]})"
+    rng = ckpt["rng"]
+    if not isinstance(rng, dict) or any(k not in rng for k in ("torch", "python", "numpy", "sampler")):
+        return "rng must be a mapping with torch, python, numpy and sampler states"
+    for name in ("torch", "sampler"):
+        try:
+            torch.Generator().set_state(rng[name])
+        except (RuntimeError, TypeError, ValueError):
+            return f"rng.{name} is not a torch CPU generator state"
+    try:
+        random.Random().setstate(rng["python"])
+    except (TypeError, ValueError, OverflowError):
+        return "rng.python is not a Python random state"
+    n = rng["numpy"]
+    try:
+        np.random.RandomState().set_state(
+            (n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, OverflowError):
+        return "rng.numpy is not a NumPy random state"
+    if "async" in ckpt and not (isinstance(ckpt["async"], dict) and _is_index(ckpt["async"].get("next_batch"))):
+        return "async.next_batch must be an integer >= 0"
+    return None
 
 
 RESUME_ALWAYS_OK = (
@@ -110,6 +175,8 @@ RESUME_ALWAYS_OK = (
     "stop_on_low_ess",
     "run_dir",
     "cache_dir",
+    "overwrite_output_dir",
+    "save_total_limit",
 )
 """Fields that may differ on --resume: bookkeeping that does not change a trained number."""
 RESUME_OVERRIDABLE = ("total_training_steps",)
@@ -122,10 +189,7 @@ def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
     if bad:
         raise ConfigError(f"allow_change: {bad} cannot be changed on resume; only {list(RESUME_OVERRIDABLE)} can")
     now = dataclasses.asdict(cfg)
-    now["betas"], now["allow_change"] = list(cfg.betas), list(cfg.allow_change)
-    saved = dict(saved)
-    if "betas" in saved:
-        saved["betas"] = list(saved["betas"])
+    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
     diff = [k for k in now if k not in RESUME_ALWAYS_OK and k in saved and now[k] != saved[k]]
     blocked = [k for k in diff if k not in RESUME_OVERRIDABLE]
     if blocked:
@@ -146,46 +210,82 @@ def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
 
 def check_run(cfg: TrainConfig) -> dict | None:
     """Everything about `cfg.run_dir` that can fail, checked before any compute and without writing anything:
-    the directory is writable, a fresh run does not reuse a run dir, and a resume has a loadable checkpoint and the
-    same config as the saved run. Returns the checkpoint to resume from (None for a fresh run)."""
-    run_dir = Path(cfg.run_dir).expanduser()
+    the directory is writable, a fresh run does not replace a run with a checkpoint unless `overwrite_output_dir`
+    (a run that left no checkpoint is replaced), and a resume has a loadable checkpoint and the same config as the
+    saved run. Returns the checkpoint to resume from (None for a fresh run)."""
+    run_dir = check_output_dir("run_dir", cfg.run_dir)
     existing = run_dir / "config.yaml"
     if not cfg.resume:
-        if existing.exists() or (run_dir / CHECKPOINT).exists():
-            raise ConfigError(f"run_dir {run_dir} already holds a run; pass --resume to continue it or choose another")
-        parent = next(p for p in (run_dir, *run_dir.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"run_dir {run_dir} is not writable ({parent} is not a writable directory)")
+        if existing.exists() and not _is_run_config(existing):
+            raise ConfigError(
+                f"run_dir {run_dir} holds a config.yaml that is not a vespo run's; choose another run_dir"
+            )
+        if (run_dir / CHECKPOINT).exists() and not cfg.overwrite_output_dir:
+            raise ConfigError(
+                f"run_dir {run_dir} already holds a run with a checkpoint; pass --resume to continue it, "
+                "--overwrite-output-dir to replace it, or choose another run_dir"
+            )
         return None
     ckpt = load_checkpoint(run_dir)
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"run_dir {run_dir} is not writable")
     if not existing.is_file():
         raise ConfigError(f"resume: {existing} is missing, so the run's config cannot be checked")
+    saved = load_yaml(existing, label="resume:")
     try:
-        saved = yaml.safe_load(existing.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"resume: {existing} is not valid YAML ({exc})") from None
-    if not isinstance(saved, dict):
-        raise ConfigError(f"resume: {existing} is not a config mapping")
-    check_resume(cfg, saved, int(ckpt["step"]))
+        check_values(TrainConfig(**saved))
+    except ConfigError as exc:
+        raise ConfigError(f"resume: {existing}: {exc}") from None
+    if cfg.mode == "async" and "async" not in ckpt:
+        raise ConfigError(f"resume: {run_dir / CHECKPOINT} has no async state (it was not saved by an async run)")
+    check_resume(cfg, saved, ckpt["step"])
     return ckpt
 
 
+def _is_run_config(path: Path) -> bool:
+    """Whether `path` is a config.yaml written by a vespo run (a mapping of TrainConfig fields with run_dir)."""
+    try:
+        saved = load_yaml(path)
+    except ConfigError:
+        return False
+    return {"method", "run_dir"} <= set(saved)
+
+
 def start_run(cfg: TrainConfig) -> Path:
-    """Create the run dir and write config.yaml (after `check_run`, once the inputs have loaded)."""
+    """Create the run dir and write config.yaml (after `check_run`, once the inputs have loaded). A fresh run in a
+    dir that holds a run (one that stopped before its first checkpoint, or any with `overwrite_output_dir`) first
+    deletes that run's outputs (`RUN_OUTPUTS`), saying so on stderr."""
     run_dir = Path(cfg.run_dir).expanduser()
+    old = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not cfg.resume and old:
+        why = "replacing the run there" if (run_dir / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
+        names = ", ".join(p.name for p in old)
+        print(f"vespo train: run_dir {run_dir}: {why} (deleting its {names})", file=sys.stderr)
+        for path in old:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     return run_dir
 
 
 def restore(ckpt: dict, model, optimizer, gen: torch.Generator) -> int:
-    """Load a checkpoint's weights, optimizer and RNG states in place; return its step."""
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    """Load a checkpoint's weights, optimizer and RNG states in place; return its step. A checkpoint whose tensors
+    do not fit the model (another model or geometry) is a ConfigError naming the first mismatch."""
+    want, got = model.state_dict(), ckpt["model"]
+    problem = next((f"{k} is missing" for k in want if k not in got), None)
+    problem = problem or next((f"{k} is not a parameter of the model" for k in got if k not in want), None)
+    shapes = ((k, list(got[k].shape), list(v.shape)) for k, v in want.items())
+    problem = problem or next((f"{k} has shape {a}, the model {b}" for k, a, b in shapes if a != b), None)
+    if problem:
+        raise ConfigError(f"resume: the checkpoint does not fit the model: {problem}")
+    try:
+        model.load_state_dict(got)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        first = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"resume: the checkpoint does not fit the model: {first}") from None
     set_rng_state(ckpt["rng"], gen)
-    return int(ckpt["step"])
+    return ckpt["step"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -269,11 +369,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def run_title(run_dir: str | Path) -> str:
     """What a run is, from its config.yaml: method, staleness N, lr, task or model, seed."""
     try:
-        c = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+        c = load_yaml(Path(run_dir) / "config.yaml")
         n = int(c["train_batch_size"]) // int(c["ppo_mini_batch_size"])
         data = c["task"] if c.get("model") == "embedded" else Path(str(c["model"])).name
         return f"{c['method']}, N={n}, lr={c['lr']:g}, {data}, seed {c['seed']}"
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+    except (KeyError, TypeError, ValueError):  # ConfigError is a ValueError: an unreadable config.yaml
         return Path(run_dir).name
 
 

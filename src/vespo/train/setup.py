@@ -158,7 +158,8 @@ def close_step(
     stop = run.alarm.update(step, metrics)
     if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
         state = {name: obj.state_dict() for name, obj in (("scheduler", run.scheduler), ("scaler", run.scaler)) if obj}
-        save_checkpoint(run.run_dir, step, run.model, run.optimizer, run.gen, extra=state | (extra or {}))
+        extra = state | (extra or {})
+        save_checkpoint(run.run_dir, step, run.model, run.optimizer, run.gen, extra=extra, keep=cfg.save_total_limit)
     if bar is not None:
         bar.update(1)
         bar.set_postfix({"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"})
