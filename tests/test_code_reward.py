@@ -7,8 +7,8 @@ import time
 import pytest
 from _optional import require
 
-from vespo.rewards import code_reward, score_code
 from vespo.data.benchmarks import humaneval_plus_records
+from vespo.rewards import code_reward, score_code
 from vespo.rewards._wire import WireError, count_values, decode, encode
 from vespo.rewards.code import extract_code, parse_tests, stdout_matches, values_match
 

@@ -25,7 +25,9 @@ SECRET = "vespo-test-secret-4e1f"
 
 
 def _live_sandbox_processes() -> list[str]:
-    """Non-zombie processes running under a sandbox uid (the grader's own children are never such)."""
+    """Non-zombie processes running under a sandbox uid (the grader's own children are never such) whose sandbox has
+    ended: its top process (pid = uid - UID_BASE) is gone. A running sandbox of another grader on this machine is not
+    counted; a leaked one of anyone's is."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -33,7 +35,7 @@ def _live_sandbox_processes() -> list[str]:
         except (OSError, ValueError):
             continue
         uid = int(status["Uid"].split()[0])
-        if uid >= UID_BASE and not status["State"].strip().startswith("Z"):
+        if uid >= UID_BASE and not status["State"].strip().startswith("Z") and not sandbox_mod._alive(uid - UID_BASE):
             found.append(f"{pid} uid={uid} {status['Name'].strip()}")
     return found
 
@@ -247,8 +249,9 @@ def test_forgers_score_zero_and_leave_nothing_behind(tmp_path, capsys):
     assert [g.score for g in grades[-2:]] == [1.0, 1.0]  # honest programs in the same batch still pass
     assert not _live_sandbox_processes()
     assert _sysv_shm() == shm_before
-    assert not list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{os.getpid()}-*"))  # work dirs of this grader
-    assert not [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{os.getpid()}-*")]
+    tag = sandbox_mod._owner()  # this grader's work dirs and cgroups (other graders may share the machine)
+    assert not list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{tag}-*"))
+    assert not [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{tag}-*")]
 
 
 def _cgroup_parents() -> list[Path]:
@@ -377,7 +380,6 @@ def test_last_resort_mode_without_namespaces(monkeypatch):
     assert not _live_sandbox_processes()
 
 
-
 # ---- Programs that break the grader rather than fool it: every one must be one failed case, never a raise ----------
 
 CALL_F = [{"fn_name": "f", "input": [], "output": 1.5}]
@@ -400,12 +402,12 @@ REPLY = "import os; os.write(4, {!r})"  # a line the program writes itself on th
         (REPLY.format(b'{"load_error": [1]}\n'), CALL_F),
         (REPLY.format(b'{"ready": [], "isolated": 7}\n'), CALL_F),
         (REPLY.format(b'{"confined": true, "seccomp": true}\n'), CALL_F),
-        (REPLY.format(b'\xff\xfe{}\n'), CALL_F),  # not UTF-8
-        (REPLY.format(b'[1]\n'), CALL_F),  # not an object
-        ("def f():\n import os; os.write(4, b'{\"error\": 5, \"type\": 7}\\n')", CALL_F),
-        ("def f():\n import os; os.write(4, b'{\"value\": {\"dict\": [[[1], 2]]}}\\n')", CALL_F),
-        ("def f():\n import os; os.write(4, b'{\"value\": {\"bytes\": \"\\\\u20ac\"}}\\n')", CALL_F),
-        ("def f():\n import os; os.write(4, b'{\"output\": \"1\", \"x\": 1}\\n')", STDIO_1),
+        (REPLY.format(b"\xff\xfe{}\n"), CALL_F),  # not UTF-8
+        (REPLY.format(b"[1]\n"), CALL_F),  # not an object
+        ('def f():\n import os; os.write(4, b\'{"error": 5, "type": 7}\\n\')', CALL_F),
+        ('def f():\n import os; os.write(4, b\'{"value": {"dict": [[[1], 2]]}}\\n\')', CALL_F),
+        ('def f():\n import os; os.write(4, b\'{"value": {"bytes": "\\\\u20ac"}}\\n\')', CALL_F),
+        ('def f():\n import os; os.write(4, b\'{"output": "1", "x": 1}\\n\')', STDIO_1),
     ],
 )
 def test_one_line_attacks_fail_their_case_and_never_raise(program, tests):
@@ -487,22 +489,23 @@ def test_sandbox_dies_with_a_sigkilled_grader_and_leftovers_are_swept(mode):
         finally:
             os._exit(0)
     try:
-        deadline = time.monotonic() + 20
-        while not _live_sandbox_processes() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _live_sandbox_processes(), "the program never started"
+        deadline, family = time.monotonic() + 20, set()
+        while not any((sandbox_mod._uid_of(p) or 0) >= UID_BASE for p in family) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the program runs under its sandbox uid
+            family = _descendants(grader)
+        assert family, "the sandbox never started"
         time.sleep(0.2)
         family = _descendants(grader)
     finally:
         os.kill(grader, signal.SIGKILL)
         os.waitpid(grader, 0)
     deadline = time.monotonic() + 5
-    while (_running(family) or _live_sandbox_processes()) and time.monotonic() < deadline:
+    while _running(family) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _running(family), [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in _running(family)]
-    assert not _live_sandbox_processes()
-    workdirs = list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{grader}-*"))
-    groups = [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{grader}-*")]
+    assert not _running(family), [Path(f"/proc/{p}/cmdline").read_bytes()[-40:] for p in _running(family)]
+    tag = f"{os.stat('/proc/self/ns/pid').st_ino}-{grader}"
+    workdirs = list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{tag}-*"))
+    groups = [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{tag}-*")]
     assert workdirs  # a SIGKILLed grader cannot clean up: the next one does
     sandbox_mod._swept.clear()
     sandbox_mod._sweep_once()

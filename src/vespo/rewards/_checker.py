@@ -76,7 +76,8 @@ def main() -> None:
     # unprivileged fallback) cannot reopen the verdict pipe through /proc or write into this process.
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    request_fd, response_fd, max_bytes, max_values, grader_pid = map(int, sys.argv[3:8])  # [1:3]: bootstrap
+    # argv[1:3]: bootstrap dir and module; argv[8]: the grader's tag, for the sweep of a dead grader's leftovers
+    request_fd, response_fd, max_bytes, max_values, grader_pid = map(int, sys.argv[3:8])
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader, even mid-test
     if os.getppid() != grader_pid:
         os._exit(1)

@@ -51,7 +51,7 @@ _serial = itertools.count()
 UID_BASE = 2_000_000_000  # one fresh uid per sandbox: kill() permissions and RLIMIT_NPROC become per-sandbox
 ALLOW_UNCONFINED_ENV = "VESPO_SANDBOX_ALLOW_UNCONFINED"
 """Set to 1 to run programs where the kernel refuses namespaces (weaker confinement, see docs/rewards.md)."""
-_WORKDIR_PREFIX = "vespo-sandbox-"  # + grader pid + "-": a dead grader's dirs are found by the sweep
+_WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead grader's dirs are found by the sweep
 
 
 class SandboxUnavailable(RuntimeError):
@@ -233,7 +233,7 @@ class _Session:
         self.namespaces = works is not False  # unknown: try, the sandbox refuses to run unconfined unless allowed
         self.proc = self.checker = self.cgroup = self.reader = None
         # cwd only without namespaces, else stays empty; named after the grader so a sweep can tell whose it is
-        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{_owner()}-")
         self.request_w = -1
         try:
             self._start(program, limits, deadline)
@@ -247,7 +247,7 @@ class _Session:
         try:
             self.reader = _wire.Reader(response_r, limits.max_message_bytes, limits.max_output_values)
             self.proc = subprocess.Popen(
-                [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child"],
+                [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child", _owner()],
                 stdin=request_r,
                 stdout=response_w,
                 stderr=subprocess.DEVNULL,
@@ -274,6 +274,7 @@ class _Session:
                     str(limits.max_message_bytes),
                     str(limits.max_output_values),
                     str(os.getpid()),
+                    _owner(),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -285,7 +286,7 @@ class _Session:
             )
             self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
             os.set_blocking(self.checker.stdin.fileno(), False)
-        self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
+        self.cgroup = _Cgroup.create(f"vespo-{_owner()}-{next(_serial)}", limits, self.proc.pid)
         os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
         spec = {
             "program": program,
@@ -476,41 +477,56 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _owner() -> str:
+    """``<pid namespace inode>-<pid>`` of this grader: names its cgroups, work dirs and sandbox command lines, so a
+    sweep judges only graders of its own PID namespace (where a pid means the same process) and only dead ones."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}"
+
+
+def _dead_owner(tag: str | None) -> bool:
+    namespace, _, pid = (tag or "").partition("-")
+    return namespace == _owner().partition("-")[0] and pid.isdigit() and not _alive(int(pid))
+
+
 _sweep_lock = threading.Lock()
 _swept: list[bool] = []
 
 
 def _sweep_once() -> None:
     """Before this process's first sandbox: remove what sandboxes of dead graders left (a grader killed by SIGKILL
-    cannot clean up): processes of a sandbox uid whose top process is gone, ``vespo-<pid>-*`` cgroups and
-    ``vespo-sandbox-<pid>-*`` work dirs of a dead ``pid``. A live grader's sandboxes are left alone."""
+    cannot clean up; its sandboxes die with it, but its cgroups and work dirs stay): sandbox and checker processes,
+    cgroups and work dirs whose owner tag (`_owner`) names a dead grader of this PID namespace."""
     with _sweep_lock:
         if _swept:
             return
         _swept.append(True)
+    tag = r"(\d+-\d+)"
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        argv = _read_small(Path(f"/proc/{entry}/cmdline")).split("\0")
+        if argv[4:6] == [_BOOT, _HERE] and argv[6:7] in (["_sandbox_child"], ["_checker"]):
+            if _dead_owner(argv[7] if argv[6] == "_sandbox_child" else argv[-2]):
+                _quietly(os.killpg, int(entry), signal.SIGKILL)  # its group: the sandbox's own processes too
+                if os.geteuid() == 0 and argv[6] == "_sandbox_child":
+                    _kill_uid(UID_BASE + int(entry))
     for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
-        owner = re.fullmatch(rf"{_WORKDIR_PREFIX}(\d+)-.*", path.name)
+        owner = re.fullmatch(rf"{_WORKDIR_PREFIX}{tag}-.*", path.name)
         try:
             mine = path.lstat().st_uid == os.geteuid()
         except OSError:
             continue
-        if owner and mine and not _alive(int(owner[1])):
+        if owner and mine and _dead_owner(owner[1]):
             _remove_tree(str(path))
     if os.geteuid() != 0:
         return
     try:
         v2, v1 = _Cgroup.parents()
     except (OSError, ValueError):
-        v2, v1 = [], []
+        return
     for parent in v2 + v1:
         for group in parent.glob("vespo-*"):
-            owner = re.fullmatch(r"vespo-(\d+)-\d+", group.name)
-            if owner and not _alive(int(owner[1])):
+            owner = re.fullmatch(rf"vespo-{tag}-\d+", group.name)
+            if owner and _dead_owner(owner[1]):
                 _Cgroup([group]).kill_and_remove()
-    uids = {_uid_of(int(p)) for p in os.listdir("/proc") if p.isdigit()}
-    for uid in sorted(u for u in uids if u is not None and u >= UID_BASE):
-        if not _alive(uid - UID_BASE):  # the sandbox's top process (uid = UID_BASE + its pid) is gone
-            _kill_uid(uid)
 
 
 def _uid_of(pid: int) -> int | None:
