@@ -7,8 +7,9 @@ import time
 import pytest
 from _optional import require
 
+from vespo.data.benchmarks import humaneval_plus_records
 from vespo.rewards import code_reward, score_code
-from vespo.rewards._wire import WireError, decode, encode
+from vespo.rewards._wire import WireError, count_values, decode, encode
 from vespo.rewards.code import extract_code, parse_tests, stdout_matches, values_match
 
 ADD_STDIO = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
@@ -19,6 +20,50 @@ def test_extract_code_prefers_last_python_block():
     assert extract_code(text) == "print(2)\n"
     assert extract_code("```\nprint(3)\n```") == "print(3)\n"
     assert extract_code("print(4)") == "print(4)"
+    assert extract_code("````python\nx = 5\n```") == "x = 5\n"  # a longer backtick run still opens a block
+    assert extract_code("``` \t py3 \t\nx\n```") == "``` \t py3 \t\nx\n```"  # not python: nothing chosen
+    assert extract_code("```python3 \t\nx\n```\n```text\ny\n```") == "x\n"
+    assert extract_code("```python x\nnot a fence\n```") == "```python x\nnot a fence\n```"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```" + " " * 200_000 + "x",  # the old regex tried every split of the blanks around an empty language
+        "``` \t" * 40_000,
+        "```python" + " \t" * 100_000,
+        "```\n" * 50_000,  # openers without closers
+        "`" * 200_000,
+        ("```x" + " " * 50 + "`") * 3_000,
+        "```python\n" + "x = 1\n" * 30_000 + "``" * 10_000,
+    ],
+)
+def test_extract_code_is_linear_on_adversarial_fences(text):
+    start = time.perf_counter()
+    extract_code(text)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_comparisons_never_raise_on_extreme_numbers():
+    assert not stdout_matches("9" * 5000, "1") and stdout_matches("0" * 5000 + "7", "7")
+    assert stdout_matches("+12", "12") and stdout_matches("-0", "+0") and not stdout_matches("-1", "1")
+    assert not stdout_matches("1" + "0" * 5000, "1.5")
+    assert not values_match(10**400, 1.5) and not values_match([10**400], [1.5]) and values_match(2, 2.0)
+
+
+def test_wire_limits_values_depth_and_hashing():
+    assert count_values('{"a": [1, 2, "x,[{"]}', 10) <= 10
+    with pytest.raises(WireError, match="values"):
+        count_values("[" + "[]," * 100 + "[]]", 50)
+    with pytest.raises(WireError, match="string"):
+        count_values('["abc', 50)
+    with pytest.raises(WireError, match="nested"):
+        decode(json.loads("[" * 200 + "]" * 200))
+    for unhashed in [{"set": [1]}, {"frozenset": []}, {"dict": [[1, 2]]}, {"dict": [[{"tuple": []}, 2]]}]:
+        decode(unhashed)  # built where hashing is allowed (the checker, which is killed at the deadline)
+        with pytest.raises(WireError, match="not decoded"):
+            decode([unhashed], hashing=False)
+    assert decode({"dict": [["a", {"tuple": [1]}]]}, hashing=False) == {"a": (1,)}
 
 
 def test_stdout_matches():
@@ -145,3 +190,16 @@ def test_every_stdin_stdout_idiom_is_graded():
         "import sys\nsys.stdout.write(str(sum(map(int, sys.stdin.readline().split()))) + '\\n')\nexit()",
     ]
     assert code_reward(programs, tests=[ADD_STDIO] * len(programs)) == [1.0] * len(programs)
+
+
+def test_humaneval_records_keep_the_prompt_as_trusted_setup():
+    """A wrong solution that redefines a helper from the prompt must not pass (the helper comes from the dataset)."""
+    row = {
+        "prompt": 'def helper(x):\n    return x + 1\n\n\ndef f(x):\n    """helper(x) doubled."""\n',
+        "test": "def check(candidate):\n    assert candidate(1) == helper(1) * 2\n",
+        "entry_point": "f",
+    }
+    tests = humaneval_plus_records([row])[0]["tests"]
+    honest = "def helper(x):\n    return x + 1\n\ndef f(x):\n    return helper(x) * 2\n"
+    cheat = "def helper(x):\n    return 0\n\ndef f(x):\n    return 0\n"
+    assert code_reward([honest, cheat], tests=[tests, tests]) == [1.0, 0.0]

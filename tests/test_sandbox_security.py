@@ -6,15 +6,18 @@ bomb cannot take down the machine. The test case asks for "ok", which no hostile
 
 import json
 import os
+import signal
 import socket
 import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from vespo.rewards import SandboxLimits, grade_code, run_in_sandbox, score_code
+from vespo.rewards import SandboxLimits, code_reward, grade_code, run_in_sandbox, score_code
 from vespo.rewards import sandbox as sandbox_mod
-from vespo.rewards.sandbox import UID_BASE
+from vespo.rewards.sandbox import UID_BASE, SandboxUnavailable
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=6.0, test_timeout_s=3.0, memory_mb=256, file_size_mb=4, max_processes=16)
 TEST = [{"input": "", "output": "ok"}]
@@ -22,7 +25,9 @@ SECRET = "vespo-test-secret-4e1f"
 
 
 def _live_sandbox_processes() -> list[str]:
-    """Non-zombie processes running under a sandbox uid (the grader's own children are never such)."""
+    """Non-zombie processes running under a sandbox uid (the grader's own children are never such) whose sandbox has
+    ended: its top process (pid = uid - UID_BASE) is gone. A running sandbox of another grader on this machine is not
+    counted; a leaked one of anyone's is."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -30,7 +35,7 @@ def _live_sandbox_processes() -> list[str]:
         except (OSError, ValueError):
             continue
         uid = int(status["Uid"].split()[0])
-        if uid >= UID_BASE and not status["State"].strip().startswith("Z"):
+        if uid >= UID_BASE and not status["State"].strip().startswith("Z") and not sandbox_mod._alive(uid - UID_BASE):
             found.append(f"{pid} uid={uid} {status['Name'].strip()}")
     return found
 
@@ -227,7 +232,7 @@ def test_forgers_score_zero_and_leave_nothing_behind(tmp_path, capsys):
     for p in planted:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(ANSWER)
-    shm_before, dirs_before = _sysv_shm(), set(Path(tempfile.gettempdir()).glob("vespo-sandbox-*"))
+    shm_before = _sysv_shm()
     try:
         forgers = _forgers(tmp_path)
         programs = [p for p, _ in forgers.values()] + ["def square(x):\n    return x * x\n"] * 2
@@ -244,8 +249,9 @@ def test_forgers_score_zero_and_leave_nothing_behind(tmp_path, capsys):
     assert [g.score for g in grades[-2:]] == [1.0, 1.0]  # honest programs in the same batch still pass
     assert not _live_sandbox_processes()
     assert _sysv_shm() == shm_before
-    assert set(Path(tempfile.gettempdir()).glob("vespo-sandbox-*")) == dirs_before
-    assert not [d for parent in _cgroup_parents() for d in parent.glob("vespo-*")]
+    tag = sandbox_mod._owner()  # this grader's work dirs and cgroups (other graders may share the machine)
+    assert not list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{tag}-*"))
+    assert not [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{tag}-*")]
 
 
 def _cgroup_parents() -> list[Path]:
@@ -354,18 +360,185 @@ def test_cleanup_survives_a_deep_tree(tmp_path):
 
 
 def test_last_resort_mode_without_namespaces(monkeypatch):
-    """Where the kernel refuses namespaces: programs still grade, forgers still fail, seccomp and no_new_privs hold,
-    and as root the program still runs under a fresh uid."""
+    """Where the kernel refuses namespaces and the caller opted in: programs still grade, forgers still fail, seccomp
+    and no_new_privs hold, and as root the program still runs under a fresh uid."""
     monkeypatch.setattr(sandbox_mod, "namespaces_work", lambda: False)
+    monkeypatch.setenv(sandbox_mod.ALLOW_UNCONFINED_ENV, "1")
+    monkeypatch.setattr(sandbox_mod, "_warned", [])
     # only modules the sandbox loaded before dropping root: a fresh uid may not read an interpreter under /root
     probe = (
         "import ctypes, os\nstatus = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
         "sock = 'open' if ctypes.CDLL(None).socket(1, 1, 0) >= 0 else 'refused'\n"
         "print(int(status['NoNewPrivs']), int(status['Seccomp']), sock, os.getuid() == 0)\n"
     )
-    run = run_in_sandbox(probe, [""], mode="stdio", limits=LIMITS)
+    with pytest.warns(RuntimeWarning, match="without namespaces"):
+        run = run_in_sandbox(probe, [""], mode="stdio", limits=LIMITS)
     assert not run.isolated and run.outputs == ["1 2 refused False\n"], (run.outputs, run.errors)
     forgers = _forgers(Path(tempfile.gettempdir()))
     programs = [forgers["eq_anything"][0], forgers["forge_on_fds"][0], "def square(x):\n    return x * x\n"]
     assert score_code(programs, [SQUARE_ASSERT] * 3, limits=FORGE_LIMITS).scores == [0.0, 0.0, 1.0]
     assert not _live_sandbox_processes()
+
+
+# ---- Programs that break the grader rather than fool it: every one must be one failed case, never a raise ----------
+
+CALL_F = [{"fn_name": "f", "input": [], "output": 1.5}]
+ASSERT_F = [{"assert": "assert f() == 1.5", "entry_point": "f"}]
+STDIO_1 = [{"input": "", "output": "1\n"}]
+REPLY = "import os; os.write(4, {!r})"  # a line the program writes itself on the sandbox's reply channel
+
+
+@pytest.mark.parametrize(
+    ("program", "tests"),
+    [
+        ("print('9' * 5000)", STDIO_1),  # an integer past int()'s digit limit where an integer is expected
+        ("print('1' + '0' * 5000)", [{"input": "", "output": "1.5\n"}]),  # a float token of 5001 digits
+        ("def f(): return 10**400", CALL_F),  # past float range where a float is expected
+        ("def f(): return [1, {'a': 10**400}]", [{"fn_name": "f", "input": [], "output": [1, {"a": 1.5}]}]),
+        ("def f(): return eval('[' * 500 + ']' * 500)", CALL_F),  # nested deeper than the decoder allows
+        (REPLY.format(b'{"ready": true, "names": 5}\n'), CALL_F),  # a control message before the sandbox's own
+        (REPLY.format(b'{"ready": true, "names": 5}\n'), ASSERT_F),
+        (REPLY.format(b'{"ready": true, "names": ["a b", 1]}\n'), ASSERT_F),
+        (REPLY.format(b'{"load_error": [1]}\n'), CALL_F),
+        (REPLY.format(b'{"ready": [], "isolated": 7}\n'), CALL_F),
+        (REPLY.format(b'{"confined": true, "seccomp": true}\n'), CALL_F),
+        (REPLY.format(b"\xff\xfe{}\n"), CALL_F),  # not UTF-8
+        (REPLY.format(b"[1]\n"), CALL_F),  # not an object
+        ('def f():\n import os; os.write(4, b\'{"error": 5, "type": 7}\\n\')', CALL_F),
+        ('def f():\n import os; os.write(4, b\'{"value": {"dict": [[[1], 2]]}}\\n\')', CALL_F),
+        ('def f():\n import os; os.write(4, b\'{"value": {"bytes": "\\\\u20ac"}}\\n\')', CALL_F),
+        ('def f():\n import os; os.write(4, b\'{"output": "1", "x": 1}\\n\')', STDIO_1),
+    ],
+)
+def test_one_line_attacks_fail_their_case_and_never_raise(program, tests):
+    assert grade_code(program, tests, limits=FORGE_LIMITS).score == 0.0
+
+
+COLLIDING_SET = (  # 40,000 ints with one hash (multiples of 2**61 - 1): building the set is quadratic (minutes)
+    "import json, os\ndef f():\n    v = {'set': [k * (2**61 - 1) for k in range(1, 40001)]}\n"
+    "    os.write(4, (json.dumps({'value': v}) + '\\n').encode())\n    return 0\n"
+)
+COLLIDING_DICT = COLLIDING_SET.replace("'set': [k", "'dict': [[k").replace("for k in", ", 0] for k in")
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        COLLIDING_SET,
+        COLLIDING_DICT,
+        # ~12 MB of empty lists: four million containers (over a GB once parsed and decoded, before the cap)
+        "import os\ndef f():\n    os.write(4, b'{\"value\": [' + b'[],' * 4_000_000 + b'[]]}\\n')\n    return 0\n",
+        # a million short strings: the value cap is counted without parsing them
+        "import os\ndef f():\n    os.write(4, b'{\"value\": [' + b'\"a\",' * 2_000_000 + b'\"\"]}\\n')\n    return 0\n",
+        # a million tuples of one element (each node tagged)
+        "def f():\n    return [(0,)] * 700_000\n",
+    ],
+    ids=["colliding_set", "colliding_dict", "empty_lists", "strings", "tuples"],
+)
+def test_crafted_replies_cost_bounded_time_and_memory(program):
+    """Decoding is capped in bytes, values and depth before any parsing, and hashes nothing the program chose."""
+    limits = SandboxLimits(cpu_s=10, wall_s=20.0, test_timeout_s=15.0, memory_mb=512, max_output_chars=1_000_000)
+    Path("/proc/self/clear_refs").write_text("5")  # restart the peak-RSS count (VmHWM) here
+    cpu, rss = time.process_time(), _memory_kb("VmRSS")
+    grade = grade_code(program, [{"fn_name": "f", "input": [], "output": [1]}], limits=limits)
+    cpu, peak_mb = time.process_time() - cpu, (_memory_kb("VmHWM") - rss) >> 10
+    assert grade.score == 0.0 and grade.error
+    assert cpu < 2.0, (cpu, grade.error)  # the grader's own CPU; the sandbox building its reply is not counted
+    assert peak_mb < 200, (peak_mb, grade.error)  # the reply is capped at 12 MB here
+
+
+def _memory_kb(field: str) -> int:
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(status[field].split()[0])
+
+
+# ---- The sandbox's lifetime is the grader's -------------------------------------------------------------------
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    return {p for p in pids if sandbox_mod._live(p)}
+
+
+@pytest.mark.parametrize("mode", ["stdio", "assert"])
+def test_sandbox_dies_with_a_sigkilled_grader_and_leftovers_are_swept(mode):
+    """SIGKILL a grader while its program loops: the sandbox (and checker) die with it; the next grader's start-up
+    sweep removes the dead grader's cgroup and work dir."""
+    program = "while True:\n    pass" if mode == "stdio" else "def f():\n    while True:\n        pass"
+    case = "" if mode == "stdio" else {"test": "f()", "setup": None, "entry_point": "f"}
+    limits = SandboxLimits(cpu_s=60, wall_s=60.0, test_timeout_s=60.0)
+    grader = os.fork()
+    if grader == 0:  # a grader process of its own, to be killed without any chance to clean up
+        try:
+            run_in_sandbox(program, [case], mode=mode, limits=limits)
+        finally:
+            os._exit(0)
+    try:
+        deadline, family = time.monotonic() + 20, set()
+        while not any((sandbox_mod._uid_of(p) or 0) >= UID_BASE for p in family) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the program runs under its sandbox uid
+            family = _descendants(grader)
+        assert family, "the sandbox never started"
+        time.sleep(0.2)
+        family = _descendants(grader)
+    finally:
+        os.kill(grader, signal.SIGKILL)
+        os.waitpid(grader, 0)
+    deadline = time.monotonic() + 5
+    while _running(family) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(family), [Path(f"/proc/{p}/cmdline").read_bytes()[-40:] for p in _running(family)]
+    tag = f"{os.stat('/proc/self/ns/pid').st_ino}-{grader}"
+    workdirs = list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{tag}-*"))
+    groups = [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{tag}-*")]
+    assert workdirs  # a SIGKILLed grader cannot clean up: the next one does
+    sandbox_mod._swept.clear()
+    sandbox_mod._sweep_once()
+    assert not [p for p in workdirs + groups if p.exists()]
+
+
+# ---- Hosts without namespaces ---------------------------------------------------------------------------------
+
+
+def test_no_namespaces_is_refused_unless_the_caller_opts_in(monkeypatch):
+    monkeypatch.setattr(sandbox_mod, "namespaces_work", lambda: False)
+    monkeypatch.delenv(sandbox_mod.ALLOW_UNCONFINED_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match=sandbox_mod.ALLOW_UNCONFINED_ENV):
+        code_reward(["print('ok')"], tests=[TEST])
+    monkeypatch.setenv(sandbox_mod.ALLOW_UNCONFINED_ENV, "1")
+    monkeypatch.setattr(sandbox_mod, "_warned", [])
+    with pytest.warns(RuntimeWarning, match="without namespaces"):
+        assert code_reward(["print('ok')"], tests=[TEST]) == [1.0]
+
+
+def test_a_probe_that_times_out_is_asked_again(monkeypatch):
+    calls = []
+
+    class SlowSession:
+        def __init__(self, *args, **kwargs):
+            calls.append(1)
+            raise TimeoutError("timeout")
+
+    monkeypatch.setattr(sandbox_mod, "_probed", [])
+    monkeypatch.setattr(sandbox_mod, "_Session", SlowSession)
+    assert sandbox_mod.namespaces_work() is None and sandbox_mod.namespaces_work() is None
+    assert len(calls) == 2  # not cached
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert grade_code("print('ok')", TEST, limits=LIMITS).score == 1.0

@@ -81,14 +81,33 @@ def load_named_math(name: str) -> list[dict] | None:
 
 
 def humaneval_plus_records(rows) -> list[dict]:
-    """evalplus/humanevalplus rows (prompt, test, entry_point) -> code records with one ``check`` assertion test."""
+    """evalplus/humanevalplus rows (prompt, test, entry_point) -> code records with one ``check`` assertion test.
+    The prompt is the test's trusted ``setup``: helpers it defines (``poly``, ``encode_cyclic``) come from the
+    dataset, so a solution cannot pass by redefining them."""
     return [
         {
             "prompt": f"{CODE_INSTRUCTION}\n\n```python\n{r['prompt']}```",
-            "tests": [{"assert": f"{r['test']}\ncheck({r['entry_point']})"}],
+            "tests": [
+                {
+                    "assert": f"{r['test']}\ncheck({r['entry_point']})",
+                    "setup": _prompt_as_code(r["prompt"]),
+                    "entry_point": r["entry_point"],
+                }
+            ],
         }
         for r in rows
     ]
+
+
+def _prompt_as_code(prompt: str) -> str:
+    """A HumanEval prompt as runnable code: as is when it compiles, else with ``pass`` as the last signature's body."""
+    for code in (prompt, prompt.rstrip("\n") + "\n    pass\n"):
+        try:
+            compile(code, "<prompt>", "exec")
+            return code
+        except SyntaxError:
+            continue
+    raise ValueError(f"humaneval prompt does not compile: {prompt[:80]!r}")
 
 
 def mbpp_plus_records(rows) -> list[dict]:

@@ -9,11 +9,12 @@ happens on trusted values with trusted code. The sandbox has no way to write to 
 import builtins
 import ctypes
 import os
+import signal
 import sys
 
 import _wire
 
-PR_SET_DUMPABLE = 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 
 
 class CandidateError(Exception):
@@ -28,8 +29,9 @@ def _exception(name) -> type[Exception]:
 
 
 class Checker:
-    def __init__(self, request_fd: int, response_fd: int, max_bytes: int):
-        self.request_fd, self.reader, self.broken = request_fd, _wire.Reader(response_fd, max_bytes), None
+    def __init__(self, request_fd: int, response_fd: int, max_bytes: int, max_values: int):
+        self.request_fd, self.reader = request_fd, _wire.Reader(response_fd, max_bytes, max_values)
+        self.broken = None
 
     def remote(self, name: str):
         """A stand-in for the candidate's ``name``: calling it runs the real function in the sandbox."""
@@ -72,9 +74,15 @@ class Checker:
 def main() -> None:
     # Not dumpable: /proc/<pid>/{fd,mem,environ} become root-only, so a sandbox running as the same user (the
     # unprivileged fallback) cannot reopen the verdict pipe through /proc or write into this process.
-    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    request_fd, response_fd, max_bytes = map(int, sys.argv[3:6])  # argv[1:3]: bootstrap dir and module
-    checker, grader, verdicts = Checker(request_fd, response_fd, max_bytes), _wire.Reader(0, 1 << 30), os.dup(1)
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # argv[1:3]: bootstrap dir and module; argv[8]: the grader's tag, for the sweep of a dead grader's leftovers
+    request_fd, response_fd, max_bytes, max_values, grader_pid = map(int, sys.argv[3:8])
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader, even mid-test
+    if os.getppid() != grader_pid:
+        os._exit(1)
+    checker = Checker(request_fd, response_fd, max_bytes, max_values)
+    grader, verdicts = _wire.Reader(0, 1 << 30), os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # prints in test code go nowhere, not into the verdict channel
     os.dup2(null, 2)

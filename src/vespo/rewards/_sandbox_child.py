@@ -11,6 +11,7 @@ import builtins
 import ctypes
 import os
 import resource
+import select
 import signal
 import struct
 import sys
@@ -59,9 +60,20 @@ def _enter_namespaces(privileged: bool) -> bool:
             os.close(fd)
         os.waitpid(pid, 0)
         os._exit(0)
-    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    _die_with_parent(0)  # the parent lives outside the new PID namespace: getppid() is 0 here
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     return True
+
+
+def _die_with_parent(parent: int, requests: int = 3) -> None:
+    """Be SIGKILLed when the parent dies; exit now if it already has (``getppid() != parent``) or if the grader's
+    end of the request pipe is closed. A change of uid or gid clears the setting (prctl(2)), so this runs again
+    after the privilege drop: grader dead -> top sandbox process dead -> PID 1 dead -> the whole namespace."""
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    poller = select.poll()
+    poller.register(requests, select.POLLIN)
+    if os.getppid() != parent or any(events & select.POLLHUP for _, events in poller.poll(0)):
+        os._exit(1)
 
 
 def _visible_dirs() -> list[str]:
@@ -249,11 +261,15 @@ def main() -> None:
     requests, responses = os.dup(0), os.dup(1)  # fds 3 and 4; 0-2 become /dev/null below
     reader = _wire.Reader(requests, 1 << 30)
     spec = reader.read(None)
+    _die_with_parent(spec["grader"], requests)
     limits = spec["limits"]
     privileged = os.geteuid() == 0
     root = spec["namespaces"] and _enter_namespaces(privileged)
     if root:
         _build_root(spec["uid"] if privileged else 0, limits["disk_mb"])
+    elif not spec["allow_unconfined"]:
+        _wire.send(responses, {"confined": False, "seccomp": False})
+        os._exit(0)
     else:
         os.environ["HOME"] = os.environ["TMPDIR"] = os.getcwd()
     _apply_limits(limits, extra_procs=0 if privileged else spec["user_procs"])
@@ -262,21 +278,24 @@ def main() -> None:
         if not root:
             os.chown(".", spec["uid"], spec["uid"])
         _drop_privileges(spec["uid"])
+        _die_with_parent(0 if root else spec["grader"], requests)  # the uid change disarmed it
     elif root:  # root of our own user namespace: give up its capabilities there too
         _drop_capabilities()
     seccomp = _install_seccomp()
+    _wire.send(responses, {"confined": root, "seccomp": seccomp})  # before the program runs: the grader trusts it
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     sys.path[:] = [p for p in sys.path if os.path.isdir(p)]
     builtins.exit = builtins.quit = sys.exit  # what the site module (off under -S) would have provided
-    ready = {"ready": True, "isolated": root, "seccomp": seccomp}
+    ready = {"ready": True}
     env = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         code = compile(spec["program"], "<solution>", "exec")
         if spec["mode"] != "stdio":
             exec(code, env)
-            ready["names"] = sorted(n for n, v in list(env.items()) if callable(v) and not n.startswith("__"))
+            names = (n for n, v in list(env.items()) if callable(v) and n.isidentifier() and not n.startswith("__"))
+            ready["names"] = sorted(names)[:10_000]
     except BaseException as exc:  # noqa: BLE001 - a program that does not load fails every case
         ready = {"load_error": _error(exc)["error"]}
     _wire.send(responses, ready)

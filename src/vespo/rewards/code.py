@@ -13,7 +13,8 @@ Comparison (stdio and call; assertion tests compare with their own Python code o
 floats within ``rel_tol``/``abs_tol`` 1e-6, everything else exactly. Stdout is compared token by token: an ASCII
 integer token only equals the same integer, a token is read as a float only when the expected token is one.
 
-The pass fraction is kept per completion for metrics (`CodeScores.metrics`).
+The pass fraction is kept per completion for metrics (`CodeScores.metrics`). Nothing a program does makes grading
+raise: any failure inside a case fails that case.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from dataclasses import dataclass, field
 from vespo.rewards.math import completion_text
 from vespo.rewards.sandbox import SandboxLimits, run_in_sandbox
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+MAX_COMPLETION_CHARS = 1 << 22
+"""Longer completions fail without running (the cap keeps extraction and the sandbox's compile bounded)."""
+_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")  # greedy over disjoint classes: one pass, nothing to backtrack
+_BLANKS = re.compile(r"[ \t]*")
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,29 @@ class CodeScores:
 
 
 def extract_code(completion: str) -> str:
-    """The last fenced Python block (```python or bare ```), else the whole completion."""
-    blocks = _FENCE.findall(completion)
+    """The last fenced Python block (```python or bare ```), else the whole completion; linear time."""
+    blocks = list(_fenced_blocks(completion))
     python_blocks = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
     chosen = python_blocks or [body for lang, body in blocks if not lang]
     return chosen[-1] if chosen else completion
+
+
+def _fenced_blocks(text: str):
+    """``(lang, body)`` of each block opened by three backticks, an optional language word and a newline, and closed
+    by the next three backticks. Each character is scanned a bounded number of times: an opener's header is a run
+    without backticks (so headers never overlap), and a body is skipped with one ``find``."""
+    pos = 0
+    while (start := text.find("```", pos)) >= 0:
+        lang = _LANG.match(text, start + 3)
+        newline = _BLANKS.match(text, lang.end()).end()
+        if not text.startswith("\n", newline):
+            pos = start + 1  # not an opener here; a longer backtick run may hold one one character later
+            continue
+        close = text.find("```", newline + 1)
+        if close < 0:
+            return
+        yield lang.group(1), text[newline + 1 : close]
+        pos = close + 3
 
 
 def parse_tests(tests) -> tuple[str, list, list, str | None]:
@@ -109,7 +131,7 @@ def _json_value(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_INT = re.compile(r"([+-]?)0*([0-9]+)", re.ASCII)
 _FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
@@ -122,17 +144,28 @@ def stdout_matches(actual: str, expected: str, *, rel_tol: float = 1e-6) -> bool
 def _token_matches(got: str, want: str, rel_tol: float) -> bool:
     if got == want:
         return True
-    if _INT.fullmatch(want):  # integers exactly: 999999437 is not 999999937, 1e9 is not 1000000000
-        return _INT.fullmatch(got) is not None and int(got) == int(want)
+    if want_int := _INT.fullmatch(want):  # integers exactly: 999999437 is not 999999937, 1e9 is not 1000000000
+        got_int = _INT.fullmatch(got)  # compared as digit strings: no conversion limit, no cost in the length
+        return got_int is not None and _int_digits(got_int) == _int_digits(want_int)
     if _FLOAT.fullmatch(want) and _FLOAT.fullmatch(got):  # ASCII decimal notation only (no 1_000, no other digits)
         return math.isclose(float(got), float(want), rel_tol=rel_tol, abs_tol=rel_tol)
     return False
 
 
+def _int_digits(match: re.Match) -> tuple[str, str]:
+    sign, digits = match.groups()
+    return ("-" if sign == "-" and digits != "0" else "", digits)
+
+
 def values_match(got, want, *, rel_tol: float = 1e-6) -> bool:
     """Structural equality of plain data: ints and bools exactly, floats within tolerance, tuples equal lists."""
     if type(want) is float:
-        return type(got) in (int, float) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=rel_tol)
+        if type(got) is int:
+            try:
+                got = float(got)
+            except OverflowError:  # an int past float range is not close to any float
+                return False
+        return type(got) is float and math.isclose(got, want, rel_tol=rel_tol, abs_tol=rel_tol)
     if type(want) in (list, tuple):
         return (
             type(got) in (list, tuple)
@@ -159,11 +192,23 @@ def _output_matches(mode: str, actual, expected) -> bool:
 
 
 def grade_code(completion: str, tests, *, limits: SandboxLimits | None = None) -> CodeGrade:
-    """Run the completion's code on every test case in one sandbox and grade the outputs."""
+    """Run the completion's code on every test case in one sandbox and grade the outputs.
+
+    Raises only for bad ``tests`` (the dataset's fault) or `SandboxUnavailable` (the host's); whatever the program
+    does, including outputs that break a comparison, fails its cases."""
     mode, cases, expected, fn_name = parse_tests(tests)
+    if len(completion) > MAX_COMPLETION_CHARS:
+        return CodeGrade(score=0.0, pass_fraction=0.0, error=f"completion over {MAX_COMPLETION_CHARS} characters")
     run = run_in_sandbox(extract_code(completion), cases, mode=mode, fn_name=fn_name, limits=limits)
-    passed = [_output_matches(mode, out, want) for out, want in zip(run.outputs, expected, strict=True)]
-    first_error = next((e for e in run.errors if e), None)
+    errors = list(run.errors)
+    passed = []
+    for i, (out, want) in enumerate(zip(run.outputs, expected, strict=True)):
+        try:
+            passed.append(_output_matches(mode, out, want))
+        except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on a deep value: this case fails
+            passed.append(False)
+            errors[i] = errors[i] or f"comparison failed: {type(exc).__name__}"
+    first_error = next((e for e in errors if e), None)
     fraction = sum(passed) / len(passed)
     return CodeGrade(score=float(all(passed)), pass_fraction=fraction, timed_out=run.timed_out, error=first_error)
 

@@ -20,14 +20,16 @@ See docs/rewards.md for the threat model and what is not contained.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +49,13 @@ _SAFE_ENV = {
 _PYTHON = os.path.realpath(sys.executable)  # the base interpreter: inside the sandbox root, a venv is not visible
 _serial = itertools.count()
 UID_BASE = 2_000_000_000  # one fresh uid per sandbox: kill() permissions and RLIMIT_NPROC become per-sandbox
+ALLOW_UNCONFINED_ENV = "VESPO_SANDBOX_ALLOW_UNCONFINED"
+"""Set to 1 to run programs where the kernel refuses namespaces (weaker confinement, see docs/rewards.md)."""
+_WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead grader's dirs are found by the sweep
+
+
+class SandboxUnavailable(RuntimeError):
+    """The host cannot confine programs as required (raised before any program runs; a host setting, not a case)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class SandboxLimits:
     max_processes: int = 16
     max_open_files: int = 64
     max_output_chars: int = 4_000_000
+    max_output_values: int = 1_000_000
+    """Cap on the values (strings, numbers, containers) in one reply, checked on the raw text before parsing."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -82,7 +93,7 @@ class SandboxRun:
     errors: list[str | None]
     timed_out: bool
     isolated: bool
-    """Namespaces and the interpreter-only root applied (root only)."""
+    """Namespaces and the interpreter-only root applied (reported by the sandbox before the program ran)."""
     cgroup: bool
     """Memory and processes were capped per sandbox by a cgroup (else per process by setrlimit)."""
 
@@ -100,7 +111,8 @@ def run_in_sandbox(
     ``mode`` is ``"stdio"`` (cases are stdin strings; output is the captured stdout), ``"call"`` (cases are argument
     lists for ``fn_name``, a function or a ``Solution`` method; output is its return value as plain data) or
     ``"assert"`` (cases are ``{"test", "setup", "entry_point"}`` dicts run by the trusted checker; output is
-    ``"passed"``). After a timeout or a broken channel the sandbox is restarted for the next case.
+    ``"passed"``). After a timeout or a broken channel the sandbox is restarted for the next case. Whatever goes
+    wrong inside a case fails that case; only `SandboxUnavailable` (the host cannot confine programs) is raised.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
@@ -122,8 +134,10 @@ def run_in_sandbox(
                 output = session.ask(case, fn_name, deadline)
             except _CaseFailed as exc:
                 error = str(exc)
-            except (TimeoutError, _wire.WireError, OSError) as exc:
-                error = str(exc) or type(exc).__name__
+            except SandboxUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - timeouts, broken channels, anything: this case fails
+                error = _describe(exc)
                 timed_out = timed_out or time.monotonic() >= end
                 if session is not None and session.load_error is None:
                     session.close()
@@ -136,22 +150,63 @@ def run_in_sandbox(
     return SandboxRun(outputs=outputs, errors=errors, timed_out=timed_out, isolated=isolated, cgroup=cgroup)
 
 
-@functools.cache
-def namespaces_work() -> bool:
-    """Whether sandboxes can build their namespaces and private root here; probed once per process, so a host where
-    e.g. user namespaces exist but may not mount runs the last-resort mode instead of failing every program."""
-    limits = SandboxLimits(wall_s=20.0, test_timeout_s=20.0)
-    deadline = time.monotonic() + limits.test_timeout_s
+def _describe(exc: BaseException) -> str:
     try:
-        session = _Session("", "stdio", None, limits, deadline, namespaces=True)
-    except Exception:  # noqa: BLE001 - any failure to start means: not here
-        return False
-    try:
-        return session.isolated and session.ask("", None, deadline) == ""
-    except Exception:  # noqa: BLE001
-        return False
-    finally:
-        session.close()
+        return f"{type(exc).__name__}: {exc}"[:500] if str(exc) else type(exc).__name__
+    except Exception:  # noqa: BLE001 - e.g. an int too long to print
+        return type(exc).__name__
+
+
+_probe_lock = threading.Lock()
+_probed: list[bool] = []  # the probe's answer, once it gave a definite one
+
+
+def namespaces_work() -> bool | None:
+    """Whether sandboxes can build their namespaces and private root here (False e.g. where user namespaces exist
+    but may not mount); None when the probe could not tell (a timeout, fork refused), and then it is asked again
+    next time: only a definite answer is kept for the process."""
+    with _probe_lock:
+        if _probed:
+            return _probed[0]
+        limits = SandboxLimits(wall_s=20.0, test_timeout_s=20.0)
+        deadline = time.monotonic() + limits.test_timeout_s
+        session = None
+        try:
+            session = _Session("", "stdio", None, limits, deadline, namespaces=True)
+            answer = session.isolated and session.ask("", None, deadline) == ""
+        except _wire.WireError:  # the sandbox died while confining itself (e.g. mounts refused): definite
+            answer = False
+        except Exception:  # noqa: BLE001 - a timeout or a refused fork says nothing about this host
+            return None
+        finally:
+            if session is not None:
+                session.close()
+        _probed.append(answer)
+        return answer
+
+
+_warned: list[bool] = []
+
+
+def _allow_unconfined() -> bool:
+    """The caller's opt-in (``VESPO_SANDBOX_ALLOW_UNCONFINED=1``) to run programs without namespaces; warns once."""
+    allowed = os.environ.get(ALLOW_UNCONFINED_ENV) == "1"
+    if allowed and not _warned:
+        _warned.append(True)
+        warnings.warn(
+            f"{ALLOW_UNCONFINED_ENV}=1: code sandboxes may run without namespaces, where a program can read every "
+            "file its uid can and leave files in /tmp and /dev/shm (docs/rewards.md)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return allowed
+
+
+_REFUSED = (
+    "code sandbox: this host refuses the namespaces the sandbox needs (e.g. a container without CAP_SYS_ADMIN, or "
+    f"user.max_user_namespaces=0), and without them a program can read every file its uid can; run where namespaces "
+    f"work, or set {ALLOW_UNCONFINED_ENV}=1 to accept the weaker confinement (docs/rewards.md)"
+)
 
 
 class _CaseFailed(Exception):
@@ -170,10 +225,15 @@ class _Session:
         deadline: float,
         namespaces: bool | None = None,
     ):
-        self.mode, self.limits, self.load_error = mode, limits, None
-        self.namespaces = namespaces_work() if namespaces is None else namespaces
+        _sweep_once()
+        self.mode, self.limits, self.load_error, self.allow_unconfined = mode, limits, None, _allow_unconfined()
+        works = namespaces_work() if namespaces is None else namespaces
+        if works is False and not self.allow_unconfined:
+            raise SandboxUnavailable(_REFUSED)
+        self.namespaces = works is not False  # unknown: try, the sandbox refuses to run unconfined unless allowed
         self.proc = self.checker = self.cgroup = self.reader = None
-        self.workdir = tempfile.mkdtemp(prefix="vespo-sandbox-")  # cwd only without namespaces; else stays empty
+        # cwd only without namespaces, else stays empty; named after the grader so a sweep can tell whose it is
+        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{_owner()}-")
         self.request_w = -1
         try:
             self._start(program, limits, deadline)
@@ -185,9 +245,9 @@ class _Session:
         request_r, self.request_w = os.pipe()
         response_r, response_w = os.pipe()
         try:
-            self.reader = _wire.Reader(response_r, limits.max_message_bytes)
+            self.reader = _wire.Reader(response_r, limits.max_message_bytes, limits.max_output_values)
             self.proc = subprocess.Popen(
-                [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child"],
+                [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child", _owner()],
                 stdin=request_r,
                 stdout=response_w,
                 stderr=subprocess.DEVNULL,
@@ -212,6 +272,9 @@ class _Session:
                     str(self.request_w),
                     str(self.reader.fd),
                     str(limits.max_message_bytes),
+                    str(limits.max_output_values),
+                    str(os.getpid()),
+                    _owner(),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -223,7 +286,7 @@ class _Session:
             )
             self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
             os.set_blocking(self.checker.stdin.fileno(), False)
-        self.cgroup = _Cgroup.create(f"vespo-{os.getpid()}-{next(_serial)}", limits, self.proc.pid)
+        self.cgroup = _Cgroup.create(f"vespo-{_owner()}-{next(_serial)}", limits, self.proc.pid)
         os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
         spec = {
             "program": program,
@@ -232,13 +295,25 @@ class _Session:
             "uid": UID_BASE + self.proc.pid,
             "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
             "namespaces": self.namespaces,
+            "allow_unconfined": self.allow_unconfined,
+            "grader": os.getpid(),
         }
         _wire.send(self.request_w, spec, deadline)
+        # Sent before the program runs, so it is the sandbox's own word; everything after may be the program's.
+        confined = self.reader.read(deadline)
+        if set(confined) != {"confined", "seccomp"} or not all(type(v) is bool for v in confined.values()):
+            raise _wire.WireError("malformed confinement report")
+        self.isolated, self.names = confined["confined"], []
+        if not self.isolated and not self.allow_unconfined:
+            self.load_error = "refused to run without namespaces (the kernel refused them for this sandbox)"
+            return
         ready = self.reader.read(deadline)
-        self.isolated = ready.get("isolated") is True
-        if "ready" not in ready:
-            self.load_error = str(ready.get("load_error", "sandbox failed to start"))[:500]
-        self.names = [n for n in ready.get("names", []) if type(n) is str]
+        if set(ready) == {"load_error"} and type(ready["load_error"]) is str:
+            self.load_error = ready["load_error"][:500]
+        elif _valid_ready(ready, self.mode):
+            self.names = ready.get("names", [])
+        else:
+            self.load_error = "malformed ready message from the sandbox"
 
     def ask(self, case, fn_name: str | None, deadline: float):
         """The program's output for one case; raises _CaseFailed (program error), TimeoutError or WireError."""
@@ -267,12 +342,9 @@ class _Session:
                 deadline,
             )
             reply = self.reader.read(deadline)
-            if set(reply) == {"value"}:
-                try:
-                    return _wire.decode(reply["value"])
-                except RecursionError:
-                    raise _wire.WireError("value nested too deeply") from None
-        if set(reply) - {"type"} == {"error"} and type(reply["error"]) is str:
+            if set(reply) == {"value"}:  # compared with JSON data only: nothing the program chose gets hashed
+                return _wire.decode(reply["value"], hashing=False)
+        if set(reply) in ({"error"}, {"error", "type"}) and all(type(v) is str for v in reply.values()):
             raise _CaseFailed(reply["error"][:500])
         raise _wire.WireError("malformed reply")
 
@@ -294,11 +366,34 @@ class _Session:
         _remove_tree(self.workdir)
 
 
-class _Cgroup:
-    """Per-sandbox memory and process caps: cgroup v2 when memory and pids are delegated to us, else v1."""
+def _valid_ready(ready: dict, mode: str) -> bool:
+    """``{"ready": true}``, plus for call/assert programs ``"names"``: a list of at most 10,000 identifiers."""
+    if mode == "stdio":
+        return ready == {"ready": True}
+    names = ready.get("names")
+    return (
+        set(ready) == {"ready", "names"}
+        and ready["ready"] is True
+        and type(names) is list
+        and len(names) <= 10_000
+        and all(type(n) is str and n.isidentifier() for n in names)
+    )
 
-    def __init__(self, dirs: list[Path], v2: bool):
-        self.dirs, self.v2 = dirs, v2
+
+class _Cgroup:
+    """Per-sandbox memory and process caps: cgroup v2 when memory and pids are delegated to us, else v1. Named
+    ``vespo-<grader pid>-<serial>``, so a sweep can tell a dead grader's groups from a live one's."""
+
+    def __init__(self, dirs: list[Path]):
+        self.dirs = dirs
+
+    @staticmethod
+    def parents() -> tuple[list[Path], list[Path]]:
+        """Where this process may create groups: v2 candidates, and the v1 memory and pids parents."""
+        own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
+        v2 = [Path(mount + own.get("", "/").rstrip("/")) for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")]
+        v1 = [Path(f"/sys/fs/cgroup/{c}" + own[c].rstrip("/")) for c in ("memory", "pids") if c in own]
+        return v2, v1
 
     @classmethod
     def create(cls, name: str, limits: SandboxLimits, pid: int) -> _Cgroup | None:
@@ -306,22 +401,20 @@ class _Cgroup:
             return None
         memory, pids = limits.memory_mb << 20, str(limits.max_processes + 1)
         try:
-            own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
-            for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-                parent = Path(mount + own.get("", "/").rstrip("/"))
+            v2, v1 = cls.parents()
+            for parent in v2:
                 if {"memory", "pids"} <= set(_read_small(parent / "cgroup.subtree_control").split()):
-                    group = cls([parent / name], True)
+                    group = cls([parent / name])
                     group.dirs[0].mkdir()
                     group._write("memory.max", str(memory))
                     group._write("memory.swap.max", "0")
                     group._write("pids.max", pids)
                     break
             else:
-                mem = Path("/sys/fs/cgroup/memory" + own["memory"].rstrip("/")) / name
-                pid_dir = Path("/sys/fs/cgroup/pids" + own["pids"].rstrip("/")) / name
-                if not mem.parent.is_dir() or not pid_dir.parent.is_dir():
+                if len(v1) != 2 or not all(p.is_dir() for p in v1):
                     return None
-                group = cls([mem, pid_dir], False)
+                mem, pid_dir = (p / name for p in v1)
+                group = cls([mem, pid_dir])
                 mem.mkdir()
                 pid_dir.mkdir()
                 group._write("memory.limit_in_bytes", str(memory))
@@ -338,13 +431,14 @@ class _Cgroup:
                 (d / name).write_text(value)
 
     def kill_and_remove(self) -> bool:
-        """SIGKILL every member until the group can be removed (exiting tasks hold it briefly); True when removed."""
-        if self.v2:
-            _quietly(self._write, "cgroup.kill", "1")
-        left = list(self.dirs)
+        """SIGKILL every member until the group can be removed, then wait until those processes are gone (a killed
+        process leaves the group before it has finished tearing down); True when removed."""
+        _quietly(self._write, "cgroup.kill", "1")  # v2 (Linux 5.14+) only
+        left, killed = list(self.dirs), set()
         for _ in range(400):
-            for pid in {p for d in left for p in _read_small(d / "cgroup.procs").split()}:
-                _quietly(os.kill, int(pid), signal.SIGKILL)
+            for pid in {int(p) for d in left for p in _read_small(d / "cgroup.procs").split()}:
+                killed.add(pid)
+                _quietly(os.kill, pid, signal.SIGKILL)
             for d in list(left):
                 try:
                     os.rmdir(d)
@@ -352,9 +446,94 @@ class _Cgroup:
                 except OSError:
                     pass
             if not left:
+                _wait_gone(killed)
                 return True
             time.sleep(0.005)
         return False
+
+
+def _wait_gone(pids: set[int], timeout_s: float = 5.0) -> None:
+    """Wait (bounded) until none of ``pids`` is a live process any more (gone, or a zombie)."""
+    end = time.monotonic() + timeout_s
+    while pids and time.monotonic() < end:
+        pids = {p for p in pids if _live(p)}
+        if pids:
+            time.sleep(0.002)
+
+
+def _live(pid: int) -> bool:
+    state = _read_small(Path(f"/proc/{pid}/stat")).rpartition(")")[2].split()[:1]
+    return bool(state) and state[0] not in ("Z", "X")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (any user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner() -> str:
+    """``<pid namespace inode>-<pid>`` of this grader: names its cgroups, work dirs and sandbox command lines, so a
+    sweep judges only graders of its own PID namespace (where a pid means the same process) and only dead ones."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}"
+
+
+def _dead_owner(tag: str | None) -> bool:
+    namespace, _, pid = (tag or "").partition("-")
+    return namespace == _owner().partition("-")[0] and pid.isdigit() and not _alive(int(pid))
+
+
+_sweep_lock = threading.Lock()
+_swept: list[bool] = []
+
+
+def _sweep_once() -> None:
+    """Before this process's first sandbox: remove what sandboxes of dead graders left (a grader killed by SIGKILL
+    cannot clean up; its sandboxes die with it, but its cgroups and work dirs stay): sandbox and checker processes,
+    cgroups and work dirs whose owner tag (`_owner`) names a dead grader of this PID namespace."""
+    with _sweep_lock:
+        if _swept:
+            return
+        _swept.append(True)
+    tag = r"(\d+-\d+)"
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        argv = _read_small(Path(f"/proc/{entry}/cmdline")).split("\0")
+        if argv[4:6] == [_BOOT, _HERE] and argv[6:7] in (["_sandbox_child"], ["_checker"]):
+            if _dead_owner(argv[7] if argv[6] == "_sandbox_child" else argv[-2]):
+                _quietly(os.killpg, int(entry), signal.SIGKILL)  # its group: the sandbox's own processes too
+                if os.geteuid() == 0 and argv[6] == "_sandbox_child":
+                    _kill_uid(UID_BASE + int(entry))
+    for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
+        owner = re.fullmatch(rf"{_WORKDIR_PREFIX}{tag}-.*", path.name)
+        try:
+            mine = path.lstat().st_uid == os.geteuid()
+        except OSError:
+            continue
+        if owner and mine and _dead_owner(owner[1]):
+            _remove_tree(str(path))
+    if os.geteuid() != 0:
+        return
+    try:
+        v2, v1 = _Cgroup.parents()
+    except (OSError, ValueError):
+        return
+    for parent in v2 + v1:
+        for group in parent.glob("vespo-*"):
+            owner = re.fullmatch(rf"vespo-{tag}-\d+", group.name)
+            if owner and _dead_owner(owner[1]):
+                _Cgroup([group]).kill_and_remove()
+
+
+def _uid_of(pid: int) -> int | None:
+    for line in _read_small(Path(f"/proc/{pid}/status")).splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
 
 
 def _kill_uid(uid: int) -> None:
