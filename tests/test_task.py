@@ -162,7 +162,8 @@ def test_eval_size_picks_from_a_fixed_pool_and_never_moves_the_training_set(task
 
 def test_scratchpad_problems_and_free_length_solutions():
     """Free-length sums: the prompt is "sum a+b+...=", a full solution writes every running sum but the last before
-    the box, `keep` < 1 drops some (in order), every such solution grades 1 and a noisy one 0; the length bound holds."""
+    the box, `keep` < 1 drops some (in order), every such solution grades 1 and a noisy one 0; the length bound
+    holds."""
     from vespo.embedded.task import SCRATCHPAD, scratchpad_problems, scratchpad_response_tokens
     from vespo.rewards import math_reward
 
