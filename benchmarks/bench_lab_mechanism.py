@@ -18,8 +18,8 @@ from vespo.experiments.lab import LabCell, LabConfig, run_cell
 
 OUT = Path(__file__).parent / "results"
 ARMS = {  # name -> (optimizer, base lr, adam_eps); cells run at 3x the base lr
-    "adam": ("adam", 0.005, 1e-8),
-    "adam_eps1e-2": ("adam", 0.5, 1e-2),  # eps >> sqrt(v): Adam ~ SGD with lr/eps (lr raised to match)
+    "adam": ("adamw_torch", 0.005, 1e-8),
+    "adam_eps1e-2": ("adamw_torch", 0.5, 1e-2),  # eps >> sqrt(v): Adam ~ SGD with lr/eps (lr raised to match)
     "sgd": ("sgd", 50.0, 1e-8),  # 3 x 50 x ~0.0026 (fresh grad norm) ~ 0.4 = Adam's first update norm at 3x
 }
 METHODS = ("vespo", "reinforce", "grpo")
@@ -28,7 +28,7 @@ METHODS = ("vespo", "reinforce", "grpo")
 def main(seeds: tuple[int, ...] = (0, 1)) -> None:
     rows = []
     for arm, (opt, lr, eps) in ARMS.items():
-        cfg = LabConfig(optimizer=opt, lr=lr, adam_eps=eps, optimizer_steps=64, mini_batch_size=64, eval_points=2)
+        cfg = LabConfig(optim=opt, lr=lr, adam_epsilon=eps, optimizer_steps=64, mini_batch_size=64, eval_points=2)
         for method in METHODS:
             for seed in seeds:
                 r = run_cell(cfg, LabCell(method, 1024, 16, 3.0, seed))

@@ -134,14 +134,14 @@ def test_adam_gives_back_the_step_size_vespo_takes_away():
     """The mechanism of docs/results.md: phi shrinks stale gradients, but Adam's update barely shrinks with them."""
     cell = dict(length=1024, staleness=16, lr_scale=3.0, seed=0)
     out = {}
-    for opt, lr in (("adam", 0.005), ("sgd", 3.0)):
-        cfg = LabConfig(optimizer=opt, lr=lr, optimizer_steps=32, mini_batch_size=32)
+    for opt, lr in (("adamw_torch", 0.005), ("sgd", 3.0)):
+        cfg = LabConfig(optim=opt, lr=lr, optimizer_steps=32, mini_batch_size=32)
         out[opt] = {m: run_cell(cfg, LabCell(m, **cell))["per_k"] for m in ("vespo", "reinforce")}
     for per_k in out["sgd"].values():  # SGD: the step is lr * gradient, exactly
         for g, u in zip(per_k["grad_norm"], per_k["update_norm"], strict=True):
             assert u == pytest.approx(9.0 * g, rel=1e-9)
     late = slice(8, 16)
-    adam = out["adam"]
+    adam = out["adamw_torch"]
     grad_ratio = sum(adam["vespo"]["grad_norm"][late]) / sum(adam["reinforce"]["grad_norm"][late])
     step_ratio = sum(adam["vespo"]["update_norm"][late]) / sum(adam["reinforce"]["update_norm"][late])
     assert grad_ratio < 0.85  # phi < 1 on stale mini-batches: VESPO's gradient is smaller than REINFORCE's

@@ -134,7 +134,7 @@ def test_stale_cell_reports_drift():
 
 def test_cli_rejects_bad_v2_settings_in_one_line(capsys):
     assert cli(["--chain.vocab", "8"]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
+    out = capsys.readouterr().err.strip().splitlines()  # errors go to stderr
     assert len(out) == 1 and "chain.vocab" in out[0] and ">= 16" in out[0]
-    assert cli(["--mismatch-std", "0.1"]) == 2
-    assert "mismatch_std" in capsys.readouterr().out
+    assert cli(["--mismatch-std", "0.1"]) == 2  # the old name of rollout_logit_noise
+    assert "rollout_logit_noise" in capsys.readouterr().err

@@ -92,3 +92,24 @@ def test_log_completions_and_hparams_in_tensorboard(tiny):
     tags = acc.Tags()
     assert "completions/text_summary" in tags["tensors"] and "config/text_summary" in tags["tensors"]
     assert "_hparams_/experiment" in str(acc.PluginTagToContent("hparams"))
+
+
+def test_one_vocabulary_across_commands_and_the_old_names_still_work():
+    """train, sweep and lab share the names (ppo_mini_batch_size, rollout_n, optim, adam_epsilon, rollout_logit_noise,
+    num_operands); the old spellings stay as aliases; train's help names --config and --async."""
+    import tyro
+
+    from vespo.experiments.lab import LabConfig
+    from vespo.experiments.sweep import SweepConfig
+    from vespo.train.config import TrainConfig
+
+    train = set(TrainConfig.__dataclass_fields__)
+    assert {"ppo_mini_batch_size", "rollout_n", "num_operands"} <= set(SweepConfig.__dataclass_fields__) & train
+    assert {"rollout_n", "optim", "adam_epsilon", "rollout_logit_noise"} <= set(LabConfig.__dataclass_fields__) & train
+    old = ["--mini-batch-size", "2", "--chain-operands", "7"]
+    assert (lambda c: (c.ppo_mini_batch_size, c.num_operands))(tyro.cli(SweepConfig, args=old)) == (2, 7)
+    old = ["--group-size", "4", "--optimizer", "sgd", "--adam-eps", "0.01", "--mismatch-std", "0.5"]
+    cfg = tyro.cli(LabConfig, args=old)
+    assert (cfg.rollout_n, cfg.optim, cfg.adam_epsilon, cfg.rollout_logit_noise) == (4, "sgd", 0.01, 0.5)
+    done = subprocess.run([sys.executable, "-m", "vespo", "train", "--help"], capture_output=True, text=True)
+    assert "--config" in done.stdout and "--async" in done.stdout

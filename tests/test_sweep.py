@@ -14,7 +14,7 @@ def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
     assert len(grid) == 2 * 3 * 2
     for c in grid:
         tc = train_config(cfg, c)
-        assert tc.num_mini_batches == c.n and tc.ppo_mini_batch_size == cfg.mini_batch_size
+        assert tc.num_mini_batches == c.n and tc.ppo_mini_batch_size == cfg.ppo_mini_batch_size
         steps = max(16, 4 * c.n)  # at N = 8, 16 steps would be 2 rollout steps: scaled up to 4 rollout steps
         assert tc.total_training_steps * tc.num_mini_batches == steps and tc.total_training_steps >= 4
         assert tc.total_training_steps * tc.train_batch_size * tc.rollout_n == steps * 4 * 8  # samples
@@ -76,7 +76,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
         methods=("vespo", "grpo"),
         staleness=(1, 2),
         seeds=(0,),
-        mini_batch_size=2,
+        ppo_mini_batch_size=2,
         rollout_n=4,
         optimizer_steps=2,
         eval_points=1,
@@ -114,7 +114,7 @@ def test_lr_and_task_are_grid_axes():
         lr=(1e-4, 9e-4),
         task=("arithmetic", "chain"),
     )
-    cfg.chain_operands = 84
+    cfg.num_operands = 84
     grid = cells(cfg)
     assert len(grid) == 2 * 2 * 2 and len({c.name for c in grid}) == len(grid)
     for c in grid:
@@ -170,7 +170,7 @@ def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
     changes = [
         {"eval_size": 100},
         {"eval_points": 2},
-        {"mini_batch_size": 2},
+        {"ppo_mini_batch_size": 2},
         {"rollout_n": 4},
         {"optimizer_steps": 8},
         {"extra": {"rollout_logit_noise": "0.3"}},

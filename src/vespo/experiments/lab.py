@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -133,8 +133,8 @@ MAX_STEPS = 1 << 20
 @dataclass
 class LabConfig:
     preset: Literal["v1", "v2"] = "v2"
-    """v2: the shared-parameter chain policy with EOS (`chain` settings; `vocab`, `p_correct`, `mismatch_std` unused);
-    v1: independent logits per position (the original lab)."""
+    """v2: the shared-parameter chain policy with EOS (`chain` settings; `vocab`, `p_correct` and
+    `rollout_logit_noise` unused); v1: independent logits per position (the original lab)."""
     chain: ChainSpec = ChainSpec()
     """The v2 model."""
     out_dir: str = "sweeps/lab"
@@ -151,17 +151,17 @@ class LabConfig:
     """Seeds of sampling (the initial policy is fixed by `init_seed`)."""
     lr: float = 0.005
     """Base learning rate."""
-    optimizer: Literal["adam", "sgd"] = "adam"
+    optim: Annotated[Literal["adamw_torch", "sgd"], tyro.conf.arg(aliases=("--optimizer",))] = "adamw_torch"
     """adam (AdamW as the trainer, betas 0.9/0.99, eps 1e-8, no decay) or sgd (plain gradient steps)."""
     grad_clip: float = 1.0
     """Max global gradient norm per optimizer step (as the trainer); 0 disables clipping."""
-    adam_eps: float = 1e-8
+    adam_epsilon: Annotated[float, tyro.conf.arg(aliases=("--adam-eps",))] = 1e-8
     """Adam's epsilon: the floor under its per-parameter normaliser."""
     optimizer_steps: int = 128
     """Optimizer steps per cell, fixed across N (a multiple of every N): equal samples per cell."""
     mini_batch_size: int = 64
-    """Sequences per optimizer step (mini_batch_size / group_size groups)."""
-    group_size: int = 8
+    """Sequences per optimizer step (mini_batch_size / rollout_n groups)."""
+    rollout_n: Annotated[int, tyro.conf.arg(aliases=("--group-size",))] = 8
     """Responses per group (the GRPO group; advantages are group-normalised)."""
     vocab: int = 4
     """Tokens per position."""
@@ -169,7 +169,7 @@ class LabConfig:
     """Initial mean probability of the correct token per position."""
     init_seed: int = 0
     """Seed of the initial policy (shared by every cell)."""
-    mismatch_std: float = 0.0
+    rollout_logit_noise: Annotated[float, tyro.conf.arg(aliases=("--mismatch-std",))] = 0.0
     """Std of seeded Gaussian noise on the sampler's logits (train-inference mismatch; its KL is reported)."""
     loss_agg_mode: str | None = None
     """Aggregation for every method; None = each method's own default."""
@@ -188,8 +188,8 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
     gen = torch.Generator().manual_seed(cell.seed)
     theta = torch.nn.Parameter(init_logits(cell.length, cfg.vocab, cfg.p_correct, seed=cfg.init_seed))
     lr = cfg.lr * cell.lr_scale
-    if cfg.optimizer == "adam":
-        opt = torch.optim.AdamW([theta], lr=lr, betas=(0.9, 0.99), eps=cfg.adam_eps, weight_decay=0.0)
+    if cfg.optim == "adamw_torch":
+        opt = torch.optim.AdamW([theta], lr=lr, betas=(0.9, 0.99), eps=cfg.adam_epsilon, weight_decay=0.0)
     else:
         opt = torch.optim.SGD([theta], lr=lr)
     threshold = success_threshold(theta)
@@ -207,13 +207,13 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
         # 1. a rollout batch of N mini-batches from the sampler (pi_old, plus the injected mismatch)
         with torch.no_grad():
             old_logits = theta.detach().clone()
-            noise = cfg.mismatch_std * torch.randn(old_logits.shape, generator=gen, dtype=old_logits.dtype)
+            noise = cfg.rollout_logit_noise * torch.randn(old_logits.shape, generator=gen, dtype=old_logits.dtype)
             sampler_logits = old_logits + noise
             tokens = sample_tokens(sampler_logits, n * m, gen)  # (N*M, T)
-            rollout_lp = token_log_probs(sampler_logits, tokens) if cfg.mismatch_std > 0 else None
+            rollout_lp = token_log_probs(sampler_logits, tokens) if cfg.rollout_logit_noise > 0 else None
             old_lp = token_log_probs(old_logits, tokens)  # (N*M, T): mu, recomputed by the "trainer"
             rewards = rewards_of(tokens, threshold)  # (N*M,)
-            adv = group_advantages(rewards, cfg.group_size)  # (N*M,)
+            adv = group_advantages(rewards, cfg.rollout_n)  # (N*M,)
             order = torch.randperm(n * m, generator=gen)
         # 2. N sequential optimizer steps; mini-batch k is k steps staler than the first
         for k in range(n):
@@ -307,16 +307,24 @@ def cells(cfg: LabConfig) -> list[LabCell]:
         ("optimizer_steps", 1 <= cfg.optimizer_steps <= MAX_STEPS, f"an integer in [1, {MAX_STEPS}]"),
         (
             "mini_batch_size",
-            cfg.mini_batch_size >= cfg.group_size >= 2 and cfg.mini_batch_size % cfg.group_size == 0,
-            "a multiple of group_size, and group_size >= 2",
+            cfg.mini_batch_size >= cfg.rollout_n >= 2 and cfg.mini_batch_size % cfg.rollout_n == 0,
+            "a multiple of rollout_n, and rollout_n >= 2",
         ),
         ("vocab", 2 <= cfg.vocab <= MAX_VOCAB, f"an integer in [2, {MAX_VOCAB}]"),
         ("p_correct", 0 < cfg.p_correct < 1, "a number in (0, 1)"),
-        ("mismatch_std", math.isfinite(cfg.mismatch_std) and cfg.mismatch_std >= 0, "a finite number >= 0"),
-        ("mismatch_std", cfg.preset == "v1" or cfg.mismatch_std == 0, "0 with --preset v2 (v1 models the mismatch)"),
+        (
+            "rollout_logit_noise",
+            math.isfinite(cfg.rollout_logit_noise) and cfg.rollout_logit_noise >= 0,
+            "a finite number >= 0",
+        ),
+        (
+            "rollout_logit_noise",
+            cfg.preset == "v1" or cfg.rollout_logit_noise == 0,
+            "0 with --preset v2 (v1 models the mismatch)",
+        ),
         ("length", cfg.preset == "v1" or min(cfg.length) >= 8, "integers >= 8 with --preset v2"),
         ("grad_clip", math.isfinite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0"),
-        ("adam_eps", math.isfinite(cfg.adam_eps) and cfg.adam_eps > 0, "a finite number > 0"),
+        ("adam_epsilon", math.isfinite(cfg.adam_epsilon) and cfg.adam_epsilon > 0, "a finite number > 0"),
         ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
         ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
         ("jobs", cfg.jobs >= 1, "an integer >= 1"),

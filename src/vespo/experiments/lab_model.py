@@ -245,8 +245,8 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     policy = ChainPolicy(spec, cell.length, seed=cfg.init_seed)
     params = list(policy.params.values())
     lr = cfg.lr * cell.lr_scale
-    if cfg.optimizer == "adam":
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), eps=cfg.adam_eps, weight_decay=0.0)
+    if cfg.optim == "adamw_torch":
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), eps=cfg.adam_epsilon, weight_decay=0.0)
     else:
         opt = torch.optim.SGD(params, lr=lr)
     gen = torch.Generator().manual_seed(cell.seed)
@@ -264,7 +264,7 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
         with torch.no_grad():
             old_lp = policy.log_probs(tokens)
             rewards = policy.rewards(tokens, mask, threshold)
-            adv = group_advantages(rewards, cfg.group_size)
+            adv = group_advantages(rewards, cfg.rollout_n)
             order = torch.randperm(n * m, generator=gen)
         for k in range(n):
             idx = order[k * m : (k + 1) * m]

@@ -1,6 +1,6 @@
 """`vespo sweep`: methods x staleness N x seeds on the embedded task, in parallel processes, resumable.
 
-Every cell uses the same mini-batch (`mini_batch_size` prompts x `rollout_n` responses) and the same total number of
+Every cell uses the same mini-batch (`ppo_mini_batch_size` prompts x `rollout_n` responses) and the same total number of
 optimizer steps, hence the same number of samples; only the rollout batch (N mini-batches) changes with N, as in the
 paper (fixed mini-batch 256, varying global batch; Sec. 4.1). A cell runs at least `min_rollout_steps` rollout steps:
 where `optimizer_steps / N` is fewer, its optimizer steps are scaled up to `min_rollout_steps * N` (stated in the
@@ -21,11 +21,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import tyro
 
-from vespo.embedded.task import chain_response_tokens
+from vespo.embedded.task import chain_response_tokens, scratchpad_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
@@ -84,8 +85,8 @@ class SweepConfig:
     """Staleness ratios N = train_batch_size / ppo_mini_batch_size."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """RL seeds (all share one SFT warm start)."""
-    mini_batch_size: int = 4
-    """Prompts per optimizer step, fixed across N."""
+    ppo_mini_batch_size: Annotated[int, tyro.conf.arg(aliases=("--mini-batch-size",))] = 4
+    """Prompts per optimizer step, fixed across N (`vespo train`'s name)."""
     rollout_n: int = 8
     """Responses per prompt."""
     optimizer_steps: int = 192
@@ -97,10 +98,11 @@ class SweepConfig:
     """Learning rates (a grid axis when several are given: rows are then named `method@lr<value>`)."""
     task: tuple[str, ...] = ("arithmetic",)
     """Embedded tasks (a grid axis when several are given: rows `method@<task>`): arithmetic (~11-token answers) |
-    chain (`chain_operands` steps of a running sum mod 10, written out) | scratchpad (free-length sums, set the
-    shape with `--extra num_operands 5 max_response_length 16`)."""
-    chain_operands: int = 20
-    """Chain task: steps per problem; responses are 3 * chain_operands + 5 tokens (20 -> 65, 84 -> 257)."""
+    chain (`num_operands` steps of a running sum mod 10, written out) | scratchpad (free-length sums of
+    `num_operands` digits, running sums optional)."""
+    num_operands: Annotated[int, tyro.conf.arg(aliases=("--chain-operands",))] = 20
+    """Chain task: steps per problem, responses 3 * num_operands + 5 tokens (20 -> 65, 84 -> 257); scratchpad: digits
+    per sum (e.g. 5). `vespo train`'s name (the arithmetic task keeps its default, 3)."""
     eval_points: int = 4
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 200
@@ -235,8 +237,8 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
     flags = {
         "method": cell.method,
         "seed": cell.seed,
-        "ppo-mini-batch-size": cfg.mini_batch_size,
-        "train-batch-size": cfg.mini_batch_size * cell.n,
+        "ppo-mini-batch-size": cfg.ppo_mini_batch_size,
+        "train-batch-size": cfg.ppo_mini_batch_size * cell.n,
         "rollout-n": cfg.rollout_n,
         "total-training-steps": rollout_steps,
         "lr": cell.lr,
@@ -250,7 +252,10 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "cache-dir": cfg.cache_dir,
     }
     if cell.task == "chain":
-        flags |= {"num-operands": cfg.chain_operands, "max-response-length": chain_response_tokens(cfg.chain_operands)}
+        flags |= {"num-operands": cfg.num_operands, "max-response-length": chain_response_tokens(cfg.num_operands)}
+    if cell.task == "scratchpad":
+        longest = scratchpad_response_tokens(cfg.num_operands, 9)
+        flags |= {"num-operands": cfg.num_operands, "max-response-length": longest + 4}  # room to run over
     flags |= {k.replace("_", "-"): v for k, v in (cell.settings | cfg.extra).items()}
     argv = ["--no-progress"]
     for key, value in flags.items():

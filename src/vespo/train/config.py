@@ -712,7 +712,11 @@ def parse_args(argv: list[str]) -> TrainConfig:
         args=argv,
         default=defaults,
         prog="vespo train",
-        description="RL-train a causal LM with any vespo policy loss (no arguments: the embedded task).",
+        description=(
+            "RL-train a causal LM with any vespo policy loss (no arguments: the embedded task). "
+            "--config FILE.yaml sets defaults that flags override (vespo's flat keys, or veRL's nested "
+            "actor_rollout_ref.* / data.* / trainer.* keys); --async is short for --mode async."
+        ),
     )
     return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _raw_correction_hparams(argv)))
 
