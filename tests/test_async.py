@@ -205,7 +205,8 @@ def test_decoupled_loss_and_a_crashed_sampler_restarted(tiny_model, tmp_path, mo
     assert last["is/log_w_min"] == last["is/log_w_max"] == 0.0
     summary = json.loads((tmp_path / "d" / "async_summary.json").read_text())
     stale = [v["log_w_mean"] for k, v in summary["per_lag_bucket"].items() if k != "0"]
-    assert stale and all(abs(x) > 1e-3 for x in stale)
+    # (a lag bucket whose updates all had zero advantage, so the weights did not move, can sit at log W = 0)
+    assert stale and max(abs(x) for x in stale) > 1e-3
 
 
 def test_sampler_that_keeps_crashing_fails_the_run_with_its_error(tiny_model, tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ def _argv(model, run_dir, lr, *extra):
         "--train-batch-size", "16", "--ppo-mini-batch-size", "2", "--rollout-n", "4", "--micro-batch-size", "8",
         "--max-response-length", "8", "--lr", str(lr), "--total-training-steps", "6", "--eval-every", "0",
         "--num-threads", "1", "--no-progress", "--no-tensorboard", "--method", "reinforce",
-        "--ess-alarm", "0.2", "--ess-alarm-patience", "2", "--run-dir", str(run_dir), *extra,
+        "--ess-alarm", "0.2", "--ess-alarm-patience", "1", "--run-dir", str(run_dir), *extra,
     ]  # fmt: skip
 
 
@@ -55,7 +55,7 @@ def test_alarm_logic_counts_consecutive_steps_and_fires_once(capsys):
 def test_a_run_built_to_collapse_warns_and_can_stop(tiny_model, tmp_path, capfd):
     assert main(_argv(tiny_model, tmp_path / "warn", 0.1)) == 0
     rows = read_metrics(tmp_path / "warn")
-    assert len(rows) == 6 and max(r["is/ess/last_mini_batch"] for r in rows[:2]) < 0.2  # it did collapse its ESS
+    assert len(rows) == 6 and rows[0]["is/ess/last_mini_batch"] < 0.2  # one stale sequence carries all the weight
     assert rows[0]["is/ess/first_mini_batch"] == pytest.approx(1.0)  # mini-batch 0 is on-policy: W == 1
     assert capfd.readouterr().err.count("ESS of the stalest mini-batch") == 1
     assert main(_argv(tiny_model, tmp_path / "stop", 0.1, "--stop-on-low-ess")) == 0

@@ -46,7 +46,7 @@ class WarmStartSpec:
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
-SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 1500}
+SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 3000}
 """Default SFT steps of each embedded task's warm start (`sft_steps` None)."""
 
 
