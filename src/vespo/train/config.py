@@ -268,8 +268,9 @@ _HINTS = typing.get_type_hints(TrainConfig, include_extras=False)
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:
-    """Apply the `staleness` shortcut, then `validate`."""
-    check_types(cfg)
+    """Check every field's type and range, apply the `staleness` shortcut and the default run dir, then check the
+    whole (`validate` in one pass: types are checked once)."""
+    check_values(cfg)
     if cfg.run_dir is None:
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
     if cfg.staleness is not None:
@@ -281,7 +282,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
                 f"train_batch_size={cfg.train_batch_size} was also given: give one of the two"
             )
         cfg = dataclasses.replace(cfg, train_batch_size=cfg.staleness * cfg.ppo_mini_batch_size, staleness=None)
-    validate(cfg)
+    check_consistency(cfg)
     return cfg
 
 
@@ -415,6 +416,12 @@ def validate(cfg: TrainConfig) -> None:
     """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
     wrong; everything here is checked before any model or dataset is loaded."""
     check_values(cfg)
+    check_consistency(cfg)
+
+
+def check_consistency(cfg: TrainConfig) -> None:
+    """What `check_values` cannot see field by field: batch geometry, the registry's hyperparameters, the task,
+    hardware and async settings, the model, data and reward sources."""
     if cfg.rollout_n < 2:
         raise ConfigError(
             f"rollout_n must be >= 2, got {cfg.rollout_n}: advantages are relative to the group of responses to one "
