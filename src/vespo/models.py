@@ -41,6 +41,25 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face Hub cannot be used right now (offline mode set, or its endpoint unreachable within
+    `timeout` seconds), or None: a Hub id then fails in seconds with one line instead of minutes of retries."""
+    import urllib.error
+    import urllib.request
+
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return None  # the server answered
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"{endpoint} is unreachable ({getattr(exc, 'reason', exc)})"
+    return None
+
+
 def quiet_hf_progress() -> None:
     """Silence Hugging Face's own progress bars (weight loading, shard writing, downloads, datasets) in this process
     and in the processes it starts: what `--no-progress` promises."""
@@ -53,9 +72,19 @@ def quiet_hf_progress() -> None:
         sys.modules["datasets"].disable_progress_bars()
 
 
+def _hub_kwargs(path: str | Path) -> dict:
+    """`local_files_only` for a Hub id while the Hub cannot be used (read the cache, no minutes of retries)."""
+    if Path(path).expanduser().exists() or hub_offline_reason() is None:
+        return {}
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True  # what is_offline_mode() reads: no request is even tried
+    return {"local_files_only": True}
+
+
 def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of a Hub id or local dir, with pad = eos when it has no pad token (batched sampling pads)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, **_hub_kwargs(path))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -63,11 +92,18 @@ def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
 
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> transformers.PreTrainedModel:
     """A causal LM through `from_pretrained` (fp32 master weights by default)."""
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_hub_kwargs(path))
 
 
 def load_policy(
     path: str | Path, *, dtype: torch.dtype = torch.float32
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
-    """A causal LM (fp32 master weights by default) and its tokenizer through `from_pretrained`."""
-    return load_model(path, dtype=dtype), load_tokenizer(path)
+    """A causal LM (fp32 master weights by default) and its tokenizer through `from_pretrained`; a Hub id that can
+    be neither downloaded nor found in the cache is one ValueError line, in seconds."""
+    try:
+        return load_model(path, dtype=dtype), load_tokenizer(path)
+    except OSError as exc:
+        reason = None if Path(path).expanduser().exists() else hub_offline_reason()
+        if reason is None:
+            raise
+        raise ValueError(f"model {str(path)!r}: the Hub cannot be used ({reason}) and there is no cached copy") from exc

@@ -37,9 +37,21 @@ LIVECODEBENCH_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl"
 
 
 def _load_hub(hub_id: str, split: str, **kwargs):
+    """`datasets.load_dataset`, failing in seconds with one line when the Hub cannot be reached and no cached copy
+    exists (offline mode reads the cache)."""
+    from vespo.models import hub_offline_reason
+
+    reason = hub_offline_reason()
+    if reason is not None:
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"  # the cache only, no retries
     import datasets  # deferred: importing datasets costs ~1 s and most callers only read JSONL
 
-    return datasets.load_dataset(hub_id, split=split, **kwargs)
+    try:
+        return datasets.load_dataset(hub_id, split=split, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - network, cache and repo errors all become one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        where = f"the Hub cannot be used ({reason}) and there is no cached copy" if reason else first
+        raise ValueError(f"dataset {hub_id!r}: {where}; give a local .json/.jsonl file instead") from None
 
 
 def _math_records(rows, question_key: str, answer_key: str) -> list[dict]:

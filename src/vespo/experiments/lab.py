@@ -33,7 +33,7 @@ import torch
 import tyro
 
 from vespo.advantages import group_advantages
-from vespo.experiments.lab_model import ChainSpec, run_chain_cell
+from vespo.experiments.lab_model import ChainSpec, cell_result, run_chain_cell
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, available_methods, compute_policy_loss, uses_batch_context, validate_hparams
 from vespo.train.config import check_output_dir
@@ -256,26 +256,8 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
         finite = finite and bool(torch.isfinite(theta).all())
         exact = (r + 1) % max(1, rollout_steps // cfg.eval_points) == 0 or r + 1 == rollout_steps
         curve.append(((r + 1) * n, expected_reward(theta, threshold) if exact else float("nan"), float(rewards.mean())))
-    final = curve[-1][1]
-    tail = [c[2] for c in curve[1:]][-max(1, rollout_steps // 4) :]
-    return {
-        "name": cell.name,
-        "summary": {
-            "method": cell.method,
-            "length": cell.length,
-            "staleness": n,
-            "lr_scale": cell.lr_scale,
-            "seed": cell.seed,
-            "initial_reward": start,
-            "final_reward": final,
-            "train_reward_last_quarter": float(np.mean(tail)),
-            "collapsed": int(final < cfg.collapse_ratio * start or not finite),
-            "finite": int(finite),
-            "sampler_kl": mismatch_kl(sampler_logits, old_logits),
-        },
-        "curve": curve,
-        "per_k": {key: v.tolist() for key, v in per_k.items()},
-    }
+    kl = mismatch_kl(sampler_logits, old_logits)
+    return cell_result(cfg, cell, n, start, curve[-1][1], curve, per_k, finite, sampler_kl=kl)
 
 
 # --------------------------------------------------------------------------------------------------------------------

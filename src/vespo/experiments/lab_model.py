@@ -313,25 +313,18 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     final = policy.evaluate(threshold, EVAL_SEED)
     curve[-1][1] = final["reward"]
     finite = all(bool(torch.isfinite(p).all()) for p in params)
-    tail = [c[2] for c in curve[1:]][-max(1, rollout_steps // 4) :]
-    return {
-        "name": cell.name,
-        "summary": {
-            "method": cell.method,
-            "length": cell.length,
-            "staleness": n,
-            "lr_scale": cell.lr_scale,
-            "seed": cell.seed,
-            "initial_reward": start["reward"],
-            "final_reward": final["reward"],
-            "train_reward_last_quarter": sum(tail) / len(tail),
-            "collapsed": int(final["reward"] < cfg.collapse_ratio * start["reward"] or not finite),
-            "finite": int(finite),
-            "sampler_kl": 0.0,
-            "threshold": threshold,
-            **{f"initial_{k}": v for k, v in start.items() if k != "reward"},
-            **{f"final_{k}": v for k, v in final.items() if k != "reward"},
-        },
-        "curve": curve,
-        "per_k": {key: v.tolist() for key, v in per_k.items()},
-    }
+    extra = {"threshold": threshold, **{f"initial_{k}": v for k, v in start.items() if k != "reward"}}
+    extra |= {f"final_{k}": v for k, v in final.items() if k != "reward"}
+    return cell_result(cfg, cell, n, start["reward"], final["reward"], curve, per_k, finite, sampler_kl=0.0, **extra)
+
+
+def cell_result(cfg, cell, n: int, start: float, final: float, curve: list, per_k: dict, finite: bool, **extra) -> dict:
+    """One lab cell's record, either preset: its summary row (collapse = final reward below `collapse_ratio` of the
+    start, or non-finite weights; train reward over the last quarter of rollout steps), curve and per-k means."""
+    tail = [c[2] for c in curve[1:]][-max(1, len(curve[1:]) // 4) :] if len(curve) > 1 else [float("nan")]
+    summary = {"method": cell.method, "length": cell.length, "staleness": n, "lr_scale": cell.lr_scale}
+    summary |= {"seed": cell.seed, "initial_reward": start, "final_reward": final}
+    summary |= {"train_reward_last_quarter": float(np.mean(tail))}
+    summary |= {"collapsed": int(final < cfg.collapse_ratio * start or not finite), "finite": int(finite)}
+    per_k = {key: v.tolist() for key, v in per_k.items()}
+    return {"name": cell.name, "summary": summary | extra, "curve": curve, "per_k": per_k}

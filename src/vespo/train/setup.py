@@ -72,7 +72,10 @@ def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
     if cfg.model == EMBEDDED:
         policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
     device = resolve_device(cfg.device)
-    model, tokenizer = load_policy(policy_path)
+    try:
+        model, tokenizer = load_policy(policy_path)
+    except ValueError as exc:  # a Hub id neither reachable nor cached
+        raise ConfigError(str(exc)) from None
     if cfg.use_peft:
         model = add_lora(model, cfg)
     if cfg.disable_dropout:
