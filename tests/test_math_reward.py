@@ -72,7 +72,8 @@ def test_timeouts_score_zero_and_are_counted(monkeypatch):
         return real_parse(text, **kwargs)
 
     monkeypatch.setattr(math_mod, "parse", slow_parse)
-    scores = score_math(["\\boxed{1} HANG", "\\boxed{1}", "nothing"], ["1", "1", "1"], num_workers=0)
+    # fractions go through Math-Verify (plain integers take the fast path and never parse)
+    scores = score_math(["\\boxed{1/2} HANG", "\\boxed{1/2}", "nothing"], ["1/2"] * 3, num_workers=0)
     assert scores.scores == [0.0, 1.0, 0.0]
     assert scores.metrics() == {"reward/math/accuracy": 1 / 3, "reward/math/timeouts": 1.0, "reward/math/unparsed": 1.0}
 
@@ -111,3 +112,30 @@ def test_bad_input_raises():
 
 def test_prompt_suffix_is_the_papers():
     assert PROMPT_SUFFIX == "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def test_integer_fast_path_agrees_with_math_verify():
+    """Boxed plain integers against plain-integer gold skip Math-Verify (the embedded tasks' whole reward); on every
+    form below the fast path and Math-Verify give the same score, and anything else still goes to Math-Verify."""
+    import random
+
+    import vespo.rewards.math as m
+
+    rng = random.Random(0)
+    big = "123456789012345678901234567890"
+    cases = [("11,16 \\boxed{16}", "16"), ("\\boxed{-3}", "-3"), ("\\boxed{-3}", "3"), ("\\boxed{ 16 }", "16"),
+             ("\\boxed{16}\\boxed{16}", "16"), (f"so \\boxed{{{big}}}", big),
+             ("\\boxed{0}", "0"), ("\\boxed{-0}", "0"), ("12,\\boxed{17}", "18"), ("\\boxed{16}.", "16")]  # fmt: skip
+    for _ in range(200):
+        gold = rng.randint(-50, 300)
+        pred = gold + rng.choice((0, 0, 1, -1, 10))
+        steps = ",".join(str(rng.randint(0, 99)) for _ in range(rng.randint(0, 3)))
+        cases.append((f"{steps} \\boxed{{{pred}}}", str(gold)))
+    for completion, gold in cases:
+        fast = m._integer_grade(completion, gold)
+        assert fast is not None, completion
+        slow_pred = m.parse(completion)
+        slow = float(bool(slow_pred) and m.verify(m.parse(m._gold_text(gold)), slow_pred))
+        assert fast.score == slow, (completion, gold, fast.score, slow)
+    for other in [("\\boxed{1/2}", "0.5"), ("\\boxed{16}", "16.0"), ("answer 16", "16"), ("\\boxed{x}", "3")]:
+        assert m._integer_grade(*other) is None
