@@ -1,0 +1,128 @@
+"""Workbench speed (issue 18): a 64-step sweep cell before and after, side by side, and the warm-start rates.
+
+One command: `python benchmarks/bench_workbench_speed.py [--before REV] [--repeats 2]`. (1) Runs one sweep cell
+(N = 1, 4 prompts x 8 responses, 64 optimizer steps, 2 held-out evaluations of 200 prompts, as `vespo sweep` runs
+it: a fresh `vespo train` process) with the code at REV and with this checkout, alternating, and reports the wall
+time of each and the ratio. (2) Times 100 SFT steps of the chain (K = 20, 65 tokens) and scratchpad (K = 4) warm
+starts on 1 thread and extrapolates to their default step counts. (3) Profiles one cell (cProfile, top entries).
+Writes benchmarks/results/workbench_speed.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+CELL = ["--num-operands", "3", "--train-batch-size", "4", "--ppo-mini-batch-size", "4", "--rollout-n", "8",
+        "--total-training-steps", "64", "--eval-every", "32", "--eval-size", "200", "--num-threads", "1",
+        "--no-progress", "--no-tensorboard", "--save-every", "8"]  # fmt: skip
+
+
+def _cell_s(src: Path, cache: Path, run_dir: Path) -> float:
+    argv = ["train", *CELL, "--cache-dir", str(cache), "--run-dir", str(run_dir)]
+    code = f"import sys; from vespo.cli import main; sys.exit(main({argv!r}))"
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], env=os.environ | {"PYTHONPATH": str(src)},
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"cell failed with {src}:\n{done.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def _sft_rate(task: str, num_operands: int, steps: int = 100) -> float:
+    """Seconds per SFT step of an embedded task's warm start (1 thread)."""
+    import torch
+
+    from vespo.embedded.task import build_tiny_model, build_tokenizer, embedded_split
+    from vespo.embedded.warm_start import sft_warm_start
+
+    torch.set_num_threads(1)
+    train, _ = embedded_split(task, num_operands=num_operands, max_operand=9, eval_size=1)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, max_position_embeddings=max(256, 2 * (4 * num_operands + 16)))
+    t0 = time.perf_counter()
+    sft_warm_start(model, tok, train, steps=steps, lr=3e-3, batch_size=32, seed=0, label_noise=0.5)
+    return (time.perf_counter() - t0) / steps
+
+
+def _profile(cache: Path, run_dir: Path) -> str:
+    from vespo.cli import main
+
+    prof = cProfile.Profile()
+    prof.runcall(main, ["train", *CELL, "--cache-dir", str(cache), "--run-dir", str(run_dir)])
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+    return text.getvalue()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--before", default="e783b64", help="git revision to compare the cell against")
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    cache = tmp / "cache"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tmp / "before"), args.before],
+                   check=True)  # fmt: skip
+    try:
+        for name, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):  # warm starts, untimed
+            _cell_s(src, cache / name, tmp / f"warm_{name}")
+        cells = {"before": [], "after": []}
+        for i in range(args.repeats):
+            for name, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):
+                cells[name].append(_cell_s(src, cache / name, tmp / f"{name}{i}"))
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")], check=False)
+    best = {k: min(v) for k, v in cells.items()}
+    chain_rate, scratch_rate = _sft_rate("chain", 20), _sft_rate("scratchpad", 4)
+    result = {
+        "cell_s": cells,
+        "cell_ratio_after_before": best["after"] / best["before"],
+        "chain_sft_s_per_step": chain_rate,
+        "chain_warm_start_s_8000_steps": 8000 * chain_rate,
+        "scratchpad_sft_s_per_step": scratch_rate,
+        "scratchpad_warm_start_s_3000_steps": 3000 * scratch_rate,
+        "load": os.getloadavg(),
+    }
+    profile = _profile(cache / "after", tmp / "profiled")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "workbench_speed.json").write_text(json.dumps(result, indent=2))
+    md = [
+        f"Workbench speed (`python benchmarks/bench_workbench_speed.py --before {args.before}`), 1 thread per job, "
+        f"load average during the run {result['load'][0]:.1f} on 2 cores:",
+        "",
+        "| measure | value | target (issue 18) |",
+        "|---|---|---|",
+        f"| 64-step sweep cell, before ({args.before}) | {best['before']:.1f} s (median "
+        f"{statistics.median(cells['before']):.1f}) | |",
+        f"| 64-step sweep cell, now | {best['after']:.1f} s (median {statistics.median(cells['after']):.1f}); "
+        f"ratio {result['cell_ratio_after_before']:.2f} | <= 10 s |",
+        f"| chain warm start, K = 20 (65 tokens), 8000 SFT steps | {8000 * chain_rate / 60:.1f} min "
+        f"({chain_rate * 1000:.0f} ms/step) | <= 3 min |",
+        f"| scratchpad warm start, K = 4, 3000 SFT steps | {3000 * scratch_rate / 60:.1f} min | < 5 min |",
+        "",
+        "Profile of one cell (cumulative, top 25):",
+        "",
+        "```",
+        profile.strip()[:6000],
+        "```",
+    ]
+    (OUT / "workbench_speed.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md[:9]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
