@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,29 +15,12 @@ from typing import Literal
 import torch
 
 from vespo.aggregation import LOSS_AGG_MODES
+from vespo.intervals import Interval
 from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction
 
 Tensor = torch.Tensor
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 ROLLOUT_CORRECTIONS = ("token", "sequence", "fold")
-
-
-@dataclass(frozen=True)
-class _Interval:
-    """A real interval written as in maths, e.g. "(0, inf)" or "[0, 1)"; `reason` cites where it comes from."""
-
-    text: str
-    reason: str = ""
-
-    def __post_init__(self) -> None:
-        match = re.fullmatch(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", self.text.strip())
-        if match is None:
-            raise ValueError(f"interval must look like '(0, inf)' or '[0, 1)', got {self.text!r}")
-        object.__setattr__(self, "_parsed", (match[1] == "[", float(match[2]), float(match[3]), match[4] == "]"))
-
-    def contains(self, x: float) -> bool:
-        lo_closed, lo, hi, hi_closed = self._parsed
-        return (x > lo or (lo_closed and x == lo)) and (x < hi or (hi_closed and x == hi))
 
 
 @dataclass(frozen=True)
@@ -51,7 +33,7 @@ class MethodSpec:
     inputs: frozenset[str]  # which of the core's precomputed `_OPTIONAL_INPUTS` the function takes
     hparams: dict[str, object]  # name -> default
     kinds: dict[str, object]  # name -> type annotation (float, int, str, bool, Literal[...], float | None)
-    bounds: dict[str, _Interval]
+    bounds: dict[str, Interval]
     check: Callable[[dict[str, object]], str | None] | None
 
 
@@ -103,7 +85,7 @@ def register_method(
         if clash:
             raise ValueError(f"{name!r}: {clash} are applied by the core for every method; do not declare them")
         kinds = {k: hints.get(k, object) for k in hp}
-        parsed = {k: _Interval(*((v,) if isinstance(v, str) else v)) for k, v in (bounds or {}).items()}
+        parsed = {k: Interval(*((v,) if isinstance(v, str) else v)) for k, v in (bounds or {}).items()}
         stray = sorted(set(parsed) - set(hp))
         if stray:
             raise ValueError(f"bounds given for {stray}, which are not hyperparameters of {name!r}")

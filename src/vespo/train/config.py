@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import os
 import re
 import types
@@ -21,6 +20,7 @@ from typing import Literal
 import tyro
 import yaml
 
+from vespo.intervals import Interval
 from vespo.losses import CORRECTION_OPTIONS, available_methods, rollout_correction, validate_hparams
 from vespo.models import check_model_source, looks_local
 from vespo.rewards.batch import load_reward_fn
@@ -274,7 +274,7 @@ def resolve(cfg: TrainConfig) -> TrainConfig:
     if cfg.run_dir is None:
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
     if cfg.staleness is not None:
-        _check_range("staleness", cfg.staleness, 1, None)
+        _check_range("staleness", cfg.staleness, "[1, inf)")
         implied = cfg.staleness * cfg.ppo_mini_batch_size
         if cfg.train_batch_size not in (implied, TrainConfig.train_batch_size):
             raise ConfigError(
@@ -343,61 +343,54 @@ def check_types(cfg: TrainConfig) -> None:
 # Values: ranges, registry hyperparameters, reward function, paths
 
 
-def _check_range(name: str, value: float, lo: float | None, hi: float | None, *, open_lo=False, open_hi=False) -> None:
-    """`value` is finite and inside [lo, hi] (or open at either end)."""
-    bad = not math.isfinite(value)
-    bad = bad or (lo is not None and (value <= lo if open_lo else value < lo))
-    bad = bad or (hi is not None and (value >= hi if open_hi else value > hi))
-    if bad and isinstance(value, int) and hi is None:
-        raise ConfigError(f"{name} must be an integer >= {lo + open_lo:g}, got {value}")
-    if bad:
-        left = "-inf" if lo is None else f"{lo:g}"
-        right = "inf" if hi is None else f"{hi:g}"
-        interval = f"{'(' if open_lo or lo is None else '['}{left}, {right}{')' if open_hi or hi is None else ']'}"
-        raise ConfigError(f"{name} must be a finite number in {interval}, got {value!r}")
+def _check_range(name: str, value: float, interval: str) -> None:
+    """`value` is finite and inside `interval` (`vespo.intervals.Interval`, as the loss registry writes ranges)."""
+    message = Interval(interval).violation(name, value)
+    if message is not None:
+        raise ConfigError(message)
 
 
-# name -> (lo, hi, open_lo, open_hi); None fields are skipped
-_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
-    "kl_coef": (0, None, False, False),
-    "entropy_coeff": (0, None, False, False),
-    "train_batch_size": (1, None, False, False),
-    "ppo_mini_batch_size": (1, None, False, False),
-    "micro_batch_size": (1, None, False, False),
-    "total_training_steps": (1, None, False, False),
-    "lr": (0, None, True, False),
-    "warmup_ratio": (0, 1, False, False),
-    "warmup_steps": (0, None, False, False),
-    "lora_r": (1, None, False, False),
-    "lora_alpha": (0, None, True, False),
-    "lora_dropout": (0, 1, False, True),
-    "weight_decay": (0, None, False, False),
-    "adam_epsilon": (0, None, True, False),
-    "grad_clip": (0, None, True, False),
-    "target_kl": (0, None, True, False),
-    "ess_alarm": (0, 1, False, False),
-    "ess_alarm_patience": (1, None, False, False),
-    "max_response_length": (1, None, False, False),
-    "temperature": (0, None, True, False),
-    "top_p": (0, 1, True, False),
-    "top_k": (0, None, False, False),
-    "rollout_logit_noise": (0, None, False, False),
-    "max_staleness": (0, None, False, False),
-    "sync_every": (1, None, False, False),
-    "num_samplers": (1, None, False, False),
-    "num_operands": (2, None, False, False),
-    "max_operand": (1, None, False, False),
-    "sft_steps": (0, None, False, False),
-    "sft_lr": (0, None, True, False),
-    "sft_batch_size": (1, None, False, False),
-    "sft_label_noise": (0, 1, False, True),
-    "save_every": (1, None, False, False),
-    "save_total_limit": (1, None, False, False),
-    "eval_every": (0, None, False, False),
-    "eval_size": (1, None, False, False),
-    "eval_n": (1, None, False, False),
-    "num_threads": (1, None, False, False),
-    "num_completions_to_print": (1, None, False, False),
+# name -> accepted interval (`vespo.intervals.Interval`); None values are skipped
+_RANGES: dict[str, str] = {
+    "kl_coef": "[0, inf)",
+    "entropy_coeff": "[0, inf)",
+    "train_batch_size": "[1, inf)",
+    "ppo_mini_batch_size": "[1, inf)",
+    "micro_batch_size": "[1, inf)",
+    "total_training_steps": "[1, inf)",
+    "lr": "(0, inf)",
+    "warmup_ratio": "[0, 1]",
+    "warmup_steps": "[0, inf)",
+    "lora_r": "[1, inf)",
+    "lora_alpha": "(0, inf)",
+    "lora_dropout": "[0, 1)",
+    "weight_decay": "[0, inf)",
+    "adam_epsilon": "(0, inf)",
+    "grad_clip": "(0, inf)",
+    "target_kl": "(0, inf)",
+    "ess_alarm": "[0, 1]",
+    "ess_alarm_patience": "[1, inf)",
+    "max_response_length": "[1, inf)",
+    "temperature": "(0, inf)",
+    "top_p": "(0, 1]",
+    "top_k": "[0, inf)",
+    "rollout_logit_noise": "[0, inf)",
+    "max_staleness": "[0, inf)",
+    "sync_every": "[1, inf)",
+    "num_samplers": "[1, inf)",
+    "num_operands": "[2, inf)",
+    "max_operand": "[1, inf)",
+    "sft_steps": "[0, inf)",
+    "sft_lr": "(0, inf)",
+    "sft_batch_size": "[1, inf)",
+    "sft_label_noise": "[0, 1)",
+    "save_every": "[1, inf)",
+    "save_total_limit": "[1, inf)",
+    "eval_every": "[0, inf)",
+    "eval_size": "[1, inf)",
+    "eval_n": "[1, inf)",
+    "num_threads": "[1, inf)",
+    "num_completions_to_print": "[1, inf)",
 }
 
 
@@ -405,11 +398,11 @@ def check_values(cfg: TrainConfig) -> None:
     """Types and numeric ranges of every field (no registry, file or import look-ups): also applied to a saved
     config.yaml on --resume."""
     check_types(cfg)
-    for name, (lo, hi, open_lo, open_hi) in _RANGES.items():
+    for name, interval in _RANGES.items():
         if getattr(cfg, name) is not None:
-            _check_range(name, getattr(cfg, name), lo, hi, open_lo=open_lo, open_hi=open_hi)
+            _check_range(name, getattr(cfg, name), interval)
     for i, beta in enumerate(cfg.betas):
-        _check_range(f"betas[{i}]", beta, 0, 1, open_hi=True)
+        _check_range(f"betas[{i}]", beta, "[0, 1)")
 
 
 def validate(cfg: TrainConfig) -> None:
