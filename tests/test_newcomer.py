@@ -130,3 +130,22 @@ def test_unreachable_hub_fails_fast_in_one_line(tmp_path, flag):
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-1500:]
     assert "someorg/not-cached" in errors[0] and "cached" in errors[0]
+
+
+def test_clip_frac_counts_responses_cut_at_max_response_length():
+    """response/clip_frac is the share of responses that hit max_response_length (not the batch's longest): none
+    here is cut although lengths differ, then one of three is."""
+    import torch
+
+    from vespo.rollout import Rollout
+    from vespo.train.learner import rollout_metrics
+
+    def rollout(lengths, width=6):
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+        ids = torch.ones(len(lengths), 2 + width, dtype=torch.long)
+        return Rollout(ids, torch.cat([torch.ones(len(lengths), 2, dtype=torch.long), mask], 1), mask, -mask.float())
+
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    assert float(rollout_metrics(rewards, rollout([2, 5, 3]), 8, train_log_prob=None)["response/clip_frac"]) == 0.0
+    cut = rollout_metrics(rewards, rollout([2, 6, 3]), 6, train_log_prob=None)["response/clip_frac"]
+    assert float(cut) == pytest.approx(1 / 3)
