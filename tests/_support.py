@@ -1,5 +1,7 @@
 """Shared test helpers."""
 
+from pathlib import Path
+
 from vespo.train.learner import ppo_update, to_floats
 from vespo.train.setup import update_settings
 
@@ -8,3 +10,18 @@ def run_update(model, optimizer, rollout, advantages, old_log_prob, cfg, **kw):
     """The learner's N-mini-batch update with the settings of a TrainConfig; per mini-batch metrics as floats."""
     settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
     return [to_floats(h) for h in ppo_update(model, optimizer, rollout, advantages, old_log_prob, settings, **kw)]
+
+
+def warm_tiny_model(root: Path) -> tuple[Path, list, list]:
+    """A 1-layer tiny model briefly warm-started (40 SFT steps) on the 2-operand arithmetic task, saved with its
+    tokenizer to root/model; returns that path and the task's (train, held-out of 20) split."""
+    from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
+    from vespo.embedded.warm_start import sft_warm_start
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, num_hidden_layers=1)
+    train_set, eval_set = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
+    sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return root / "model", train_set, eval_set

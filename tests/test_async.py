@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _support import warm_tiny_model
 
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
-from vespo.embedded.warm_start import sft_warm_start
 from vespo.rewards import math_reward
 from vespo.rollout import pack_rollout, sample
 from vespo.train import async_ as async_trainer
@@ -126,13 +126,7 @@ def test_async_flag_and_sigterm_become_one_shutdown_path():
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("async_assets")
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, num_hidden_layers=1)
-    train_set, _ = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
-    sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return str(root / "model")
+    return str(warm_tiny_model(root)[0])
 
 
 def _cfg(model, run_dir, **kw) -> TrainConfig:
@@ -276,7 +270,7 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
 
 def test_shuffle_permutes_rows_before_cutting_mini_batches():
     """`shuffle` (veRL's actor option; TRL always shuffles) == the unshuffled update on the permuted batch."""
-    from _support import run_update as _update
+    from _support import warm_tiny_model as _update
 
     from vespo.advantages import group_advantages
     from vespo.train.learner import policy_log_probs

@@ -6,10 +6,9 @@ import math
 
 import pytest
 import torch
+from _support import warm_tiny_model
 
 from vespo.cli import main
-from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
-from vespo.embedded.warm_start import sft_warm_start
 from vespo.losses.core import ratio_metrics
 from vespo.train.runs import CHECKPOINT, EssAlarm, read_metrics
 
@@ -17,13 +16,7 @@ from vespo.train.runs import CHECKPOINT, EssAlarm, read_metrics
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("ess_assets")
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, num_hidden_layers=1)
-    train_set, _ = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
-    sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return str(root / "model")
+    return str(warm_tiny_model(root)[0])
 
 
 def _argv(model, run_dir, lr, *extra):

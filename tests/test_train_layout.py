@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from _support import warm_tiny_model
 
 from vespo.cli import main
-from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
-from vespo.embedded.warm_start import sft_warm_start
+from vespo.embedded.task import build_tiny_model, build_tokenizer
 from vespo.train.runs import read_metrics
 
 SRC = Path(__file__).parents[1] / "src" / "vespo"
@@ -36,14 +36,8 @@ SKIP = ("time/", "async/queue", "async/learner_util", "async/sampler_util")
 def tiny_model(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("pin_assets")
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, num_hidden_layers=1)
-    train_set, _ = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
-    sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
     # the embedded split the metrics were pinned on (the held-out pool has since been fixed apart from eval_size)
-    train_set, eval_set = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
+    _, train_set, eval_set = warm_tiny_model(root)
     for name, part in (("train", train_set), ("eval", eval_set)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(vars(p)) + "\n" for p in part))
     return root

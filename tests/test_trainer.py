@@ -13,10 +13,11 @@ import time
 import pytest
 import torch
 from _support import run_update as _update
+from _support import warm_tiny_model
 
 from vespo.advantages import group_advantages
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
-from vespo.embedded.warm_start import embedded_policy_path, sft_warm_start
+from vespo.embedded.warm_start import embedded_policy_path
 from vespo.losses.core import top_share as _top_share
 from vespo.rollout import sample
 from vespo.train import train
@@ -30,12 +31,7 @@ from vespo.train.setup import build_optimizer, load_data
 def local_model_and_data(tmp_path_factory):
     """A briefly warm-started tiny model saved to disk, and JSONL train/eval files of the arithmetic task."""
     root = tmp_path_factory.mktemp("assets")
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, num_hidden_layers=1)
-    train_set, eval_set = arithmetic_split(num_operands=2, max_operand=9, eval_size=20)
-    sft_warm_start(model, tok, train_set, steps=40, lr=3e-3, batch_size=32, seed=0)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    _, train_set, eval_set = warm_tiny_model(root)
     for name, rows in (("train.jsonl", train_set), ("eval.jsonl", eval_set)):
         lines = [json.dumps({"question": p.prompt, "solution": p.answer}) for p in rows]
         (root / name).write_text("\n".join(lines) + "\n")
