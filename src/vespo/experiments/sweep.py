@@ -279,8 +279,9 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     tc = train_config(cfg, cell)
     run_dir = Path(tc.run_dir)
     done = run_dir / "summary.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    if done.is_file():  # finished: summarised afresh from its metrics (a newer summary may report more)
+        wall = json.loads(done.read_text()).get("wall_s", float("nan"))
+        return summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": wall}
     resume = (run_dir / CHECKPOINT).is_file()  # else a fresh run; one killed before its checkpoint is started over
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -298,7 +299,7 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
 def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
     (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the share of
-    optimizer steps cut by grad_clip; the final response length."""
+    optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps."""
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
@@ -318,7 +319,8 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "best_eval_acc": max(evals[1:] or evals),
         "collapsed": bool(evals[-1] < collapse_ratio * evals[0]),
         "grad_clipped_frac": float(np.mean(clipped)) if clipped else float("nan"),
-        "final_length": lengths[-1] if lengths else float("nan"),
+        "initial_length": float(np.mean(lengths[: max(1, len(lengths) // 5)])) if lengths else float("nan"),
+        "final_length": float(np.mean(lengths[-max(1, len(lengths) // 5) :])) if lengths else float("nan"),
     }
 
 
@@ -341,6 +343,8 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
         ("final_eval_acc", "Held-out accuracy, final checkpoint"),
         ("best_eval_acc", "Held-out accuracy, best checkpoint (the paper's selection)"),
         ("grad_clipped_frac", "Share of optimizer steps cut by grad_clip"),
+        ("initial_length", "Response length (tokens), first fifth of rollout steps"),
+        ("final_length", "Response length (tokens), last fifth of rollout steps"),
     )
     for metric, title in tables:
 
