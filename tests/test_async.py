@@ -270,7 +270,7 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
 
 def test_shuffle_permutes_rows_before_cutting_mini_batches():
     """`shuffle` (veRL's actor option; TRL always shuffles) == the unshuffled update on the permuted batch."""
-    from _support import warm_tiny_model as _update
+    from _support import run_update as _update
 
     from vespo.advantages import group_advantages
     from vespo.train.learner import policy_log_probs
