@@ -542,3 +542,42 @@ def test_a_probe_that_times_out_is_asked_again(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert grade_code("print('ok')", TEST, limits=LIMITS).score == 1.0
+
+
+def test_only_the_stdlib_of_the_interpreter_prefix_is_visible():
+    """An answer key planted in the interpreter's install prefix outside its standard library (where a system-wide
+    package, /usr/share or /usr/local would sit on a Debian- or NGC-style install) cannot be read: the sandbox binds
+    the stdlib and the shared libraries, not the whole prefix. The stdlib itself still imports."""
+    import importlib
+    import sys
+
+    import vespo.rewards
+
+    planted = Path(os.path.realpath(sys.base_prefix)) / "share" / f"vespo-key-{os.getpid()}.txt"
+    try:
+        planted.parent.mkdir(exist_ok=True)
+        planted.write_text(SECRET)
+    except OSError:
+        pytest.skip(f"cannot plant a file in {planted.parent} (not root)")
+    try:
+        read = f"try:\n    print(open({str(planted)!r}).read())\nexcept OSError:\n    print('hidden')"
+        program = "import json, decimal, zlib\n" + read
+        run = run_in_sandbox(program, [""], mode="stdio", limits=LIMITS)
+        if not run.isolated:
+            pytest.skip("namespaces refused here: the mount layout does not apply")
+        assert run.outputs == ["hidden\n"], (run.outputs, run.errors)
+    finally:
+        planted.unlink()
+    # a Debian-style layout: prefix /usr, stdlib /usr/lib/python3.X; neither /usr nor a dist-packages is bound
+    sys.path.insert(0, str(Path(vespo.rewards.__file__).parent))  # the child's own import path (`_wire` beside it)
+    try:
+        _sandbox_child = importlib.import_module("_sandbox_child")
+    finally:
+        sys.path.pop(0)
+    real = _sandbox_child._stdlib_dir
+    try:
+        _sandbox_child._stdlib_dir = lambda: "/usr/lib/python3.11"
+        dirs = _sandbox_child._visible_dirs()
+    finally:
+        _sandbox_child._stdlib_dir = real
+    assert "/usr" not in dirs and "/usr/local" not in dirs and not any("packages" in d for d in dirs), dirs

@@ -76,10 +76,18 @@ def _die_with_parent(parent: int, requests: int = 3) -> None:
         os._exit(1)
 
 
+def _stdlib_dir() -> str:
+    """The running interpreter's standard library (lib-dynload inside it), wherever the layout puts it."""
+    return os.path.realpath(os.path.dirname(os.__file__))
+
+
 def _visible_dirs() -> list[str]:
-    """Host directories the interpreter needs: its prefix (stdlib, lib-dynload) and the system shared libraries."""
-    multiarch = sys.implementation._multiarch
-    dirs = [sys.base_prefix, f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/usr/lib64", "/lib64"]
+    """Host directories the running interpreter needs: its standard library (with lib-dynload) and the system shared
+    libraries, never its whole prefix: on a Debian-style (`/usr`) or NGC-style install the prefix also holds
+    system-wide site- and dist-packages, /usr/share and /usr/local, which a program must not read."""
+    multiarch = getattr(sys.implementation, "_multiarch", "")
+    libs = [f"/usr/lib/{multiarch}", f"/lib/{multiarch}"] if multiarch else []
+    dirs = [_stdlib_dir(), *libs, "/usr/lib64", "/lib64"]
     return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
 
 
@@ -93,10 +101,7 @@ def _build_root(uid: int, disk_mb: int) -> None:
         os.makedirs(target, exist_ok=True)
         _mount(host_dir, target, None, MS_BIND | MS_REC)
         _mount(None, target, None, MS_REMOUNT | MS_BIND | ro)
-    for site in {
-        os.path.join(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", n)
-        for n in ("site-packages", "dist-packages")
-    }:
+    for site in {os.path.join(_stdlib_dir(), n) for n in ("site-packages", "dist-packages")}:
         if os.path.isdir(NEW_ROOT + site):  # third-party packages (and their caches) stay hidden
             _mount("tmpfs", NEW_ROOT + site, "tmpfs", ro, "size=4k,mode=0555")
     for name in os.listdir("/"):  # merged-/usr links such as /lib -> usr/lib, /lib64 -> usr/lib64
