@@ -350,48 +350,23 @@ def _check_range(name: str, value: float, interval: str) -> None:
         raise ConfigError(message)
 
 
-# name -> accepted interval (`vespo.intervals.Interval`); None values are skipped
-_RANGES: dict[str, str] = {
-    "kl_coef": "[0, inf)",
-    "entropy_coeff": "[0, inf)",
-    "train_batch_size": "[1, inf)",
-    "ppo_mini_batch_size": "[1, inf)",
-    "micro_batch_size": "[1, inf)",
-    "total_training_steps": "[1, inf)",
-    "lr": "(0, inf)",
-    "warmup_ratio": "[0, 1]",
-    "warmup_steps": "[0, inf)",
-    "lora_r": "[1, inf)",
-    "lora_alpha": "(0, inf)",
-    "lora_dropout": "[0, 1)",
-    "weight_decay": "[0, inf)",
-    "adam_epsilon": "(0, inf)",
-    "grad_clip": "(0, inf)",
-    "target_kl": "(0, inf)",
-    "ess_alarm": "[0, 1]",
-    "ess_alarm_patience": "[1, inf)",
-    "max_response_length": "[1, inf)",
-    "temperature": "(0, inf)",
-    "top_p": "(0, 1]",
-    "top_k": "[0, inf)",
-    "rollout_logit_noise": "[0, inf)",
-    "max_staleness": "[0, inf)",
-    "sync_every": "[1, inf)",
-    "num_samplers": "[1, inf)",
-    "num_operands": "[2, inf)",
-    "max_operand": "[1, inf)",
-    "sft_steps": "[0, inf)",
-    "sft_lr": "(0, inf)",
-    "sft_batch_size": "[1, inf)",
-    "sft_label_noise": "[0, 1)",
-    "save_every": "[1, inf)",
-    "save_total_limit": "[1, inf)",
-    "eval_every": "[0, inf)",
-    "eval_size": "[1, inf)",
-    "eval_n": "[1, inf)",
-    "num_threads": "[1, inf)",
-    "num_completions_to_print": "[1, inf)",
+# accepted interval (`vespo.intervals.Interval`) -> the fields it applies to; None values are skipped
+# fmt: off
+_RANGES_BY_INTERVAL: dict[str, tuple[str, ...]] = {
+    "[0, inf)": ("kl_coef", "entropy_coeff", "warmup_steps", "weight_decay", "top_k", "rollout_logit_noise",
+                 "max_staleness", "sft_steps", "eval_every"),
+    "[1, inf)": ("train_batch_size", "ppo_mini_batch_size", "micro_batch_size", "total_training_steps", "lora_r",
+                 "ess_alarm_patience", "max_response_length", "sync_every", "num_samplers", "max_operand",
+                 "sft_batch_size", "save_every", "save_total_limit", "eval_size", "eval_n", "num_threads",
+                 "num_completions_to_print"),
+    "(0, inf)": ("lr", "lora_alpha", "adam_epsilon", "grad_clip", "target_kl", "temperature", "sft_lr"),
+    "[0, 1]": ("warmup_ratio", "ess_alarm"),
+    "[0, 1)": ("lora_dropout", "sft_label_noise"),
+    "(0, 1]": ("top_p",),
+    "[2, inf)": ("num_operands",),
 }
+# fmt: on
+_RANGES = {name: interval for interval, names in _RANGES_BY_INTERVAL.items() for name in names}
 
 
 def check_values(cfg: TrainConfig) -> None:
