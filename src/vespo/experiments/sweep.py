@@ -279,9 +279,13 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     tc = train_config(cfg, cell)
     run_dir = Path(tc.run_dir)
     done = run_dir / "summary.json"
-    if done.is_file():  # finished: summarised afresh from its metrics (a newer summary may report more)
-        wall = json.loads(done.read_text()).get("wall_s", float("nan"))
-        return summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": wall}
+    if done.is_file():  # finished: summarised afresh from its metrics when present (a newer summary reports more)
+        saved = json.loads(done.read_text())
+        if not (run_dir / "metrics.jsonl").is_file():
+            return saved
+        return summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {
+            "wall_s": saved.get("wall_s", float("nan"))
+        }
     resume = (run_dir / CHECKPOINT).is_file()  # else a fresh run; one killed before its checkpoint is started over
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
