@@ -195,3 +195,19 @@ def test_cuda_request_without_cuda_is_refused():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match="device: cuda"):
         resolve(TrainConfig(device="cuda"))
+
+
+def test_gradient_checkpointing_gives_the_same_update():
+    """Recomputing activations in the backward pass changes memory, not the result: one update with and without
+    gradient checkpointing lands on the same weights."""
+    model, _, rollout, adv, old = _setup()
+    plain, ckpt = copy.deepcopy(model), copy.deepcopy(model)
+    ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert ckpt.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    settings = UpdateSettings(method="vespo", num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=4)
+    for m in (plain, ckpt):
+        m.train()
+        ppo_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), rollout, adv, old, settings)
+    for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters(), strict=True))
