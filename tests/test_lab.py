@@ -169,3 +169,25 @@ def test_changed_settings_never_reuse_a_lab_cell(tmp_path):
     assert lab(cfg)[0]["summary"]["final_reward"] == first and len(list((tmp_path / "cells").iterdir())) == 1
     other = lab(dataclasses.replace(cfg, lr=0.5))[0]["summary"]["final_reward"]
     assert other != first and len(list((tmp_path / "cells").iterdir())) == 2
+
+
+def test_lab_tables_carry_cis_and_significance_marks(tmp_path):
+    """Hand-made results: a method clearly above vespo over 5 seeds is bold with its adjusted p, one equal to it in
+    distribution is not, and every cell shows mean ± 95% CI."""
+    from vespo.experiments.lab import write_tables
+
+    results = []
+    for seed in range(5):
+        for method, value in (
+            ("vespo", 0.50 + 0.01 * seed),
+            ("better", 0.80 + 0.01 * seed),
+            ("same", 0.52 - 0.01 * seed),
+        ):
+            summary = {"method": method, "length": 64, "staleness": 4, "lr_scale": 1.0, "seed": seed,
+                       "initial_reward": 0.3, "final_reward": value, "collapsed": 0}  # fmt: skip
+            results.append({"summary": summary, "per_k": {"log_w_mean": [0.0] * 4}})
+    write_tables(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    row = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "±" in row["vespo"] and "**+0.300" in row["better"] and "**" not in row["same"]
+    assert "Holm-corrected over 2 comparisons" in text

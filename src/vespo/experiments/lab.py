@@ -33,6 +33,7 @@ import torch
 import tyro
 
 from vespo.advantages import group_advantages
+from vespo.experiments.compare import markdown as compare_markdown
 from vespo.experiments.lab_model import ChainSpec, cell_result, run_chain_cell
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, available_methods, compute_policy_loss, uses_batch_context, validate_hparams
@@ -345,27 +346,29 @@ def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def write_tables(out: Path, results: list[dict]) -> None:
-    """results.csv (one row per cell), results.md (mean +- std over seeds), mechanism.csv (per mini-batch index)."""
+    """results.csv (one row per cell), results.md (per T and lr: mean ± 95% CI over seeds and each method against
+    vespo, Welch's test Holm-corrected within the table, bold = significant), mechanism.csv (per mini-batch index)."""
     rows = [r["summary"] for r in results]
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["# vespo lab: final exact expected reward (mean +- std over seeds; x = a seed collapsed)", ""]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    baseline = "vespo" if "vespo" in methods else methods[0]
+    lines = ["# vespo lab: final exact expected reward", ""]
     for t in sorted({r["length"] for r in rows}):
         for s in sorted({r["lr_scale"] for r in rows}):
-            ns = sorted({r["staleness"] for r in rows})
-            lines += [f"## T = {t}, lr x {s:g}", "", "| method | " + " | ".join(f"N={n}" for n in ns) + " |"]
-            lines.append("|---" * (len(ns) + 1) + "|")
-            for method in dict.fromkeys(r["method"] for r in rows):
-                cells_ = []
-                for n in ns:
-                    group = _group(rows).get((method, t, s, n), [])
-                    vals = [g["final_reward"] for g in group]
-                    mark = " x" if any(g["collapsed"] for g in group) else ""
-                    cells_.append(f"{np.mean(vals):.2f} +- {np.std(vals):.2f}{mark}" if vals else "-")
-                lines.append(f"| {method} | " + " | ".join(cells_) + " |")
-            lines.append("")
+            groups = {(g["method"], g["staleness"]): {} for g in rows if (g["length"], g["lr_scale"]) == (t, s)}
+            for g in rows:
+                if (g["length"], g["lr_scale"]) == (t, s):
+                    groups[(g["method"], g["staleness"])][g["seed"]] = g["final_reward"]
+            lines.append(compare_markdown(groups, baseline, "welch", f"T = {t}, lr x {s:g}"))
+    collapsed = sorted({(r["method"], r["length"], r["lr_scale"], r["staleness"]) for r in rows if r["collapsed"]})
+    lines.append(
+        "Collapsed (a seed below collapse_ratio of the start): "
+        + (", ".join(f"{m} T={t} lr x {s:g} N={n}" for m, t, s, n in collapsed) or "none")
+    )
+    lines.append("")
     initial = sorted({(r["length"], round(r["initial_reward"], 3)) for r in rows})
     lines.append("Initial expected reward per T: " + ", ".join(f"T={t}: {v}" for t, v in initial))
     (out / "results.md").write_text("\n".join(lines) + "\n")
