@@ -72,38 +72,44 @@ def quiet_hf_progress() -> None:
         sys.modules["datasets"].disable_progress_bars()
 
 
-def _hub_kwargs(path: str | Path) -> dict:
-    """`local_files_only` for a Hub id while the Hub cannot be used (read the cache, no minutes of retries)."""
-    if Path(path).expanduser().exists() or hub_offline_reason() is None:
-        return {}
-    import huggingface_hub.constants
+def _hub_unusable(path: str | Path) -> str | None:
+    """Why the Hub id `path` cannot be downloaded now (the HF cache is then read in offline mode, no minutes of
+    retries), or None: a local path, or a Hub that answers."""
+    if Path(path).expanduser().exists():
+        return None
+    reason = hub_offline_reason()
+    if reason is not None:
+        import huggingface_hub.constants
 
-    huggingface_hub.constants.HF_HUB_OFFLINE = True  # what is_offline_mode() reads: no request is even tried
-    return {"local_files_only": True}
+        huggingface_hub.constants.HF_HUB_OFFLINE = True  # what is_offline_mode() reads: no request is even tried
+    return reason
 
 
-def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, *, local_files_only: bool = False) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of a Hub id or local dir, with pad = eos when it has no pad token (batched sampling pads)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, **_hub_kwargs(path))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=local_files_only)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> transformers.PreTrainedModel:
+def load_model(
+    path: str | Path, *, dtype: torch.dtype = torch.float32, local_files_only: bool = False
+) -> transformers.PreTrainedModel:
     """A causal LM through `from_pretrained` (fp32 master weights by default)."""
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_hub_kwargs(path))
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_files_only)
 
 
 def load_policy(
     path: str | Path, *, dtype: torch.dtype = torch.float32
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
     """A causal LM (fp32 master weights by default) and its tokenizer through `from_pretrained`; a Hub id that can
-    be neither downloaded nor found in the cache is one ValueError line, in seconds."""
+    be neither downloaded nor found in the cache is one ValueError line, in seconds (the Hub is probed once)."""
+    reason = _hub_unusable(path)
+    offline = reason is not None
     try:
-        return load_model(path, dtype=dtype), load_tokenizer(path)
+        return load_model(path, dtype=dtype, local_files_only=offline), load_tokenizer(path, local_files_only=offline)
     except OSError as exc:
-        reason = None if Path(path).expanduser().exists() else hub_offline_reason()
         if reason is None:
             raise
         raise ValueError(f"model {str(path)!r}: the Hub cannot be used ({reason}) and there is no cached copy") from exc

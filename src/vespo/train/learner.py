@@ -169,6 +169,7 @@ def ppo_update(
     )
     n_rows = advantages.shape[0]
     order = torch.randperm(n_rows) if s.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # all weights, or the LoRA adapters
     history = []
     for k in range(s.num_mini_batches):
         rows = order[k * s.seqs_per_mini_batch : (k + 1) * s.seqs_per_mini_batch]
@@ -222,7 +223,6 @@ def ppo_update(
                 sums[key] = sums[key] + share if key in sums else share
         if scaler is not None:
             scaler.unscale_(optimizer)  # clip and log the true gradient
-        params = [p for group in optimizer.param_groups for p in group["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)  # before clipping
         sums["actor/grad_norm"] = grad_norm
         sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
