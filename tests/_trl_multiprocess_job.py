@@ -107,6 +107,7 @@ def main(out_path: str) -> None:
         with open(out_path, "w") as f:
             json.dump(results, f)
     dist.barrier()
+    dist.destroy_process_group()  # a gloo group left to interpreter teardown can abort the process ("terminate called")
 
 
 if __name__ == "__main__":
