@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vespo import compute_policy_loss, policy_loss_terms
+from vespo import PolicyBatch, compute_policy_loss, policy_loss_terms
 from vespo.losses.adaptive import ADAPTIVE_METHODS, BatchContext, batch_context, moment_control
 from vespo.losses.core import top_share
 
@@ -132,9 +132,7 @@ def test_ess_variant_reaches_its_target():
 def test_micro_batches_with_the_mini_batch_context_give_the_one_pass_gradient(method):
     lp, old, adv, mask = batch(spread=1.0, shift=0.3 if method == "vespo_moment" else 0.0)
     kw = {"moment_target_pos": 1.0, "moment_target_neg": 1.1} if method == "vespo_moment" else {}
-    ctx = batch_context(
-        log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, mini_batch_index=2, num_mini_batches=4
-    )
+    ctx = batch_context(PolicyBatch(lp, old, adv, mask), mini_batch_index=2, num_mini_batches=4)
     _, want, _ = run(method, lp, old, adv, mask, batch_context=ctx, **kw)
     if method != "vespo_schedule":  # without the context, the whole batch is the call's own batch
         torch.testing.assert_close(run(method, lp, old, adv, mask, **kw)[1], want, rtol=0, atol=0)
@@ -181,14 +179,14 @@ def test_context_log_w_includes_the_rollout_fold_as_the_loss_does(level):
         "sequence-(B,1)": {"rollout_is_weights": seq},
         "rollout_log_prob": {"rollout_log_prob": rollout_lp},
     }[level]
-    ctx = batch_context(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **kw)
-    plain = batch_context(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    ctx = batch_context(PolicyBatch(lp, old, adv, mask, **kw))
+    plain = batch_context(PolicyBatch(lp, old, adv, mask))
     assert (ctx.log_w - plain.log_w).abs().max() > 0.1
     _, want, _ = run("vespo_selfnorm", lp, old, adv, mask, **kw)
     _, got, _ = run("vespo_selfnorm", lp, old, adv, mask, batch_context=ctx, **kw)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
     with pytest.raises(ValueError, match="rollout_is_level"):
-        batch_context(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=ratio)
+        batch_context(PolicyBatch(lp, old, adv, mask, rollout_is_weights=ratio))
 
 
 @pytest.mark.parametrize("method", ADAPTIVE_METHODS)
@@ -317,6 +315,6 @@ def test_direct_call_equals_the_core_call(method):
 
     lp, old, adv, mask = batch(seed=3)
     direct, _ = getattr(adaptive, method)(lp, old, adv.reshape(-1, 1).expand(lp.shape), mask.to(lp.dtype))
-    core, _ = policy_loss_terms(method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    core, _ = policy_loss_terms(method, PolicyBatch(lp, old, adv, mask))
     valid = mask.bool()
     torch.testing.assert_close(direct[valid], core[valid], rtol=1e-12, atol=0)

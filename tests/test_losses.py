@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vespo
-from vespo import compute_policy_loss, policy_loss_terms
+from vespo import PolicyBatch, compute_policy_loss, policy_loss_terms
 from vespo.kernels import phi_max
 from vespo.losses import default_loss_agg_mode, register_method
 from vespo.losses.adaptive import ADAPTIVE_METHODS
@@ -399,15 +399,9 @@ def test_masked_tokens_do_not_matter(method):
 @pytest.mark.parametrize("method", BATCH_INDEPENDENT)
 def test_rowwise_loop_equals_batched(method):
     lp, old, adv, mask = random_batch(seed=11)
-    batched, _ = policy_loss_terms(method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    batched, _ = policy_loss_terms(method, PolicyBatch(lp, old, adv, mask))
     for i in range(lp.shape[0]):
-        row, _ = policy_loss_terms(
-            method,
-            log_prob=lp[i : i + 1],
-            old_log_prob=old[i : i + 1],
-            advantages=adv[i : i + 1],
-            response_mask=mask[i : i + 1],
-        )
+        row, _ = policy_loss_terms(method, PolicyBatch(*(t[i : i + 1] for t in (lp, old, adv, mask))))
         torch.testing.assert_close(row[0] * mask[i], batched[i] * mask[i], rtol=1e-12, atol=1e-12)
 
 
@@ -783,9 +777,7 @@ def test_vespo_matches_trl_gamma_weights(scale):
     mask = torch.ones_like(mask)  # TRL sums the rollout IS log-ratio without a mask
     rollout = -(old - torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * scale).abs()
     for ro in (None, rollout):
-        ours, _ = policy_loss_terms(
-            "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_log_prob=ro
-        )
+        ours, _ = policy_loss_terms("vespo", PolicyBatch(lp, old, adv, mask, rollout_log_prob=ro))
         is_ratio = None if ro is None else torch.exp(old - ro).clamp(max=2.0)  # TRL's token_truncate at C = 2
         phi = trl_grpo.GRPOTrainer.get_gamma_weights(
             advantages=adv.unsqueeze(1),

@@ -17,6 +17,7 @@ from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from vespo.losses import (
     CORRECTION_OPTIONS,
     BatchContext,
+    PolicyBatch,
     batch_context,
     default_loss_agg_mode,
     kl_k3,
@@ -143,18 +144,15 @@ class VespoGRPOTrainer(GRPOTrainer):
             )
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
-        mask = _loss_mask(inputs)  # (B, T)
         per_token_logps, entropies = self._log_probs(model, inputs, compute_entropy=True)  # (B, T) each
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old  # None: generation and update aligned, mu = pi
+        batch = self._policy_batch(inputs, per_token_logps, old)
+        mask = batch.response_mask  # (B, T)
 
         loss_mat, metrics = policy_loss_terms(
             self.args.vespo_method,
-            log_prob=per_token_logps,
-            old_log_prob=old,
-            advantages=inputs["advantages"],
-            response_mask=mask,
-            **self._rollout_inputs(inputs, old),
+            batch,
             allow_empty_rows=True,  # TRL pads micro-batches and masks tool tokens
             validate=False,  # model log-probs; no host sync per micro-batch
             **({"batch_context": self._step_context(model)} if uses_batch_context(self.args.vespo_method) else {}),
@@ -175,15 +173,18 @@ class VespoGRPOTrainer(GRPOTrainer):
         self._log_vespo_metrics(metrics, mode)
         return loss
 
-    def _rollout_inputs(self, inputs: dict[str, Any], old: Tensor) -> dict[str, Any]:
-        """The train-inference correction's inputs: with vespo's rollout-correction options, TRL's vLLM sampling
-        log-probs (vespo corrects; a NaN log-prob, which vLLM may leave, counts as ratio 1, as TRL does); otherwise
-        TRL's ready vLLM importance-sampling ratio at its level, (B, T) token modes, (B, 1) sequence ones."""
+    def _policy_batch(self, inputs: dict[str, Any], log_prob: Tensor, old: Tensor) -> PolicyBatch:
+        """A micro-batch's loss inputs, with the train-inference correction's: with vespo's rollout-correction options,
+        TRL's vLLM sampling log-probs (vespo corrects; a NaN log-prob, which vLLM may leave, counts as ratio 1, as TRL
+        does); otherwise TRL's ready vLLM importance-sampling ratio at its level, (B, T) token modes, (B, 1) sequence
+        ones."""
         if any(k in self.args.vespo_hparams for k in CORRECTION_OPTIONS):
             sampled = inputs.get("sampling_per_token_logps")
-            return {"rollout_log_prob": None if sampled is None else torch.where(sampled.isnan(), old, sampled)}
-        level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
-        return {"rollout_is_weights": inputs.get("importance_sampling_ratio"), "rollout_is_level": level}
+            rollout = {"rollout_log_prob": None if sampled is None else torch.where(sampled.isnan(), old, sampled)}
+        else:
+            level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
+            rollout = {"rollout_is_weights": inputs.get("importance_sampling_ratio"), "rollout_is_level": level}
+        return PolicyBatch(log_prob, old, inputs["advantages"], _loss_mask(inputs), **rollout)
 
     def _log_probs(self, model: torch.nn.Module, inputs: dict[str, Any], compute_entropy: bool) -> tuple[Tensor, Any]:
         """Per-token log-probs (B, T) of a micro-batch's completions under `model` (and entropies if asked)."""
@@ -223,11 +224,7 @@ class VespoGRPOTrainer(GRPOTrainer):
                 old = mb.get("old_per_token_logps")
                 old = log_prob if old is None else old
                 ctx = batch_context(
-                    log_prob=log_prob,
-                    old_log_prob=old,
-                    advantages=mb["advantages"],
-                    response_mask=_loss_mask(mb),
-                    **self._rollout_inputs(mb, old),
+                    self._policy_batch(mb, log_prob, old),
                     **{k: v for k, v in self.args.vespo_hparams.items() if k in CORRECTION_OPTIONS},
                 )
                 rows.append(torch.stack([ctx.log_w, ctx.advantages, ctx.valid.to(ctx.log_w.dtype)], -1))

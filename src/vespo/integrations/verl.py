@@ -25,6 +25,7 @@ from verl.workers.config import PolicyLossConfig
 
 from vespo.losses import (
     CORRECTION_OPTIONS,
+    PolicyBatch,
     available_methods,
     method_hparams,
     policy_loss_terms,
@@ -177,14 +178,17 @@ def make_policy_loss_fn(method: str) -> Callable[..., tuple[Tensor, dict[str, An
         hparams, level, batch_info, per_micro_batch = _policy_loss_settings(config)
         if adaptive and not per_micro_batch:
             _check_whole_mini_batch(method, log_prob.shape[0], batch_info)
-        loss_mat, metrics = policy_loss_terms(
-            method,
-            log_prob=log_prob,
-            old_log_prob=old_log_prob,
-            advantages=advantages,
-            response_mask=response_mask,
+        batch = PolicyBatch(
+            log_prob,
+            old_log_prob,
+            advantages,
+            response_mask,
             rollout_is_weights=rollout_is_weights,
             rollout_is_level=level,
+        )
+        loss_mat, metrics = policy_loss_terms(
+            method,
+            batch,
             allow_empty_rows=True,  # veRL pads micro-batches and rejects sequences by masking them
             validate=False,  # model log-probs; no host sync per micro-batch
             **hparams,

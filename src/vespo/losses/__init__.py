@@ -9,7 +9,7 @@ every method.
 from vespo.losses import adaptive, methods  # noqa: F401  (registers the methods)
 from vespo.losses.adaptive import BatchContext, batch_context
 from vespo.losses.compute import check_policy_inputs, compute_policy_loss, policy_loss_terms
-from vespo.losses.core import ROLLOUT_IS_THRESHOLD, kl_k3
+from vespo.losses.core import ROLLOUT_IS_THRESHOLD, PolicyBatch, kl_k3
 from vespo.losses.correction import CORRECTION_OPTIONS, RolloutCorrection, parse_rollout_correction
 from vespo.losses.registry import (
     available_methods,
@@ -23,6 +23,7 @@ from vespo.losses.registry import (
 
 __all__ = [
     "CORRECTION_OPTIONS",
+    "PolicyBatch",
     "ROLLOUT_IS_THRESHOLD",
     "RolloutCorrection",
     "BatchContext",

@@ -32,6 +32,7 @@ from vespo.kernels import effective_sample_size, vespo_log_phi
 from vespo.losses.core import (
     LOG_W_MAX,
     LOG_W_MIN,
+    PolicyBatch,
     compact_advantages,
     seq_advantage,
     seq_log_ratio,
@@ -62,45 +63,32 @@ class BatchContext:
 
 
 def batch_context(
+    batch: PolicyBatch,
     *,
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    rollout_log_prob: Tensor | None = None,
-    rollout_is_weights: Tensor | None = None,
-    rollout_is_level: Literal["token", "sequence"] | None = None,
     mini_batch_index: int | None = None,
     num_mini_batches: int | None = None,
     **correction: object,
 ) -> BatchContext:
-    """The `BatchContext` of a whole mini-batch: (B, T) inputs as for `compute_policy_loss`, log W computed the way
-    the loss computes it (token log-ratios clamped to +-20, summed, plus the folded rollout log-weight from
-    `rollout_log_prob` under the rollout-correction options in `correction` (`CORRECTION_OPTIONS`, rejected tokens
-    left out), or from an engine's ready `rollout_is_weights` at `rollout_is_level`; (B, 1) means "sequence").
-    Detached."""
-    mask = response_mask.float() if not response_mask.is_floating_point() else response_mask
-    dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32
-    mask, old = mask.to(dtype), old_log_prob.detach().to(dtype)
+    """The `BatchContext` of a whole mini-batch `batch`, log W computed the way the loss computes it (token
+    log-ratios clamped to +-20, summed, plus the folded rollout log-weight from `rollout_log_prob` under the
+    rollout-correction options in `correction` (`CORRECTION_OPTIONS`, rejected tokens left out), or from an
+    engine's ready `rollout_is_weights` at `rollout_is_level`). Detached."""
+    b = batch.cast()
+    mask, weights = b.response_mask, b.rollout_is_weights
     fold = None
-    if rollout_log_prob is not None or rollout_is_weights is not None:
+    if b.rollout_log_prob is not None or weights is not None:
         options = parse_rollout_correction(*(correction.get(k, d) for k, d in CORRECTION_OPTIONS.items()))
-        rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
-        weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
-        if weights is not None and weights.shape[-1] == 1:
-            rollout_is_level = "sequence"
-        if weights is not None and rollout_is_level not in ("token", "sequence"):
-            raise ValueError(f"rollout_is_weights need rollout_is_level 'token' or 'sequence': {rollout_is_level!r}")
-        level = rollout_is_level if weights is not None else options.level
+        if weights is not None and b.rollout_is_level is None:
+            raise ValueError("rollout_is_weights need rollout_is_level 'token' or 'sequence': None")
+        level = b.rollout_is_level if weights is not None else options.level
         level = level if level in ("token", "sequence") else "token"
-        fold, keep, _ = rollout_correction(old, rollout, weights, mask, options, level, fold=True)
+        fold, keep, _ = rollout_correction(b.old_log_prob, b.rollout_log_prob, weights, mask, options, level, fold=True)
         mask = mask if keep is None else mask * keep
-    log_w = seq_log_ratio(log_prob.detach().to(dtype), old, mask)  # (M,)
+    log_w = seq_log_ratio(b.log_prob.detach(), b.old_log_prob, mask)  # (M,)
     if fold is not None:
         log_w = log_w + fold
-    adv = advantages.detach().to(dtype)
-    adv = adv.reshape(-1, 1).expand(mask.shape) if adv.dim() == 1 or adv.shape[-1] == 1 else adv
-    return BatchContext(log_w, seq_advantage(adv, mask), mask.sum(-1) > 0, mini_batch_index, num_mini_batches)
+    a_seq = seq_advantage(b.token_advantages(), mask)
+    return BatchContext(log_w, a_seq, mask.sum(-1) > 0, mini_batch_index, num_mini_batches)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ registered `rollout_correction` says how the weight applies: "token" multiplies 
 prod_t min(r, C), as the official code), with r = mu/pi_rollout and C = `rollout_is_threshold` (default 2, veRL's,
 which the official VESPO code receives). Rejected tokens are removed from the mask the method sees and contribute 0.
 
-The public entry points are `compute_policy_loss` (scalar loss and 0-dim metric tensors) and `policy_loss_terms`
-(loss matrix, for engines that aggregate themselves). Both check their inputs with one fused test (one host
-synchronisation); `validate=False` skips it for engines that validated upstream (padding must then be finite).
+The public entry points are `compute_policy_loss` (scalar loss and 0-dim metric tensors, from keyword tensors) and
+`policy_loss_terms` (loss matrix of a `PolicyBatch`, for engines that aggregate themselves). The batch checks its
+structure when built; both check values with one fused test (one host synchronisation); `validate=False` skips it
+for engines that validated upstream (padding must then be finite).
 
 Notation: pi = current policy (log_prob), mu = behaviour policy the weights are taken against (old_log_prob),
 pi_rollout = the inference engine that sampled (rollout_log_prob, train-inference mismatch).
@@ -39,12 +40,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import replace
 from typing import Literal
 
 import torch
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss
-from vespo.losses.core import LOG_PROB_MAX, ratio_metrics, row_sum, token_log_ratio
+from vespo.losses.core import LOG_PROB_MAX, PolicyBatch, ratio_metrics, row_sum, token_log_ratio
 from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
 from vespo.losses.registry import default_loss_agg_mode, get_method, validate_hparams
 
@@ -53,25 +55,19 @@ Tensor = torch.Tensor
 
 def policy_loss_terms(
     method: str,
+    batch: PolicyBatch,
     *,
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    rollout_log_prob: Tensor | None = None,
-    rollout_is_weights: Tensor | None = None,
-    rollout_is_level: Literal["token", "sequence"] | None = None,
     allow_empty_rows: bool = False,
     validate: bool = True,
     batch_context: object | None = None,
     **hparams: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """`method`'s per-token loss matrix (B, T), rollout correction applied, and its 0-dim detached metric tensors.
+    """`method`'s per-token loss matrix (B, T) on `batch`, rollout correction applied, and its 0-dim detached metric
+    tensors.
 
-    Train-inference correction: `rollout_log_prob` (B, T), the sampler's log-probs, or `rollout_is_weights`, an
-    engine's ready, already truncated weights: (B, T) per token, or per sequence as (B, 1) or (B, T) constant along
-    a row. Ready weights multiply the loss as given (as veRL's and TRL's own losses do) except for "fold" methods,
-    which need `rollout_is_level` ("token" / "sequence"; (B, 1) implies "sequence") to fold them into W.
+    Train-inference correction (`PolicyBatch`): the sampler's log-probs `rollout_log_prob`, or an engine's ready,
+    already truncated `rollout_is_weights`, per token or per sequence. Ready weights multiply the loss as given (as
+    veRL's and TRL's own losses do) except for "fold" methods, which need `rollout_is_level` to fold them into W.
     `allow_empty_rows=True` lets rows with no valid token through (they contribute exactly zero); by default such a
     row is an error, since it usually means a masking bug upstream. `validate=False` skips the value checks (one
     fused test, one host sync): for engines that validated upstream; padding must then be finite. Padding entries of
@@ -82,42 +78,21 @@ def policy_loss_terms(
     options = parse_rollout_correction(*(hp.pop(k) for k in CORRECTION_OPTIONS))
     if batch_context is not None and "batch_context" not in spec.inputs:
         raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
-    dtype = _check_structure(log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, rollout_is_weights)
-    if rollout_log_prob is not None and rollout_is_weights is not None:
-        raise ValueError("pass rollout_log_prob or rollout_is_weights, not both")
-    if rollout_is_level not in (None, "token", "sequence"):
-        raise ValueError(f"rollout_is_level must be 'token', 'sequence' or None, got {rollout_is_level!r}")
-    if rollout_is_weights is not None and rollout_is_weights.shape[-1] == 1 and log_prob.shape[-1] > 1:
-        if rollout_is_level == "token":
-            raise ValueError("rollout_is_weights of shape (B, 1) are per sequence, but rollout_is_level is 'token'")
-        rollout_is_level = "sequence"
     fold = spec.rollout_correction == "fold"
-    if fold and rollout_is_weights is not None and rollout_is_level is None:
+    if fold and batch.rollout_is_weights is not None and batch.rollout_is_level is None:
         raise ValueError(
             f"{method!r} folds the rollout IS weight into its sequence weight W and must know whether the weights "
             "are per 'token' or per 'sequence': set rollout_is_level"
         )
-    mask = response_mask.to(dtype)  # (B, T) 0/1
-    lp, old, adv = log_prob.to(dtype), old_log_prob.detach().to(dtype), advantages.detach().to(dtype)
-    rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
-    weights = None if rollout_is_weights is None else rollout_is_weights.detach().to(dtype)
+    b = batch.cast()
     if validate and _check_values(
-        lp, old, adv, mask, rollout, weights,
-        binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows,
-        sequence_weights=fold and rollout_is_level == "sequence",
+        b.log_prob, b.old_log_prob, b.advantages, b.response_mask, b.rollout_log_prob, b.rollout_is_weights,
+        binary=not batch.response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows,
+        sequence_weights=fold and b.rollout_is_level == "sequence",
     ):  # fmt: skip
-        # NaN/inf in the padding (valid positions are fine): zero it so that 0 * NaN cannot reach a sum (slow path)
-        valid = mask > 0
-        row_valid = valid.any(-1, keepdim=True)  # (B, 1), for per-sequence inputs of empty rows
-
-        def clean(t: Tensor) -> Tensor:
-            return torch.where(valid if t.shape == valid.shape else row_valid.reshape(t.shape), t, 0.0)
-
-        lp, old, adv = clean(lp), clean(old), clean(adv)
-        rollout = None if rollout is None else clean(rollout)
-        weights = None if weights is None else clean(weights)
-    if adv.dim() == 1 or adv.shape[-1] == 1:  # one advantage per sequence: a stride-0 (B, T) view, no copy
-        adv = adv.reshape(-1, 1).expand(lp.shape)
+        b = _zero_padding(b)
+    lp, old, mask, weights = b.log_prob, b.old_log_prob, b.response_mask, b.rollout_is_weights
+    adv = b.token_advantages()
 
     if weights is not None:
         if not options.is_default:
@@ -125,12 +100,12 @@ def policy_loss_terms(
                 "rollout-correction options (rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold) "
                 "apply to rollout_log_prob; rollout_is_weights come corrected by the engine: configure it there"
             )
-        level = rollout_is_level or "token"
+        level = b.rollout_is_level or "token"
     elif options.level in ("token", "sequence"):
         level = options.level
     else:  # "auto" (and None, which applies no weight): the method's registered level
         level = "sequence" if spec.rollout_correction == "sequence" else "token"
-    correction, keep, ro_metrics = rollout_correction(old, rollout, weights, mask, options, level, fold=fold)
+    correction, keep, ro_metrics = rollout_correction(old, b.rollout_log_prob, weights, mask, options, level, fold=fold)
     if keep is not None:  # rejection sampling: rejected tokens leave W, the loss and the metrics
         mask = mask * keep
     log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
@@ -169,11 +144,12 @@ def compute_policy_loss(
     per logged step, not per micro-batch, to avoid host synchronisation).
 
     Shapes: `log_prob`, `old_log_prob`, `rollout_log_prob`, `response_mask` are (B, T); `advantages` is (B,) or
-    (B, T). `loss_agg_mode=None` uses the method's own default (`default_loss_agg_mode`). `global_num_tokens` /
-    `global_num_seqs` (> 0) normalise by the whole mini-batch when this call sees one micro-batch. Hyperparameters
-    are keyword arguments with the paper defaults (`method_hparams(method)`); rollout correction,
-    `allow_empty_rows` and `validate` as in `policy_loss_terms`; `batch_context` (mini-batch statistics for the
-    batch-adaptive methods, `vespo.adaptive.batch_context`) makes a micro-batch call decide as the whole mini-batch.
+    (B, T); the tensors are the fields of `PolicyBatch`. `loss_agg_mode=None` uses the method's own default
+    (`default_loss_agg_mode`). `global_num_tokens` / `global_num_seqs` (> 0) normalise by the whole mini-batch when
+    this call sees one micro-batch. Hyperparameters are keyword arguments with the paper defaults
+    (`method_hparams(method)`); `allow_empty_rows` and `validate` as in `policy_loss_terms`; `batch_context`
+    (mini-batch statistics for the batch-adaptive methods, `vespo.adaptive.batch_context`) makes a micro-batch call
+    decide as the whole mini-batch.
     """
     mode = default_loss_agg_mode(method) if loss_agg_mode is None else loss_agg_mode
     if mode not in LOSS_AGG_MODES:
@@ -181,19 +157,11 @@ def compute_policy_loss(
     counts = {"global_num_tokens": global_num_tokens, "global_num_seqs": global_num_seqs}
     for name, value in counts.items():
         _check_count(name, value, validate)
+    batch = PolicyBatch(
+        log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, rollout_is_weights, rollout_is_level
+    )
     loss_mat, metrics = policy_loss_terms(
-        method,
-        log_prob=log_prob,
-        old_log_prob=old_log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        rollout_log_prob=rollout_log_prob,
-        rollout_is_weights=rollout_is_weights,
-        rollout_is_level=rollout_is_level,
-        allow_empty_rows=allow_empty_rows,
-        validate=validate,
-        batch_context=batch_context,
-        **hparams,
+        method, batch, allow_empty_rows=allow_empty_rows, validate=validate, batch_context=batch_context, **hparams
     )
     loss = agg_loss(loss_mat, response_mask, mode, **counts)
     metrics["loss/pg"] = loss.detach()
@@ -214,65 +182,16 @@ def check_policy_inputs(
     in one way: NaN/inf in the padding is an error too, since `validate=False` does not zero it. `log_prob=None`
     checks the batch's data before any forward pass."""
     ref = old_log_prob if log_prob is None else log_prob  # the shape every input must have
-    dtype = _check_structure(ref, old_log_prob, advantages, response_mask, rollout_log_prob, None)
-    mask = response_mask.to(dtype)
-    tensors = [None if t is None else t.detach().to(dtype) for t in (log_prob, old_log_prob, advantages)]
-    rollout = None if rollout_log_prob is None else rollout_log_prob.detach().to(dtype)
+    b = PolicyBatch(ref, old_log_prob, advantages, response_mask, rollout_log_prob).cast()
     if _check_values(
-        *tensors, mask, rollout, None,
-        binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows, sequence_weights=False,
+        None if log_prob is None else b.log_prob, b.old_log_prob, b.advantages, b.response_mask, b.rollout_log_prob,
+        None, binary=not response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows, sequence_weights=False,
     ):  # fmt: skip
         raise ValueError("log-probs or advantages contain NaN or inf in the padding (masked-out positions)")
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Input checks: structure (free, always) and values (one fused test, `validate=True`)
-
-
-def _check_structure(
-    log_prob: object,
-    old_log_prob: object,
-    advantages: object,
-    response_mask: object,
-    rollout_log_prob: object,
-    rollout_is_weights: object,
-) -> torch.dtype:
-    """Types, dtypes and shapes (no data is read); returns the compute dtype (float64 stays, the rest float32)."""
-    named = {
-        "log_prob": log_prob,
-        "old_log_prob": old_log_prob,
-        "advantages": advantages,
-        "response_mask": response_mask,
-        "rollout_log_prob": rollout_log_prob,
-        "rollout_is_weights": rollout_is_weights,
-    }
-    for name, t in named.items():
-        if t is None and name.startswith("rollout"):
-            continue
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if name != "response_mask" and not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if response_mask.is_floating_point() is False and response_mask.dtype not in (
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64
-    ):  # fmt: skip
-        raise ValueError(f"response_mask must be bool, integer or floating point, got {response_mask.dtype}")
-    if log_prob.dim() != 2:
-        raise ValueError(f"log_prob must be a (B, T) tensor, got shape {tuple(log_prob.shape)}")
-    shape = tuple(log_prob.shape)
-    if 0 in shape:
-        raise ValueError(f"log_prob is empty: shape {shape}")
-    for name in ("old_log_prob", "response_mask", "rollout_log_prob"):
-        t = named[name]
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {shape}")
-    if tuple(advantages.shape) not in (shape[:1], (shape[0], 1), shape):
-        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(advantages.shape)}")
-    if rollout_is_weights is not None and tuple(rollout_is_weights.shape) not in ((shape[0], 1), shape):
-        raise ValueError(
-            f"rollout_is_weights must have shape {shape} or {(shape[0], 1)}, got {tuple(rollout_is_weights.shape)}"
-        )
-    return torch.float64 if log_prob.dtype == torch.float64 else torch.float32
+# Input checks: values (one fused test, `validate=True`); the structure is `PolicyBatch`'s
 
 
 def _check_count(name: str, value: object, validate: bool) -> None:
@@ -363,6 +282,20 @@ def _check_values(
                 )
     full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
     return any(not bool(torch.isfinite(t.detach()).all()) for t in full)
+
+
+def _zero_padding(b: PolicyBatch) -> PolicyBatch:
+    """`b` with NaN/inf in its padding zeroed (valid positions were checked), so that 0 * NaN cannot reach a sum."""
+    valid = b.response_mask > 0
+    row_valid = valid.any(-1, keepdim=True)  # (B, 1), for per-sequence inputs of empty rows
+
+    def clean(t: Tensor | None) -> Tensor | None:
+        if t is None:
+            return None
+        return torch.where(valid if t.shape == valid.shape else row_valid.reshape(t.shape), t, 0.0)
+
+    fields = ("log_prob", "old_log_prob", "advantages", "rollout_log_prob", "rollout_is_weights")
+    return replace(b, **{name: clean(getattr(b, name)) for name in fields})
 
 
 def _row_spread(w: Tensor, mask: Tensor) -> Tensor:

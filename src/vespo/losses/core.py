@@ -8,6 +8,8 @@ Guards shared with veRL, the official VESPO code and TRL (docs/losses.md): per-t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -21,6 +23,87 @@ TOKEN_LOG_RATIO_CLAMP = 20.0  # per-token log(pi/mu) clamped to [-20, 20] before
 LOG_W_MIN = math.log(1e-8)  # VESPO: sequence log W and per-token rollout log-weights floored at log 1e-8 (VESPO, TRL)
 LOG_W_MAX = 20.0  # VESPO: sequence log W capped at 20 (W <= 4.9e8, where phi is exactly 0 in float32)
 W_LARGE = math.log(100.0)  # diagnostics: sequences with W > 100 and A < 0 are the ones the paper worries about
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """One batch of a policy loss's inputs, structure checked on construction (types, dtypes, shapes; no data is
+    read, no host sync): `log_prob`, `old_log_prob`, `response_mask` (B, T), `advantages` (B,), (B, 1) or (B, T),
+    and at most one train-inference correction input, the sampler's `rollout_log_prob` (B, T) or an engine's ready
+    `rollout_is_weights` (B, T) or (B, 1) at `rollout_is_level` ("token" / "sequence"; (B, 1) means "sequence")."""
+
+    log_prob: Tensor
+    old_log_prob: Tensor
+    advantages: Tensor
+    response_mask: Tensor
+    rollout_log_prob: Tensor | None = None
+    rollout_is_weights: Tensor | None = None
+    rollout_is_level: Literal["token", "sequence"] | None = None
+
+    def __post_init__(self) -> None:
+        _check_structure(self)
+        if self.rollout_log_prob is not None and self.rollout_is_weights is not None:
+            raise ValueError("pass rollout_log_prob or rollout_is_weights, not both")
+        level = self.rollout_is_level
+        if level not in (None, "token", "sequence"):
+            raise ValueError(f"rollout_is_level must be 'token', 'sequence' or None, got {level!r}")
+        weights = self.rollout_is_weights
+        if weights is not None and weights.shape[-1] == 1 and self.log_prob.shape[-1] > 1:
+            if level == "token":
+                raise ValueError("rollout_is_weights of shape (B, 1) are per sequence, but rollout_is_level is 'token'")
+            object.__setattr__(self, "rollout_is_level", "sequence")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype: float64 stays, the rest computes in float32."""
+        return torch.float64 if self.log_prob.dtype == torch.float64 else torch.float32
+
+    def cast(self) -> PolicyBatch:
+        """The batch in the compute dtype, the mask as float 0/1, every input but `log_prob` detached."""
+        dt = self.dtype
+
+        def fixed(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().to(dt)
+
+        return PolicyBatch(
+            self.log_prob.to(dt), fixed(self.old_log_prob), fixed(self.advantages), self.response_mask.to(dt),
+            fixed(self.rollout_log_prob), fixed(self.rollout_is_weights), self.rollout_is_level,
+        )  # fmt: skip
+
+    def token_advantages(self) -> Tensor:
+        """Advantages as (B, T): one per sequence becomes a stride-0 row view (no copy), what the methods take."""
+        adv = self.advantages
+        return adv.reshape(-1, 1).expand(self.log_prob.shape) if adv.dim() == 1 or adv.shape[-1] == 1 else adv
+
+
+def _check_structure(batch: PolicyBatch) -> None:
+    """Types, dtypes and shapes of a `PolicyBatch` (no data is read): one line naming the input that is off."""
+    named = vars(batch)
+    for name, t in named.items():
+        if name == "rollout_is_level" or (t is None and name.startswith("rollout")):
+            continue
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if name != "response_mask" and not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    mask, log_prob, weights = batch.response_mask, batch.log_prob, batch.rollout_is_weights
+    if mask.is_floating_point() is False and mask.dtype not in (
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64
+    ):  # fmt: skip
+        raise ValueError(f"response_mask must be bool, integer or floating point, got {mask.dtype}")
+    if log_prob.dim() != 2:
+        raise ValueError(f"log_prob must be a (B, T) tensor, got shape {tuple(log_prob.shape)}")
+    shape = tuple(log_prob.shape)
+    if 0 in shape:
+        raise ValueError(f"log_prob is empty: shape {shape}")
+    for name in ("old_log_prob", "response_mask", "rollout_log_prob"):
+        t = named[name]
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {shape}")
+    if tuple(batch.advantages.shape) not in (shape[:1], (shape[0], 1), shape):
+        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(batch.advantages.shape)}")
+    if weights is not None and tuple(weights.shape) not in ((shape[0], 1), shape):
+        raise ValueError(f"rollout_is_weights must have shape {shape} or {(shape[0], 1)}, got {tuple(weights.shape)}")
 
 
 def row_sum(x: Tensor, mask: Tensor) -> Tensor:

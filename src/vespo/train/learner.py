@@ -15,6 +15,7 @@ from vespo.aggregation import agg_loss
 from vespo.losses import (
     CORRECTION_OPTIONS,
     BatchContext,
+    PolicyBatch,
     batch_context,
     check_policy_inputs,
     compute_policy_loss,
@@ -287,12 +288,9 @@ def _batch_context(
         return BatchContext(mini_batch_index=k, num_mini_batches=s.num_mini_batches)
     with torch.no_grad():
         log_prob, _ = policy_log_probs(model, rollout, rows, **s.log_prob_args)
+    rollout_rows = None if rollout_lp is None else rollout_lp[rows]
     return batch_context(
-        log_prob=log_prob,
-        old_log_prob=old_log_prob[rows],
-        advantages=advantages[rows],
-        response_mask=rollout.response_mask[rows],
-        rollout_log_prob=None if rollout_lp is None else rollout_lp[rows],
+        PolicyBatch(log_prob, old_log_prob[rows], advantages[rows], rollout.response_mask[rows], rollout_rows),
         **{k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams},
         mini_batch_index=k,
         num_mini_batches=s.num_mini_batches,
