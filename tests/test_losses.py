@@ -802,6 +802,48 @@ def test_docs_list_exactly_the_registered_methods():
                 assert hp in text, f"docs/losses.md does not mention {name}'s hyperparameter {hp}"
 
 
+def test_policy_batch_checks_its_structure_once_when_built():
+    """The loss inputs are one object whose construction refuses what the loss refuses, before any compute; the
+    checks read no data (so they cost no host sync), and the batch normalises the (B, 1) weights' level."""
+    lp, old, adv, mask = random_batch(seed=2)
+    cases = {
+        "old_log_prob has shape": {"old_log_prob": old[:, :3]},
+        "advantages must have shape": {"advantages": adv[:2]},
+        "response_mask must be a torch.Tensor": {"response_mask": mask.tolist()},
+        "rollout_is_weights must have shape": {"rollout_is_weights": torch.ones(2, 2, dtype=lp.dtype)},
+        "not both": {"rollout_log_prob": old, "rollout_is_weights": torch.ones_like(old)},
+        "rollout_is_level must be": {"rollout_is_weights": torch.ones_like(old), "rollout_is_level": "row"},
+        "are per sequence": {"rollout_is_weights": torch.ones(6, 1, dtype=lp.dtype), "rollout_is_level": "token"},
+    }
+    fields = {"log_prob": lp, "old_log_prob": old, "advantages": adv, "response_mask": mask}
+    for message, bad in cases.items():
+        with pytest.raises(ValueError, match=message):
+            PolicyBatch(**(fields | bad))
+    seq = PolicyBatch(lp, old, adv, mask, rollout_is_weights=torch.ones(6, 1, dtype=lp.dtype))
+    assert seq.rollout_is_level == "sequence"
+    cast = PolicyBatch(lp.float(), old.float(), adv.float(), mask.bool()).cast()
+    assert (
+        cast.response_mask.dtype == torch.float32
+        and cast.log_prob.requires_grad
+        and not cast.old_log_prob.requires_grad
+    )
+    assert cast.token_advantages().shape == lp.shape and cast.token_advantages().stride(-1) == 0
+
+
+def test_batch_context_refuses_the_weights_the_loss_refuses():
+    """(B, 1) IS weights declared per token are an error for the loss; the adaptive methods' mini-batch statistics,
+    built from the same batch, refuse them too instead of silently reading them per sequence."""
+    from vespo.losses.adaptive import batch_context
+
+    lp, old, adv, mask = random_batch(seed=4)
+    with pytest.raises(ValueError, match="are per sequence"):
+        batch_context(
+            PolicyBatch(
+                lp, old, adv, mask, rollout_is_weights=torch.ones(6, 1, dtype=lp.dtype), rollout_is_level="token"
+            )
+        )
+
+
 def test_check_policy_inputs_is_the_loss_check_run_once_and_refuses_padding_nan():
     """What the trainer runs once per rollout batch before calling the loss with validate=False."""
     g = torch.Generator().manual_seed(0)
