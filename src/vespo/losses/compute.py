@@ -1,5 +1,5 @@
 """Entry points of the loss library: `compute_policy_loss` (scalar loss) and `policy_loss_terms` (loss matrix),
-with the input checks (structure always; values in one fused test, one host sync).
+with the input value checks (one fused test, one host sync; `PolicyBatch` checks the structure when built).
 
 Every method is a pure function registered with `register_method`:
 
