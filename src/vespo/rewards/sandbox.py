@@ -97,11 +97,17 @@ def package_entries(packages: tuple[str, ...]) -> tuple[str, ...]:
                 "names of installed distributions, e.g. 'numpy'; () for the standard library only)"
             ) from None
         tops = {f.parts[0] for f in dist.files or ()} - {"..", "__pycache__"}
-        found = []
+        home, found = os.path.realpath(dist.locate_file("")), []
         for top in sorted(tops):
             path = os.path.realpath(dist.locate_file(top))
-            if not top.endswith((".dist-info", ".egg-info", ".pth")) and os.path.exists(path):
-                found.append(path)
+            if top.endswith((".dist-info", ".egg-info", ".pth")) or not os.path.exists(path):
+                continue
+            if os.path.dirname(path) != home:  # a link out of site-packages would bind whatever it points to
+                raise ValueError(
+                    f"SandboxLimits.packages: {name!r} installs {top!r} as a link to {path}; accepted: "
+                    "distributions whose top-level entries are real files and directories in their install directory"
+                )
+            found.append(path)
         if not found:
             raise ValueError(
                 f"SandboxLimits.packages: distribution {name!r} installs no top-level package or module (an "
