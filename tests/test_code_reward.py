@@ -203,3 +203,47 @@ def test_humaneval_records_keep_the_prompt_as_trusted_setup():
     honest = "def helper(x):\n    return x + 1\n\ndef f(x):\n    return helper(x) * 2\n"
     cheat = "def helper(x):\n    return 0\n\ndef f(x):\n    return 0\n"
     assert code_reward([honest, cheat], tests=[tests, tests]) == [1.0, 0.0]
+
+
+NUMPY_TEST = [
+    {
+        "assert": "import numpy as np\n\ndef check(candidate):\n"
+        "    assert np.allclose(candidate([1.0, 2.0, 3.0]), [0.5, 1.0, 1.5], rtol=1e-07, atol=1e-06)\n"
+        "\ncheck(halve)",
+        "entry_point": "halve",
+    }
+]
+
+
+def test_evalplus_assertions_can_use_numpy():
+    """EvalPlus compares floats with ``np.allclose`` in the trusted checker: a correct solution (plain or numpy)
+    passes and a wrong one fails; with ``packages=()`` numpy is not importable and the correct one fails too."""
+    require("numpy")
+    from vespo.rewards import SandboxLimits, grade_code
+
+    plain = "def halve(xs):\n    return [x / 2 for x in xs]"
+    with_numpy = "import numpy as np\ndef halve(xs):\n    return (np.asarray(xs) / 2).tolist()"
+    wrong = "def halve(xs):\n    return [x / 2 + 1e-3 for x in xs]"
+    scores = score_code([plain, with_numpy, wrong], [NUMPY_TEST] * 3).scores
+    assert scores == [1.0, 1.0, 0.0]
+    assert SandboxLimits().packages == ("numpy",)  # the default where numpy is installed
+    bare = grade_code(plain, NUMPY_TEST, limits=SandboxLimits(packages=()))
+    assert bare.score == 0.0 and "No module named 'numpy'" in bare.error
+
+
+@pytest.mark.parametrize(
+    ("packages", "says"),
+    [
+        (("vespo-no-such-distribution",), "'vespo-no-such-distribution' is not installed"),
+        (("numpy; rm -rf /",), "not a distribution name"),
+        (("../numpy",), "not a distribution name"),
+        ("numpy", "a tuple of distribution names"),
+    ],
+)
+def test_bad_packages_fail_before_grading(packages, says):
+    """One line naming the field and what it accepts, when the limits are built (before any program runs)."""
+    from vespo.rewards import SandboxLimits
+
+    with pytest.raises(ValueError, match="SandboxLimits.packages") as info:
+        SandboxLimits(packages=packages)
+    assert says in str(info.value) and "\n" not in str(info.value)

@@ -319,6 +319,7 @@ def test_containment_probe():
         "lib32",
         "lib64",
         "libx32",
+        "packages",
         "proc",
         "root",
         "sbin",
@@ -581,3 +582,72 @@ def test_only_the_stdlib_of_the_interpreter_prefix_is_visible():
     finally:
         _sandbox_child._stdlib_dir = real
     assert "/usr" not in dirs and "/usr/local" not in dirs and not any("packages" in d for d in dirs), dirs
+
+
+def test_only_allow_listed_packages_are_visible():
+    """A package planted beside numpy in the same site-packages (and torch, where installed) can be neither imported
+    nor read by the program, nor imported by the checker; numpy, on the allow-list, imports in both."""
+    import sys
+
+    numpy = pytest.importorskip("numpy")
+    site = Path(numpy.__file__).resolve().parent.parent
+    name = f"vespo_key_{os.getpid()}"
+    planted = site / name / "__init__.py"
+    try:
+        planted.parent.mkdir()
+        planted.write_text(f"KEY = {SECRET!r}\n")
+    except OSError:
+        pytest.skip(f"cannot plant a package in {site}")
+    try:
+        sys.path.insert(0, str(site))  # the grader itself can import it: it really is a package there
+        try:
+            assert __import__(name).KEY == SECRET
+        finally:
+            sys.path.remove(str(site))
+            sys.modules.pop(name, None)
+        others = [name] + (["torch"] if _installed("torch") else [])
+        probe = "import json, numpy\nseen = {}\n"
+        for module in others:
+            probe += f"try:\n    import {module}\n    seen[{module!r}] = 'imported'\nexcept ImportError:\n    pass\n"
+        probe += f"try:\n    seen['read'] = open({str(planted)!r}).read()\nexcept OSError:\n    pass\n"
+        probe += "print(json.dumps(seen), numpy.ones(3).sum())"
+        run = run_in_sandbox(probe, [""], mode="stdio", limits=LIMITS)
+        assert run.errors == [None], run.errors
+        if run.isolated:  # without namespaces every file of the user is readable (docs/rewards.md)
+            assert run.outputs == ["{} 3.0\n"], run.outputs
+        else:
+            assert json.loads(run.outputs[0].split(" ")[0]).keys() <= {"read"}, run.outputs
+        check = "import numpy as np\nassert np.allclose(f(), [1.0])\n"
+        tests = [{"test": check, "entry_point": "f"}] + [{"test": f"import {m}"} for m in others]
+        run = run_in_sandbox("def f():\n    return [1.0]", tests, mode="assert", limits=LIMITS)
+        assert run.outputs[0] == "passed" and run.outputs[1:] == [None] * len(others), (run.outputs, run.errors)
+        assert all("No module named" in e for e in run.errors[1:]), run.errors
+    finally:
+        planted.unlink()
+        planted.parent.rmdir()
+
+
+def _installed(distribution: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_numpy_imports_under_the_limits_with_one_blas_thread():
+    """numpy's import stays within tight limits (256 MiB, 16 processes, seccomp): OpenBLAS starts no thread pool
+    (one per core would count against the process cap and each thread's buffers against the address space)."""
+    pytest.importorskip("numpy")
+    program = (
+        "import numpy as np\n"
+        "threads = [l for l in open('/proc/self/status') if l.startswith('Threads:')][0].split()[1]\n"
+        "a = np.arange(40_000, dtype=float).reshape(200, 200)\n"
+        "print(threads, float((a @ a).trace()))"
+    )
+    run = run_in_sandbox(program, [""], mode="stdio", limits=LIMITS)
+    assert run.errors == [None], run.errors
+    threads, trace = run.outputs[0].split()
+    assert threads == "1" and float(trace) > 0, run.outputs

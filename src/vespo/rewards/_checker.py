@@ -1,17 +1,20 @@
 """The trusted checker: runs assertion tests (HumanEval+/MBPP+ style) against a proxy of the sandboxed program.
 
 Started by `vespo.rewards.sandbox` as ``python -I -S`` with the grader on fds 0/1 and the sandbox's request/response
-pipes on the two fds named in argv. Test code runs here, never in the sandbox; each call of the candidate's functions
+pipes on the two fds named in argv. Test code may import the allow-listed packages (`_imports`), nothing else outside
+the standard library. Test code runs here, never in the sandbox; each call of the candidate's functions
 is sent to the sandbox as data and its return value comes back as plain data (`_wire.decode`), so every comparison
 happens on trusted values with trusted code. The sandbox has no way to write to the grader's pipe.
 """
 
 import builtins
 import ctypes
+import json
 import os
 import signal
 import sys
 
+import _imports
 import _wire
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
@@ -76,8 +79,10 @@ def main() -> None:
     # unprivileged fallback) cannot reopen the verdict pipe through /proc or write into this process.
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    # argv[1:3]: bootstrap dir and module; argv[8]: the grader's tag, for the sweep of a dead grader's leftovers
+    # argv[1:3]: bootstrap dir and module; argv[8]: the allow-listed package entries (JSON); argv[9]: the grader's
+    # tag, for the sweep of a dead grader's leftovers
     request_fd, response_fd, max_bytes, max_values, grader_pid = map(int, sys.argv[3:8])
+    _imports.allow(json.loads(sys.argv[8]))
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader, even mid-test
     if os.getppid() != grader_pid:
         os._exit(1)

@@ -16,6 +16,7 @@ import signal
 import struct
 import sys
 
+import _imports
 import _wire
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x04000000, 0x08000000, 0x20000000
@@ -24,6 +25,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 1 << 12, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 NEW_ROOT = "/tmp"  # a tmpfs mounted here inside the private mount namespace becomes "/" (host /tmp is untouched)
+PACKAGES = "/packages"  # inside the new root: the allow-listed distributions' top-level entries, each bound read-only
 DEVICES = ("null", "zero", "random", "urandom")
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -91,16 +93,27 @@ def _visible_dirs() -> list[str]:
     return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
 
 
-def _build_root(uid: int, disk_mb: int) -> None:
-    """A read-only tmpfs root with only the interpreter, the stdlib, shared libraries, four devices, a fresh /proc
-    and a size-limited tmpfs workdir at /work (also /tmp); then chroot into it."""
+def _bind_read_only(host: str, target: str) -> None:
+    """Bind a host directory or file at ``target`` (created) in the new root, read-only, no devices, no setuid."""
+    if os.path.isdir(host):
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "x").close()
+    _mount(host, target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _build_root(uid: int, disk_mb: int, packages: list[str]) -> None:
+    """A read-only tmpfs root with only the interpreter, the stdlib, shared libraries, the allow-listed packages'
+    top-level entries (in /packages), four devices, a fresh /proc and a size-limited tmpfs workdir at /work (also
+    /tmp); then chroot into it."""
     ro = MS_RDONLY | MS_NOSUID | MS_NODEV
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for host_dir in _visible_dirs():
-        target = NEW_ROOT + host_dir
-        os.makedirs(target, exist_ok=True)
-        _mount(host_dir, target, None, MS_BIND | MS_REC)
-        _mount(None, target, None, MS_REMOUNT | MS_BIND | ro)
+        _bind_read_only(host_dir, NEW_ROOT + host_dir)
+    for entry in packages:  # siblings in one directory, as installed: numpy's RPATH finds ../numpy.libs
+        os.makedirs(NEW_ROOT + PACKAGES, exist_ok=True)
+        _bind_read_only(entry, f"{NEW_ROOT}{PACKAGES}/{os.path.basename(entry)}")
     for site in {os.path.join(_stdlib_dir(), n) for n in ("site-packages", "dist-packages")}:
         if os.path.isdir(NEW_ROOT + site):  # third-party packages (and their caches) stay hidden
             _mount("tmpfs", NEW_ROOT + site, "tmpfs", ro, "size=4k,mode=0555")
@@ -271,7 +284,7 @@ def main() -> None:
     privileged = os.geteuid() == 0
     root = spec["namespaces"] and _enter_namespaces(privileged)
     if root:
-        _build_root(spec["uid"] if privileged else 0, limits["disk_mb"])
+        _build_root(spec["uid"] if privileged else 0, limits["disk_mb"], spec["packages"])
     elif not spec["allow_unconfined"]:
         _wire.send(responses, {"confined": False, "seccomp": False})
         os._exit(0)
@@ -292,6 +305,7 @@ def main() -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     sys.path[:] = [p for p in sys.path if os.path.isdir(p)]
+    _imports.allow(spec["packages"], PACKAGES if root else None)
     builtins.exit = builtins.quit = sys.exit  # what the site module (off under -S) would have provided
     ready = {"ready": True}
     env = {"__name__": "__main__", "__builtins__": __builtins__}

@@ -8,6 +8,7 @@ Test cases (one homogeneous list per problem; JSON strings are decoded):
 * assertion code: ``{"assert": "def check(f): ...\\ncheck(add)"}`` (HumanEval+/MBPP+ ``test`` fields), optionally
   with ``"entry_point"`` (the function under test) and ``"setup"`` (trusted helper code the test relies on, e.g.
   HumanEval's prompt). The test runs in a trusted checker; the program's functions are called through a proxy.
+  Test and program may import the standard library and `SandboxLimits.packages` (numpy by default), nothing else.
 
 Comparison (stdio and call; assertion tests compare with their own Python code on plain data): integers exactly,
 floats within ``rel_tol``/``abs_tol`` 1e-6, everything else exactly. Stdout is compared token by token: an ASCII

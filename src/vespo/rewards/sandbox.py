@@ -8,7 +8,8 @@ have touched. Assertion tests run in a separate trusted checker (`_checker`) tha
 Confinement, strongest available first (`SandboxRun.isolated` says which applied):
 
 * as root: new PID, mount, network, IPC and UTS namespaces; a read-only tmpfs root holding only the interpreter, its
-  standard library and the system shared libraries (no project tree, home, caches, /etc), a fresh /proc, a
+  standard library, the system shared libraries and the top-level entries of the allow-listed distributions
+  (`SandboxLimits.packages`; no other package, no project tree, home, caches, /etc), a fresh /proc, a
   size-limited tmpfs workdir; a fresh uid per sandbox; per-sandbox memory and process caps in a cgroup when one can
   be created (v2, else v1 memory + pids controllers);
 * always: ``python -I -S`` with a scrubbed environment, setrlimit (CPU, address space, file size, processes, open
@@ -20,7 +21,10 @@ See docs/rewards.md for the threat model and what is not contained.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import itertools
+import json
 import os
 import re
 import signal
@@ -30,7 +34,7 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vespo.rewards import _wire
@@ -45,6 +49,10 @@ _SAFE_ENV = {
     "LC_ALL": "C.UTF-8",
     "HOME": "/work",
     "TMPDIR": "/work",
+    # BLAS libraries (numpy's OpenBLAS) start one thread per core at import: each counts against the process cap
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
 }
 _PYTHON = os.path.realpath(sys.executable)  # the base interpreter: inside the sandbox root, a venv is not visible
 _serial = itertools.count()
@@ -56,6 +64,64 @@ _WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead gr
 
 class SandboxUnavailable(RuntimeError):
     """The host cannot confine programs as required (raised before any program runs; a host setting, not a case)."""
+
+
+_DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+@functools.cache
+def _default_packages() -> tuple[str, ...]:
+    """``("numpy",)`` where installed (EvalPlus tests use ``np.allclose``), else ``()``; looked up once."""
+    try:
+        importlib.metadata.distribution("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    return ("numpy",)
+
+
+@functools.cache
+def package_entries(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """The host paths the distributions install at top level (``numpy/``, ``numpy.libs/``, ``six.py``): what the
+    sandbox binds read-only and the checker imports from. Metadata, scripts and other distributions stay out."""
+    entries = {}
+    for name in packages:
+        if not _DISTRIBUTION.fullmatch(name):
+            raise ValueError(
+                f"SandboxLimits.packages: {name!r} is not a distribution name (accepted: names of installed "
+                "distributions, e.g. 'numpy'; () for the standard library only)"
+            )
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise ValueError(
+                f"SandboxLimits.packages: distribution {name!r} is not installed in this environment (accepted: "
+                "names of installed distributions, e.g. 'numpy'; () for the standard library only)"
+            ) from None
+        tops = {f.parts[0] for f in dist.files or ()} - {"..", "__pycache__"}
+        home, found = os.path.realpath(dist.locate_file("")), []
+        for top in sorted(tops):
+            path = os.path.realpath(dist.locate_file(top))
+            if top.endswith((".dist-info", ".egg-info", ".pth")) or not os.path.exists(path):
+                continue
+            if os.path.dirname(path) != home:  # a link out of site-packages would bind whatever it points to
+                raise ValueError(
+                    f"SandboxLimits.packages: {name!r} installs {top!r} as a link to {path}; accepted: "
+                    "distributions whose top-level entries are real files and directories in their install directory"
+                )
+            found.append(path)
+        if not found:
+            raise ValueError(
+                f"SandboxLimits.packages: distribution {name!r} installs no top-level package or module (an "
+                "editable or metadata-only install cannot be bound; accepted: regularly installed distributions)"
+            )
+        for path in found:
+            other = entries.setdefault(os.path.basename(path), path)
+            if other != path:
+                raise ValueError(
+                    f"SandboxLimits.packages: {other} and {path} are both named {os.path.basename(path)!r}; "
+                    "list only one of the distributions that install them"
+                )
+    return tuple(entries.values())
 
 
 @dataclass(frozen=True)
@@ -73,11 +139,18 @@ class SandboxLimits:
     max_output_chars: int = 4_000_000
     max_output_values: int = 1_000_000
     """Cap on the values (strings, numbers, containers) in one reply, checked on the raw text before parsing."""
+    packages: tuple[str, ...] = field(default_factory=_default_packages)
+    """Installed distributions whose top-level packages the program and the checker may import (read-only);
+    ``()``: the standard library only. Default: numpy where installed (EvalPlus tests compare with np.allclose)."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value <= 0:
+            if name != "packages" and value <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {value}")
+        if not isinstance(self.packages, (tuple, list)) or not all(isinstance(p, str) for p in self.packages):
+            raise ValueError(f"SandboxLimits.packages must be a tuple of distribution names, got {self.packages!r}")
+        object.__setattr__(self, "packages", tuple(self.packages))
+        package_entries(self.packages)  # a missing or invalid distribution fails here, before any program runs
 
     @property
     def max_message_bytes(self) -> int:
@@ -274,6 +347,7 @@ class _Session:
                     str(limits.max_message_bytes),
                     str(limits.max_output_values),
                     str(os.getpid()),
+                    json.dumps(package_entries(limits.packages)),
                     _owner(),
                 ],
                 stdin=subprocess.PIPE,
@@ -292,6 +366,7 @@ class _Session:
             "program": program,
             "mode": self.mode,
             "limits": asdict(limits),
+            "packages": list(package_entries(limits.packages)),
             "uid": UID_BASE + self.proc.pid,
             "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
             "namespaces": self.namespaces,
