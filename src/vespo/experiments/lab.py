@@ -18,10 +18,8 @@ gradient (share of the per-sequence score coefficient held by the top 1%).
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -34,9 +32,9 @@ import tyro
 
 from vespo.advantages import group_advantages
 from vespo.experiments.compare import markdown as compare_markdown
-from vespo.experiments.lab_model import ChainSpec, cell_result, run_chain_cell
-from vespo.kernels import effective_sample_size
-from vespo.losses import BatchContext, available_methods, compute_policy_loss, uses_batch_context, validate_hparams
+from vespo.experiments.grid import grid_cli, settings_key
+from vespo.experiments.lab_model import LAB_STEP_METRICS, ChainSpec, cell_result, lab_step, run_chain_cell
+from vespo.losses import available_methods, validate_hparams
 from vespo.train.config import check_output_dir
 
 Tensor = torch.Tensor
@@ -185,7 +183,6 @@ class LabConfig:
 def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
     """Train one cell; returns its summary, its reward curve and its per-mini-batch-index mechanism metrics."""
     torch.set_num_threads(1)
-    hp = dict(cell.hparams)
     gen = torch.Generator().manual_seed(cell.seed)
     theta = torch.nn.Parameter(init_logits(cell.length, cfg.vocab, cfg.p_correct, seed=cfg.init_seed))
     lr = cfg.lr * cell.lr_scale
@@ -198,11 +195,8 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
     mask = torch.ones(m, cell.length, dtype=torch.float64)
     start = expected_reward(theta, threshold)
     curve = [(0, start, float("nan"))]
-    per_k: dict[str, np.ndarray] = {
-        k: np.zeros(n) for k in ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share")
-    }
+    per_k = {k: torch.zeros(n, dtype=torch.float64) for k in LAB_STEP_METRICS}
     rollout_steps = cfg.optimizer_steps // n
-    adaptive = uses_batch_context(cell.method)  # one call per mini-batch: only the staleness index is needed
     finite = True
     for r in range(rollout_steps):
         # 1. a rollout batch of N mini-batches from the sampler (pi_old, plus the injected mismatch)
@@ -220,40 +214,10 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
         for k in range(n):
             idx = order[k * m : (k + 1) * m]
             lp = token_log_probs(theta, tokens[idx])  # (M, T)
-            lp.retain_grad()
-            loss, _ = compute_policy_loss(
-                cell.method,
-                log_prob=lp,
-                old_log_prob=old_lp[idx],
-                advantages=adv[idx],
-                response_mask=mask,
-                rollout_log_prob=None if rollout_lp is None else rollout_lp[idx],
-                loss_agg_mode=cfg.loss_agg_mode,
-                **({"batch_context": BatchContext(mini_batch_index=k, num_mini_batches=n)} if adaptive else {}),
-                **hp,
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = theta.grad.norm()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_([theta], cfg.grad_clip)
-            before = theta.detach().clone()
-            opt.step()
-            with torch.no_grad():
-                log_w = (lp.detach() - old_lp[idx]).sum(-1)  # (M,) sequence log W against mu
-                coef = lp.grad.sum(-1).abs()  # (M,) |sum_t dL/dlog pi_t|: how much sequence i moves theta
-                share = coef / coef.sum().clamp_min(1e-300)
-                top = max(1, math.ceil(0.01 * m))
-                stats = {
-                    "log_w_mean": log_w.mean(),
-                    "log_w_min": log_w.min(),
-                    "ess": effective_sample_size(log_w),
-                    "grad_norm": grad_norm,
-                    "update_norm": (theta.detach() - before).norm(),
-                    "top1_share": share.topk(top).values.sum(),
-                }
+            rollout = None if rollout_lp is None else rollout_lp[idx]
+            stats = lab_step(cfg, cell, opt, [theta], lp, old_lp[idx], adv[idx], mask, k, rollout_lp=rollout)
             for key, value in stats.items():
-                per_k[key][k] += float(value) / rollout_steps
+                per_k[key][k] += value / rollout_steps
         finite = finite and bool(torch.isfinite(theta).all())
         exact = (r + 1) % max(1, rollout_steps // cfg.eval_points) == 0 or r + 1 == rollout_steps
         curve.append(((r + 1) * n, expected_reward(theta, threshold) if exact else float("nan"), float(rewards.mean())))
@@ -443,8 +407,7 @@ _GRID_ONLY = ("out_dir", "jobs", "methods", "length", "staleness", "lr_scale", "
 def cell_file(cfg: LabConfig, cell: LabCell) -> str:
     """A finished cell's JSON file name: the cell's name and a hash of every setting it depends on, so a cell is
     reused only for exactly the same settings."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in _GRID_ONLY} | asdict(cell)
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    key = settings_key({k: v for k, v in asdict(cfg).items() if k not in _GRID_ONLY} | asdict(cell))
     return f"{cell.name.replace('/', '_')}_{key}.json"
 
 
@@ -478,11 +441,4 @@ def lab(cfg: LabConfig) -> list[dict]:
 
 def cli(argv: list[str]) -> int:
     """`vespo lab [flags]`: the exact sequence-level workbench (see the module docstring)."""
-    cfg = tyro.cli(LabConfig, args=argv, description=__doc__.split("\n\n")[0])
-    try:
-        cells(cfg)
-    except ValueError as exc:
-        print(f"vespo lab: error: {exc}", file=sys.stderr)
-        return 2
-    lab(cfg)
-    return 0
+    return grid_cli("vespo lab", LabConfig, argv, __doc__.split("\n\n")[0], cells, lab)

@@ -238,8 +238,6 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     mechanism metrics of v1 (log W, ESS, gradient norm, update norm, top-1% share).
     """
     from vespo.advantages import group_advantages
-    from vespo.kernels import effective_sample_size
-    from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
 
     torch.set_num_threads(1)
     policy = ChainPolicy(spec, cell.length, seed=cfg.init_seed)
@@ -254,11 +252,8 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     start = policy.evaluate(threshold, EVAL_SEED)
     n, m = cell.staleness, cfg.mini_batch_size
     curve = [(0, start["reward"], float("nan"), start["length_mean"])]
-    keys = ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share", "bound_holds")
-    per_k = {k: torch.zeros(n, dtype=torch.float64) for k in keys}
+    per_k = {k: torch.zeros(n, dtype=torch.float64) for k in LAB_STEP_METRICS}
     rollout_steps = cfg.optimizer_steps // n
-    adaptive = uses_batch_context(cell.method)
-    hp = dict(cell.hparams)
     for r in range(rollout_steps):
         tokens, mask = policy.sample(n * m, gen)  # (N*M, T): mu = pi_old
         with torch.no_grad():
@@ -268,45 +263,9 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
             order = torch.randperm(n * m, generator=gen)
         for k in range(n):
             idx = order[k * m : (k + 1) * m]
-            lp = policy.log_probs(tokens[idx])  # (M, T)
-            lp.retain_grad()
-            loss, metrics = compute_policy_loss(
-                cell.method,
-                log_prob=lp,
-                old_log_prob=old_lp[idx],
-                advantages=adv[idx],
-                response_mask=mask[idx],
-                loss_agg_mode=cfg.loss_agg_mode,
-                **({"batch_context": BatchContext(mini_batch_index=k, num_mini_batches=n)} if adaptive else {}),
-                **hp,
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            before = [p.detach().clone() for p in params]
-            opt.step()
-            with torch.no_grad():
-                log_w = ((lp.detach() - old_lp[idx]) * mask[idx]).sum(-1)  # (M,)
-                coef = (lp.grad * mask[idx]).sum(-1).abs()
-                share = coef / coef.sum().clamp_min(1e-300)
-                stats = {
-                    "log_w_mean": log_w.mean(),
-                    "log_w_min": log_w.min(),
-                    "ess": effective_sample_size(log_w),
-                    "grad_norm": grad_norm,
-                    "update_norm": torch.stack(
-                        [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
-                    ).norm(),
-                    "top1_share": share.topk(max(1, math.ceil(0.01 * m))).values.sum(),
-                    # Prop. 3.1 on this mini-batch (VESPO only; nan otherwise): mean phi^2 <= mean K phi W
-                    "bound_holds": (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
-                    if "vespo/phi_sq_mean" in metrics
-                    else torch.tensor(math.nan),
-                }
-                for key, value in stats.items():
-                    per_k[key][k] += value / rollout_steps
+            stats = lab_step(cfg, cell, opt, params, policy.log_probs(tokens[idx]), old_lp[idx], adv[idx], mask[idx], k)
+            for key, value in stats.items():
+                per_k[key][k] += value / rollout_steps
         exact = (r + 1) % max(1, rollout_steps // cfg.eval_points) == 0 or r + 1 == rollout_steps
         value = policy.evaluate(threshold, EVAL_SEED)["reward"] if exact and r + 1 < rollout_steps else float("nan")
         curve.append([(r + 1) * n, value, rewards.mean().item(), mask.sum(-1).mean().item()])
@@ -316,6 +275,58 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     extra = {"threshold": threshold, **{f"initial_{k}": v for k, v in start.items() if k != "reward"}}
     extra |= {f"final_{k}": v for k, v in final.items() if k != "reward"}
     return cell_result(cfg, cell, n, start["reward"], final["reward"], curve, per_k, finite, sampler_kl=0.0, **extra)
+
+
+LAB_STEP_METRICS = ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share", "bound_holds")
+
+
+def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) -> dict[str, Tensor]:
+    """One optimizer step of a lab cell (either preset) on mini-batch k of N through `compute_policy_loss`, and what
+    explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu, its ESS, the gradient norm before clipping,
+    the update's size, the top-1% share of the per-sequence score coefficient |sum_t dL/dlog pi_t|, and whether VESPO's
+    variance bound (Prop. 3.1) held on this mini-batch (nan for other methods)."""
+    from vespo.kernels import effective_sample_size
+    from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
+
+    lp.retain_grad()
+    context = BatchContext(mini_batch_index=k, num_mini_batches=cell.staleness)
+    loss, metrics = compute_policy_loss(
+        cell.method,
+        log_prob=lp,
+        old_log_prob=old_lp,
+        advantages=adv,
+        response_mask=mask,
+        rollout_log_prob=rollout_lp,
+        loss_agg_mode=cfg.loss_agg_mode,
+        **({"batch_context": context} if uses_batch_context(cell.method) else {}),
+        **dict(cell.hparams),
+    )
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    with torch.no_grad():
+        log_w = ((lp.detach() - old_lp) * mask).sum(-1)  # (M,)
+        coef = (lp.grad * mask).sum(-1).abs()
+        share = coef / coef.sum().clamp_min(1e-300)
+        bound = (
+            (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
+            if "vespo/phi_sq_mean" in metrics
+            else torch.tensor(math.nan)
+        )
+        update = torch.stack([(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]).norm()
+        return {
+            "log_w_mean": log_w.mean(),
+            "log_w_min": log_w.min(),
+            "ess": effective_sample_size(log_w),
+            "grad_norm": grad_norm,
+            "update_norm": update,
+            "top1_share": share.topk(max(1, math.ceil(0.01 * lp.shape[0]))).values.sum(),
+            "bound_holds": bound,
+        }
 
 
 def cell_result(cfg, cell, n: int, start: float, final: float, curve: list, per_k: dict, finite: bool, **extra) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import json
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import tyro
 
 from vespo.embedded.task import chain_response_tokens, scratchpad_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
+from vespo.experiments.grid import grid_cli, settings_key
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
 from vespo.plots import category_color, sequential_color
@@ -222,8 +222,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
 
 def cell_key(tc: TrainConfig) -> str:
     """Identity of a cell: a hash of its resolved `vespo train` config, all but `NOT_IDENTITY`."""
-    settings = {k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    return settings_key({k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY})
 
 
 def _optimizer_steps(cfg: SweepConfig, n: int) -> int:
@@ -523,17 +522,10 @@ def sweep(cfg: SweepConfig) -> list[dict]:
 
 def cli(argv: list[str]) -> int:
     """`vespo sweep [flags]`."""
-    cfg = tyro.cli(
-        SweepConfig,
-        args=argv,
-        prog="vespo sweep",
-        description="Methods x staleness N x seeds on the embedded task; resumable; tables + figures.",
-    )
-    try:
-        cells(cfg)
-    except ValueError as exc:
-        print(f"vespo sweep: error: {exc}", file=sys.stderr)
-        return 2
-    sweep(cfg)
-    print((Path(cfg.out_dir) / "results.md").read_text())
-    return 0
+
+    def run(cfg: SweepConfig) -> None:
+        sweep(cfg)
+        print((Path(cfg.out_dir) / "results.md").read_text())
+
+    description = "Methods x staleness N x seeds on the embedded task; resumable; tables + figures."
+    return grid_cli("vespo sweep", SweepConfig, argv, description, cells, run)

@@ -6,8 +6,28 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
+
+G = TypeVar("G")
+
+
+@dataclass
+class Scores(Generic[G]):
+    """A graded batch (`score_math`, `score_code`): per-item grades, their scores, and counts to log."""
+
+    grades: list[G] = field(default_factory=list)
+
+    @property
+    def scores(self) -> list[float]:
+        return [g.score for g in self.grades]
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """Accuracy (mean score) and the number of wall-clock timeouts, under `prefix`."""
+        timeouts = float(sum(g.timed_out for g in self.grades))
+        return {f"{prefix}accuracy": sum(self.scores) / max(len(self.grades), 1), f"{prefix}timeouts": timeouts}
 
 
 def load_reward_fn(spec: str) -> Callable[..., list[float]]:

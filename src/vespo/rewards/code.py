@@ -24,8 +24,9 @@ import json
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from vespo.rewards.batch import Scores
 from vespo.rewards.math import completion_text
 from vespo.rewards.sandbox import SandboxLimits, run_in_sandbox
 
@@ -45,24 +46,13 @@ class CodeGrade:
     error: str | None = None
 
 
-@dataclass
-class CodeScores:
-    """A graded batch plus the aggregate metrics the trainer logs."""
-
-    grades: list[CodeGrade] = field(default_factory=list)
-
-    @property
-    def scores(self) -> list[float]:
-        return [g.score for g in self.grades]
+class CodeScores(Scores[CodeGrade]):
+    """A graded batch of programs."""
 
     def metrics(self, prefix: str = "reward/code/") -> dict[str, float]:
-        """Logged values: all-pass rate, mean pass fraction, wall-clock timeouts."""
-        n = max(len(self.grades), 1)
-        return {
-            f"{prefix}accuracy": sum(self.scores) / n,
-            f"{prefix}pass_fraction": sum(g.pass_fraction for g in self.grades) / n,
-            f"{prefix}timeouts": float(sum(g.timed_out for g in self.grades)),
-        }
+        """All-pass rate, wall-clock timeouts and the mean pass fraction."""
+        pass_fraction = sum(g.pass_fraction for g in self.grades) / max(len(self.grades), 1)
+        return super().metrics(prefix) | {f"{prefix}pass_fraction": pass_fraction}
 
 
 def extract_code(completion: str) -> str:

@@ -17,10 +17,12 @@ import multiprocessing
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
+
+from vespo.rewards.batch import Scores
 
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 """The paper's instruction appended to every math question (VESPO Sec. 4 setup; official preprocess_datasets.py)."""
@@ -41,32 +43,13 @@ class MathGrade:
     error: str | None = None
 
 
-@dataclass
-class MathScores:
-    """A graded batch: per-item grades plus the counts the trainer logs."""
-
-    grades: list[MathGrade] = field(default_factory=list)
-
-    @property
-    def scores(self) -> list[float]:
-        return [g.score for g in self.grades]
-
-    @property
-    def num_timeouts(self) -> int:
-        return sum(g.timed_out for g in self.grades)
-
-    @property
-    def num_unparsed(self) -> int:
-        return sum(g.prediction == "" and not g.timed_out for g in self.grades)
+class MathScores(Scores[MathGrade]):
+    """A graded batch of math completions."""
 
     def metrics(self, prefix: str = "reward/math/") -> dict[str, float]:
-        """Logged counts: accuracy, timeouts and completions with no extractable answer."""
-        n = max(len(self.grades), 1)
-        return {
-            f"{prefix}accuracy": sum(self.scores) / n,
-            f"{prefix}timeouts": float(self.num_timeouts),
-            f"{prefix}unparsed": float(self.num_unparsed),
-        }
+        """Accuracy, timeouts and completions with no extractable answer."""
+        unparsed = sum(g.prediction == "" and not g.timed_out for g in self.grades)
+        return super().metrics(prefix) | {f"{prefix}unparsed": float(unparsed)}
 
 
 def _gold_text(answer: str) -> str:
