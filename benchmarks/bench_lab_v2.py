@@ -1,9 +1,11 @@
 """Lab v2 staleness grid and failure-mode table: does stale training collapse where the paper says it does?
 
-One command: `python benchmarks/bench_lab_v2.py [--length 1024] [--seeds 0 1 2 3 4] [--jobs 2]` writes
-benchmarks/results/lab_v2/{cells/*.json, results.json, results.md, failure_modes.md, lab_v2.png}. Methods vespo grpo
-gspo sapo cispo topr reinforce, plus vespo with log W / T (`length_norm="linear"`, the paper's length-normalisation
-ablation), at N in {1, 4, 16, 64}, 64 Adam steps of 64 sequences per cell (the lab's defaults otherwise). Every
+One command: `python benchmarks/bench_lab_v2.py [--length 256] [--lr 0.03] [--optimizer-steps 512] [--staleness 1 16
+64] [--seeds 0 1 2 3 4] [--jobs 2]` writes benchmarks/results/lab_v2/{results.json, results.md, failure_modes.md,
+lab_v2.png} (cells/*.json, gitignored, keep finished cells). Methods vespo grpo gspo sapo cispo topr reinforce, plus
+vespo with log W / T (`length_norm="linear"`, the paper's length-normalisation ablation), Adam steps of 64 sequences
+(groups of 8), the lab's defaults otherwise. The defaults give every cell >= 8 rollout steps and a step size at which
+on-policy REINFORCE still learns. Every
 number is mean ± 95% CI over seeds; a difference is bold only when Welch's test, Holm-corrected over the table's
 comparisons, gives p < 0.05. Finished cells are kept in cells/ (a rerun resumes).
 """
@@ -33,13 +35,14 @@ ARMS = {  # arm name -> (registered method, hyperparameters)
     "reinforce": ("reinforce", ()),
     "vespo_lin": ("vespo", (("length_norm", "linear"),)),
 }
-STALENESS = (1, 4, 16, 64)
+STALENESS = (1, 16, 64)
+SETTINGS = {"lr": 0.03, "optimizer_steps": 512}  # set by main() from the flags
 
 
-def _run(job: tuple[str, int, int, int]) -> dict:
-    arm, length, n, seed = job
+def _run(job: tuple[str, int, int, int, float, int]) -> dict:
+    arm, length, n, seed, lr, steps = job
     method, hp = ARMS[arm]
-    cfg = LabConfig(optimizer_steps=64, eval_points=1)
+    cfg = LabConfig(optimizer_steps=steps, lr=lr, eval_points=4)
     out = run_chain_cell(cfg, LabCell(method, length, n, 1.0, seed, hp), ChainSpec())
     out["summary"]["arm"] = arm
     return out
@@ -58,7 +61,8 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
     seeds = len({r["seed"] for r in rows})
     start = rows[0]
     head = [
-        f"# Lab v2, T = {length}: {seeds} seeds, 64 Adam steps (lr 0.005) of 64 sequences, groups of 8",
+        f"# Lab v2, T = {length}: {seeds} seeds, {SETTINGS['optimizer_steps']} Adam steps (lr {SETTINGS['lr']:g}) "
+        "of 64 sequences, groups of 8",
         "",
         f"Initial policy: E[R] = {start['initial_reward']:.3f} (fixed evaluation sample of "
         f"{ChainSpec().eval_samples} responses, common random numbers), "
@@ -69,6 +73,7 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
     ]
     md = list(head)
     for key, title in (
+        ("collapsed", "Collapsed seeds (final E[R] < 0.5 x initial), share"),
         ("final_reward", "Final E[R]"),
         ("final_length_mean", "Final mean response length"),
         ("final_truncated", "Final truncated share"),
@@ -77,9 +82,31 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
         md += [f"## {title}", "", "| arm | " + " | ".join(f"N={n}" for n in STALENESS) + " |"]
         md.append("|---" * (len(STALENESS) + 1) + "|")
         for arm in ARMS:
-            digits = 0 if "length" in key else 3
+            digits = 0 if "length" in key else 2 if key == "collapsed" else 3
             md.append(f"| {arm} | " + " | ".join(_cell(rows, arm, n, key, digits) for n in STALENESS) + " |")
         md.append("")
+
+    # ---- VESPO against every other arm at each N > 1 on final E[R]: Welch, Holm over all these comparisons
+    pairs = [(arm, n) for n in STALENESS if n > 1 for arm in ARMS if arm != "vespo"]
+    vespo = {n: _values(rows, "vespo", n, "final_reward") for n in STALENESS}
+    adjusted = holm([welch(_values(rows, arm, n, "final_reward"), vespo[n]) for arm, n in pairs])
+    md += [
+        "## Final E[R]: each arm minus VESPO",
+        "",
+        f"Welch's t-test, two-sided, Holm-corrected over {len(pairs)} comparisons; bold = adjusted p < 0.05.",
+        "",
+        "| arm | " + " | ".join(f"N={n}" for n in STALENESS if n > 1) + " |",
+        "|---" * (len([n for n in STALENESS if n > 1]) + 1) + "|",
+    ]
+    cell = {}
+    for (arm, n), p in zip(pairs, adjusted, strict=True):
+        diff = np.mean(_values(rows, arm, n, "final_reward")) - np.mean(vespo[n])
+        text = f"{diff:+.3f}, p={p:.2g}"
+        cell[arm, n] = f"**{text}**" if p < 0.05 else text
+    for arm in ARMS:
+        if arm != "vespo":
+            md.append(f"| {arm} | " + " | ".join(cell[arm, n] for n in STALENESS if n > 1) + " |")
+    md.append("")
 
     # ---- failure modes: each a comparison with a stated criterion; p Holm-adjusted over the whole table
     tests = []  # (name, criterion, a-values, b-values, direction)
@@ -146,6 +173,12 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
         if ok:
             cells = [f"**{c}**" for c in cells]
         fm.append(f"| {name} | {crit} | " + " | ".join(cells) + f" | {'yes' if ok else 'no'} |")
+    on_policy = _values(rows, "reinforce", 1, "final_reward")
+    fm += [
+        "",
+        f"On-policy REINFORCE (N=1) learns: final E[R] {format_ci(on_policy, 3)} from {initial:.3f} at step 0 "
+        f"({sum(v > initial for v in on_policy)} of {len(on_policy)} seeds above the start).",
+    ]
     # VESPO's variance bound (Prop. 3.1) on every mini-batch of every VESPO cell
     held = [
         v for r in results if r["summary"]["arm"] in ("vespo", "vespo_lin") for v in r["per_k"]["bound_holds"] if v == v
@@ -201,15 +234,26 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
+    global STALENESS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=SETTINGS["lr"])
+    ap.add_argument("--optimizer-steps", type=int, default=SETTINGS["optimizer_steps"])
+    ap.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT, help="output directory (default benchmarks/results/lab_v2)")
     args = ap.parse_args()
-    cells_dir = OUT / "cells"
+    out = args.out
+    STALENESS = tuple(sorted(args.staleness))
+    SETTINGS.update(lr=args.lr, optimizer_steps=args.optimizer_steps)
+    if 1 not in STALENESS or any(args.optimizer_steps % n for n in STALENESS):
+        ap.error("--staleness must include 1 and divide --optimizer-steps")
+    cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(arm, args.length, n, s) for s in args.seeds for n in STALENESS[::-1] for arm in ARMS]  # seed by seed
-    path = {j: cells_dir / f"{j[0]}_T{j[1]}_N{j[2]}_seed{j[3]}.json" for j in jobs}
+    settings = (args.lr, args.optimizer_steps)
+    jobs = [(arm, args.length, n, s, *settings) for s in args.seeds for n in STALENESS[::-1] for arm in ARMS]
+    path = {j: cells_dir / f"{j[0]}_T{j[1]}_N{j[2]}_seed{j[3]}_lr{j[4]:g}_steps{j[5]}.json" for j in jobs}
     todo = [j for j in jobs if not path[j].is_file()]
     with ProcessPoolExecutor(args.jobs) as pool:
         for job, result in zip(todo, pool.map(_run, todo, chunksize=1), strict=True):
@@ -218,11 +262,11 @@ def main() -> None:
             print(f"{job}: E[R] {s['initial_reward']:.3f} -> {s['final_reward']:.3f}", file=sys.stderr, flush=True)
     results = [json.loads(path[j].read_text()) for j in jobs]
     rows = [r["summary"] for r in results]
-    (OUT / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
     md, fm = tables(rows, results, args.length)
-    (OUT / "results.md").write_text(md)
-    (OUT / "failure_modes.md").write_text(fm)
-    plot(rows, OUT / "lab_v2.png")
+    (out / "results.md").write_text(md)
+    (out / "failure_modes.md").write_text(fm)
+    plot(rows, out / "lab_v2.png")
     print(fm)
 
 

@@ -138,3 +138,22 @@ def test_cli_rejects_bad_v2_settings_in_one_line(capsys):
     assert len(out) == 1 and "chain.vocab" in out[0] and ">= 16" in out[0]
     assert cli(["--mismatch-std", "0.1"]) == 2  # the old name of rollout_logit_noise
     assert "rollout_logit_noise" in capsys.readouterr().err
+
+
+COLLAPSE = {"length": (256,), "lr": 0.03, "lr_scale": (1.0,), "optimizer_steps": 512, "eval_points": 1}
+"""The lab's collapse setting (docs/lab.md, benchmarks/bench_lab_v2.py): default chain, T = 256, 512 Adam steps."""
+
+
+def test_stale_reinforce_collapses_where_on_policy_reinforce_learns(tmp_path):
+    """`vespo lab` on a small grid: REINFORCE (weight 1, no trust region) learns on-policy (N = 1) and collapses at
+    N = 16: the negative samples' unbounded push drains mass into EOS until responses are too short to grade. (GRPO,
+    GSPO and TOPR do not collapse there: benchmarks/results/lab_v2, 5 seeds.)"""
+    from vespo.experiments.lab import lab
+
+    cfg = LabConfig(out_dir=str(tmp_path), methods=("reinforce",), staleness=(1, 16), seeds=(0,), **COLLAPSE)
+    rows = {(r["summary"]["method"], r["summary"]["staleness"]): r["summary"] for r in lab(cfg)}
+    on_policy, stale = rows["reinforce", 1], rows["reinforce", 16]
+    assert on_policy["final_reward"] > 2 * on_policy["initial_reward"] and not on_policy["collapsed"]
+    assert stale["collapsed"] and stale["final_reward"] < 0.1 * stale["initial_reward"]
+    assert stale["final_length_mean"] < cfg.chain.min_length * 256  # collapsed into responses too short to grade
+    assert (tmp_path / "results.md").is_file()
