@@ -17,17 +17,11 @@ from pathlib import Path
 
 import torch
 
-from vespo.embedded.task import (
-    build_tiny_model,
-    build_tokenizer,
-    chain_response_tokens,
-    embedded_split,
-    sft_warm_start,
-    solution_text,
-)
-from vespo.embedded.warm_start import SFT_STEPS, embedded_policy_path, sft_cache_key
+from vespo.embedded.task import build_tiny_model, build_tokenizer, chain_response_tokens, embedded_split, solution_text
+from vespo.embedded.warm_start import SFT_STEPS, WarmStartSpec, embedded_policy_path, sft_cache_key, sft_warm_start
+from vespo.models import load_policy
 from vespo.train.config import TrainConfig
-from vespo.train.sync import evaluate, load_data, load_policy
+from vespo.train.setup import evaluate, load_data
 
 OUT = Path(__file__).parent / "results"
 
@@ -80,10 +74,11 @@ def main() -> None:
         row = {"K": k, "response_tokens": chain_response_tokens(k), "sft_steps": SFT_STEPS["chain"]}
         row["s_per_sft_step"] = seconds_per_step(k)
         row["projected_sft_minutes"] = row["s_per_sft_step"] * SFT_STEPS["chain"] / 60
-        cached = (Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}" / "config.json").is_file()
+        spec = WarmStartSpec.of(cfg)
+        cached = (Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(spec)}" / "config.json").is_file()
         if cached or args.build:
             t0 = time.perf_counter()
-            model, tok = load_policy(embedded_policy_path(cfg))
+            model, tok = load_policy(embedded_policy_path(spec))
             if not cached:
                 row["measured_sft_minutes"] = (time.perf_counter() - t0) / 60
             _, eval_set = load_data(cfg)
