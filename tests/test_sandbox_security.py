@@ -627,6 +627,30 @@ def test_only_allow_listed_packages_are_visible():
         planted.parent.rmdir()
 
 
+def test_packages_installed_below_tmp_are_bound(monkeypatch):
+    """The sandbox's new root is a tmpfs over /tmp: a distribution installed below /tmp (a venv or a clone there, as
+    on CI machines) is still bound, by a descriptor opened before the tmpfs covers it; a one-file module too."""
+    import shutil
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        name = f"vespo_probe_{os.getpid()}"
+        (base / name).mkdir()
+        (base / name / "__init__.py").write_text("VALUE = 42\n")
+        (base / f"{name}_single.py").write_text("VALUE = 7\n")
+        info = base / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "RECORD").write_text(f"{name}/__init__.py,,\n{name}_single.py,,\n{info.name}/METADATA,,\n")
+        monkeypatch.syspath_prepend(str(base))  # importlib.metadata finds the distribution there
+        limits = SandboxLimits(**{**LIMITS.__dict__, "packages": (name,)})
+        program = f"import {name}, {name}_single\nprint({name}.VALUE + {name}_single.VALUE)"
+        run = run_in_sandbox(program, [""], mode="stdio", limits=limits)
+        assert run.errors == [None] and run.outputs == ["49\n"], (run.outputs, run.errors)
+    finally:
+        shutil.rmtree(base)
+
+
 def _installed(distribution: str) -> bool:
     import importlib.metadata
 

@@ -93,13 +93,15 @@ def _visible_dirs() -> list[str]:
     return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
 
 
-def _bind_read_only(host: str, target: str) -> None:
-    """Bind a host directory or file at ``target`` (created) in the new root, read-only, no devices, no setuid."""
-    if os.path.isdir(host):
+def _bind_read_only(host: int, is_dir: bool, target: str) -> None:
+    """Bind a host directory or file, given as an O_PATH descriptor, at ``target`` (created) in the new root,
+    read-only, no devices, no setuid."""
+    if is_dir:
         os.makedirs(target, exist_ok=True)
     else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, "x").close()
-    _mount(host, target, None, MS_BIND | MS_REC)
+    _mount(f"/proc/self/fd/{host}", target, None, MS_BIND | MS_REC)
     _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
@@ -108,12 +110,15 @@ def _build_root(uid: int, disk_mb: int, packages: list[str]) -> None:
     top-level entries (in /packages), four devices, a fresh /proc and a size-limited tmpfs workdir at /work (also
     /tmp); then chroot into it."""
     ro = MS_RDONLY | MS_NOSUID | MS_NODEV
+    # every source is opened before the tmpfs covers NEW_ROOT: a source below it (a venv or a clone in /tmp) stays
+    # reachable through its descriptor
+    binds = [(d, NEW_ROOT + d) for d in _visible_dirs()]  # siblings in /packages, as installed: numpy's RPATH
+    binds += [(e, f"{NEW_ROOT}{PACKAGES}/{os.path.basename(e)}") for e in packages]  # finds ../numpy.libs
+    sources = [(os.open(host, os.O_PATH | os.O_CLOEXEC), os.path.isdir(host), target) for host, target in binds]
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    for host_dir in _visible_dirs():
-        _bind_read_only(host_dir, NEW_ROOT + host_dir)
-    for entry in packages:  # siblings in one directory, as installed: numpy's RPATH finds ../numpy.libs
-        os.makedirs(NEW_ROOT + PACKAGES, exist_ok=True)
-        _bind_read_only(entry, f"{NEW_ROOT}{PACKAGES}/{os.path.basename(entry)}")
+    for fd, is_dir, target in sources:
+        _bind_read_only(fd, is_dir, target)
+        os.close(fd)
     for site in {os.path.join(_stdlib_dir(), n) for n in ("site-packages", "dist-packages")}:
         if os.path.isdir(NEW_ROOT + site):  # third-party packages (and their caches) stay hidden
             _mount("tmpfs", NEW_ROOT + site, "tmpfs", ro, "size=4k,mode=0555")
