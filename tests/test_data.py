@@ -160,3 +160,16 @@ def test_livecodebench_decoder_refuses_pickled_code():
     raw = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
         data.decode_livecodebench_tests(raw)
+
+
+def test_own_dataset_is_not_held_to_the_embedded_pool(tmp_path):
+    """With a user's dataset and no eval_dataset there is no held-out set, so an eval_size above the embedded task's
+    pool (500) is not an error and the embedded task is not built."""
+    from vespo.train.config import parse_args
+    from vespo.train.setup import load_data
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(16)))
+    cfg = parse_args(["--dataset", str(path), "--eval-size", "1000", "--run-dir", str(tmp_path / "run")])
+    train_set, eval_set = load_data(cfg)
+    assert len(train_set) == 16 and eval_set is None

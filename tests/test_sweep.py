@@ -81,6 +81,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
         optimizer_steps=2,
         eval_points=1,
         eval_size=8,
+        eval_n=1,
         jobs=2,
         cache_dir=str(tmp_path / "cache"),
         extra={"sft_steps": "5", "max_response_length": "8", "tensorboard": "False"},
@@ -202,3 +203,21 @@ def test_extra_cannot_set_the_sweeps_own_fields(tmp_path, key):
         cells(cfg)
     with pytest.raises(ValueError, match="extra: nope is not a `vespo train` field"):
         cells(SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), extra={"nope": "1"}))
+
+
+def test_default_held_out_evaluation_resolves_differences_of_a_few_points():
+    """Issue 19: a sweep's default evaluation has binomial SD <= 0.015 at any accuracy (p = 0.5 is the worst case),
+    and the default task's held-out pool has that many prompts (cells() refuses an eval_size above the pool)."""
+    cfg = SweepConfig()
+    assert (0.25 / (cfg.eval_size * cfg.eval_n)) ** 0.5 <= 0.015
+    assert cells(cfg)
+
+
+def test_an_eval_size_above_the_held_out_pool_is_refused_before_any_cell_runs(tmp_path, capsys):
+    """The pool check is part of the config's one validation path, so `vespo sweep` refuses it in one line."""
+    from vespo.experiments.sweep import cli
+
+    with pytest.raises(ValueError, match=r"eval_size must be in \[1, 500\] for task arithmetic"):
+        cells(SweepConfig(eval_size=501))
+    assert cli(["--eval-size", "501", "--out-dir", str(tmp_path / "sw")]) == 2
+    assert "eval_size" in capsys.readouterr().err and not (tmp_path / "sw").exists()

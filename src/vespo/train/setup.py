@@ -224,13 +224,11 @@ def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
     keys = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "skip_bad": cfg.skip_bad_records}
     train_set = eval_set = None
     try:
-        if cfg.dataset == EMBEDDED or cfg.eval_dataset is None:
+        if cfg.dataset == EMBEDDED:
             task = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand, "eval_size": cfg.eval_size}
             split = embedded_split(cfg.task, **task)
-            emb_train, emb_eval = ([dataclasses.asdict(p) for p in part] for part in split)
-            if cfg.dataset == EMBEDDED:
-                train_set, eval_set = emb_train, emb_eval
-        if cfg.dataset != EMBEDDED:
+            train_set, eval_set = ([dataclasses.asdict(p) for p in part] for part in split)
+        else:
             train_set = load_records(cfg.dataset, split=cfg.dataset_split, **keys)
         if cfg.eval_dataset is not None:
             eval_set = load_records(cfg.eval_dataset, split="test", **keys)[: cfg.eval_size]
