@@ -319,7 +319,9 @@ def write_tables(out: Path, results: list[dict]) -> None:
         writer.writerows(rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     baseline = "vespo" if "vespo" in methods else methods[0]
-    lines = ["# vespo lab: final exact expected reward", ""]
+    sampled = "threshold" in results[0]["summary"]  # v2 estimates E[R] on its fixed evaluation sample; v1 is exact
+    what = "expected reward on the fixed evaluation sample (v2)" if sampled else "exact expected reward (v1)"
+    lines = [f"# vespo lab: final {what}", ""]
     for t in sorted({r["length"] for r in rows}):
         for s in sorted({r["lr_scale"] for r in rows}):
             groups = {(g["method"], g["staleness"]): {} for g in rows if (g["length"], g["lr_scale"]) == (t, s)}
