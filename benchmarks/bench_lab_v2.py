@@ -1,13 +1,13 @@
 """Lab v2 staleness grid and failure-mode table: does stale training collapse where the paper says it does?
 
-One command: `python benchmarks/bench_lab_v2.py [--length 256] [--lr 0.03] [--optimizer-steps 512] [--staleness 1 16
-64] [--seeds 0 1 2 3 4] [--jobs 2]` writes benchmarks/results/lab_v2/{results.json, results.md, failure_modes.md,
-lab_v2.png} (cells/*.json, gitignored, keep finished cells). Methods vespo grpo gspo sapo cispo topr reinforce, plus
-vespo with log W / T (`length_norm="linear"`, the paper's length-normalisation ablation), Adam steps of 64 sequences
-(groups of 8), the lab's defaults otherwise. The defaults give every cell >= 8 rollout steps and a step size at which
-on-policy REINFORCE still learns. Every
-number is mean ± 95% CI over seeds; a difference is bold only when Welch's test, Holm-corrected over the table's
-comparisons, gives p < 0.05. Finished cells are kept in cells/ (a rerun resumes).
+One command: `python benchmarks/bench_lab_v2.py [--length 256] [--lr 0.03] [--optimizer-steps 512]
+[--adam-epsilon 1e-8] [--staleness 1 16 64] [--seeds 0 1 2 3 4] [--jobs 2] [--out DIR]` writes
+benchmarks/results/lab_v2/{results.json, results.md, failure_modes.md, lab_v2.png} (cells/*.json, gitignored, keep
+finished cells). Methods vespo grpo gspo sapo cispo topr reinforce, plus vespo with log W / T
+(`length_norm="linear"`, the paper's length-normalisation ablation), Adam steps of 64 sequences (groups of 8), the
+lab's defaults otherwise. The defaults give every cell >= 8 rollout steps and a step size at which on-policy
+REINFORCE still learns. Every number is mean ± 95% CI over seeds; a difference is bold only when Welch's test,
+Holm-corrected over the table's comparisons, gives p < 0.05.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ ARMS = {  # arm name -> (registered method, hyperparameters)
     "vespo_lin": ("vespo", (("length_norm", "linear"),)),
 }
 STALENESS = (1, 16, 64)
-SETTINGS = {"lr": 0.03, "optimizer_steps": 512}  # set by main() from the flags
+SETTINGS = {"lr": 0.03, "optimizer_steps": 512, "adam_epsilon": 1e-8}  # set by main() from the flags
 
 
-def _run(job: tuple[str, int, int, int, float, int]) -> dict:
-    arm, length, n, seed, lr, steps = job
+def _run(job: tuple[str, int, int, int, float, int, float]) -> dict:
+    arm, length, n, seed, lr, steps, eps = job
     method, hp = ARMS[arm]
-    cfg = LabConfig(optimizer_steps=steps, lr=lr, eval_points=4)
+    cfg = LabConfig(optimizer_steps=steps, lr=lr, adam_epsilon=eps, eval_points=4)
     out = run_chain_cell(cfg, LabCell(method, length, n, 1.0, seed, hp), ChainSpec())
     out["summary"]["arm"] = arm
     return out
@@ -61,7 +61,8 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
     seeds = len({r["seed"] for r in rows})
     start = rows[0]
     head = [
-        f"# Lab v2, T = {length}: {seeds} seeds, {SETTINGS['optimizer_steps']} Adam steps (lr {SETTINGS['lr']:g}) "
+        f"# Lab v2, T = {length}: {seeds} seeds, {SETTINGS['optimizer_steps']} Adam steps (lr {SETTINGS['lr']:g}, "
+        f"eps {SETTINGS['adam_epsilon']:g}) "
         "of 64 sequences, groups of 8",
         "",
         f"Initial policy: E[R] = {start['initial_reward']:.3f} (fixed evaluation sample of "
@@ -239,6 +240,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--lr", type=float, default=SETTINGS["lr"])
     ap.add_argument("--optimizer-steps", type=int, default=SETTINGS["optimizer_steps"])
+    ap.add_argument("--adam-epsilon", type=float, default=SETTINGS["adam_epsilon"])
     ap.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2)
@@ -246,14 +248,15 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out
     STALENESS = tuple(sorted(args.staleness))
-    SETTINGS.update(lr=args.lr, optimizer_steps=args.optimizer_steps)
+    SETTINGS.update(lr=args.lr, optimizer_steps=args.optimizer_steps, adam_epsilon=args.adam_epsilon)
     if 1 not in STALENESS or any(args.optimizer_steps % n for n in STALENESS):
         ap.error("--staleness must include 1 and divide --optimizer-steps")
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
-    settings = (args.lr, args.optimizer_steps)
+    settings = (args.lr, args.optimizer_steps, args.adam_epsilon)
     jobs = [(arm, args.length, n, s, *settings) for s in args.seeds for n in STALENESS[::-1] for arm in ARMS]
-    path = {j: cells_dir / f"{j[0]}_T{j[1]}_N{j[2]}_seed{j[3]}_lr{j[4]:g}_steps{j[5]}.json" for j in jobs}
+    eps = "" if args.adam_epsilon == 1e-8 else f"_eps{args.adam_epsilon:g}"  # default cells keep their names
+    path = {j: cells_dir / f"{j[0]}_T{j[1]}_N{j[2]}_seed{j[3]}_lr{j[4]:g}_steps{j[5]}{eps}.json" for j in jobs}
     todo = [j for j in jobs if not path[j].is_file()]
     with ProcessPoolExecutor(args.jobs) as pool:
         for job, result in zip(todo, pool.map(_run, todo, chunksize=1), strict=True):
