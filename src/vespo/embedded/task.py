@@ -171,9 +171,7 @@ def embedded_split(
     problems, so the training set (and the warm start's cache key) does not move with `eval_size`. Chain and
     scratchpad draw `train_size` training problems and the pool from fixed seeds, pool prompts removed from training.
     """
-    pool = held_out_pool(task, num_operands=num_operands, max_operand=max_operand)
-    if not 1 <= eval_size <= pool:
-        raise ValueError(f"eval_size must be in [1, {pool}] for this task (its held-out pool), got {eval_size}")
+    pool = check_eval_size(task, num_operands=num_operands, max_operand=max_operand, eval_size=eval_size)
     if task == "arithmetic":
         train, held_out = arithmetic_split(num_operands=num_operands, max_operand=max_operand, eval_size=pool)
         return train, held_out[:eval_size]
@@ -188,6 +186,14 @@ def embedded_split(
     seen = {p.prompt for p in held_out}
     train = [p for p in draw(train_size, 0) if p.prompt not in seen]
     return train, held_out[:eval_size]
+
+
+def check_eval_size(task: str, *, num_operands: int, max_operand: int, eval_size: int) -> int:
+    """The task's held-out pool size, once `eval_size` is checked to fit in it (ValueError otherwise)."""
+    pool = held_out_pool(task, num_operands=num_operands, max_operand=max_operand)
+    if not 1 <= eval_size <= pool:
+        raise ValueError(f"eval_size must be in [1, {pool}] for task {task} (its held-out pool), got {eval_size}")
+    return pool
 
 
 def held_out_pool(task: str, *, num_operands: int, max_operand: int) -> int:

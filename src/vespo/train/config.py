@@ -462,16 +462,13 @@ def check_dataset(name: str, value: str | None) -> None:
 
 def _validate_task(cfg: TrainConfig) -> None:
     if cfg.dataset == EMBEDDED:  # the held-out set is the first eval_size of the task's fixed pool
-        from vespo.embedded.task import held_out_pool
+        from vespo.embedded.task import check_eval_size
 
+        shape = {"num_operands": cfg.num_operands, "max_operand": cfg.max_operand}
         try:
-            pool = held_out_pool(cfg.task, num_operands=cfg.num_operands, max_operand=cfg.max_operand)
+            check_eval_size(cfg.task, eval_size=cfg.eval_size, **shape)
         except ValueError as exc:
-            raise ConfigError(f"task={cfg.task}: {exc}") from None
-        if cfg.eval_size > pool:
-            raise ConfigError(
-                f"eval_size must be in [1, {pool}] for task {cfg.task} (its held-out pool), got {cfg.eval_size}"
-            )
+            raise ConfigError(str(exc)) from None
     if cfg.task == "scratchpad" and cfg.dataset == EMBEDDED:
         from vespo.embedded.task import scratchpad_response_tokens
 
