@@ -309,9 +309,10 @@ def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
     return groups
 
 
-def write_tables(out: Path, results: list[dict]) -> None:
+def write_tables(out: Path, results: list[dict], preset: str = "v2") -> None:
     """results.csv (one row per cell), results.md (per T and lr: mean ± 95% CI over seeds and each method against
-    vespo, Welch's test Holm-corrected within the table, bold = significant), mechanism.csv (per mini-batch index)."""
+    vespo, Welch's test Holm-corrected within the table, bold = significant), mechanism.csv (per mini-batch index);
+    `preset` says whether E[R] is exact (v1) or estimated on v2's evaluation sample."""
     rows = [r["summary"] for r in results]
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -319,8 +320,7 @@ def write_tables(out: Path, results: list[dict]) -> None:
         writer.writerows(rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     baseline = "vespo" if "vespo" in methods else methods[0]
-    sampled = "threshold" in results[0]["summary"]  # v2 estimates E[R] on its fixed evaluation sample; v1 is exact
-    what = "expected reward on the fixed evaluation sample (v2)" if sampled else "exact expected reward (v1)"
+    what = "exact expected reward (v1)" if preset == "v1" else "expected reward on the fixed evaluation sample (v2)"
     lines = [f"# vespo lab: final {what}", ""]
     for t in sorted({r["length"] for r in rows}):
         for s in sorted({r["lr_scale"] for r in rows}):
@@ -435,7 +435,7 @@ def lab(cfg: LabConfig) -> list[dict]:
         ):
             (done / cell_file(cfg, cell)).write_text(json.dumps(result))
     results = [json.loads((done / cell_file(cfg, c)).read_text()) for c in grid]
-    write_tables(out, results)
+    write_tables(out, results, cfg.preset)
     plot(out, results)
     print(f"{len(grid)} cells in {time.perf_counter() - t0:.0f} s -> {out}/results.md")
     return results

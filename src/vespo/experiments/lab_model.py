@@ -33,6 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vespo.advantages import group_advantages
+from vespo.kernels import effective_sample_size
+from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
+
 Tensor = torch.Tensor
 EOS = 0
 
@@ -237,8 +241,6 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     the start and the end), the curve (step, E[R] or nan, training reward, mean length) and per mini-batch index the
     mechanism metrics of v1 (log W, ESS, gradient norm, update norm, top-1% share).
     """
-    from vespo.advantages import group_advantages
-
     torch.set_num_threads(1)
     policy = ChainPolicy(spec, cell.length, seed=cfg.init_seed)
     params = list(policy.params.values())
@@ -285,9 +287,6 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu, its ESS, the gradient norm before clipping,
     the update's size, the top-1% share of the per-sequence score coefficient |sum_t dL/dlog pi_t|, and whether VESPO's
     variance bound (Prop. 3.1) held on this mini-batch (nan for other methods)."""
-    from vespo.kernels import effective_sample_size
-    from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
-
     lp.retain_grad()
     context = BatchContext(mini_batch_index=k, num_mini_batches=cell.staleness)
     loss, metrics = compute_policy_loss(
