@@ -35,8 +35,7 @@ ARMS = {  # arm name -> (registered method, hyperparameters)
     "reinforce": ("reinforce", ()),
     "vespo_lin": ("vespo", (("length_norm", "linear"),)),
 }
-STALENESS = (1, 16, 64)
-SETTINGS = {"lr": 0.03, "optimizer_steps": 512, "adam_epsilon": 1e-8}  # set by main() from the flags
+STALENESS = (1, 16, 64)  # the default grid; tables and plots read N from the cells
 
 
 def _run(job: tuple[str, int, int, int, float, int, float]) -> dict:
@@ -56,13 +55,18 @@ def _cell(rows, arm, n, key, digits=2):
     return format_ci(_values(rows, arm, n, key), digits)
 
 
-def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str]:
+def _staleness(rows: list[dict]) -> list[int]:
+    return sorted({r["staleness"] for r in rows})
+
+
+def tables(rows: list[dict], results: list[dict], length: int, args: argparse.Namespace) -> tuple[str, str]:
     """results.md (every arm x N: final E[R], final mean length, truncation) and failure_modes.md."""
     seeds = len({r["seed"] for r in rows})
+    staleness = _staleness(rows)
     start = rows[0]
     head = [
-        f"# Lab v2, T = {length}: {seeds} seeds, {SETTINGS['optimizer_steps']} Adam steps (lr {SETTINGS['lr']:g}, "
-        f"eps {SETTINGS['adam_epsilon']:g}) "
+        f"# Lab v2, T = {length}: {seeds} seeds, {args.optimizer_steps} Adam steps (lr {args.lr:g}, "
+        f"eps {args.adam_epsilon:g}) "
         "of 64 sequences, groups of 8",
         "",
         f"Initial policy: E[R] = {start['initial_reward']:.3f} (fixed evaluation sample of "
@@ -80,24 +84,24 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
         ("final_truncated", "Final truncated share"),
         ("final_token_accuracy", "Final token accuracy"),
     ):
-        md += [f"## {title}", "", "| arm | " + " | ".join(f"N={n}" for n in STALENESS) + " |"]
-        md.append("|---" * (len(STALENESS) + 1) + "|")
+        md += [f"## {title}", "", "| arm | " + " | ".join(f"N={n}" for n in staleness) + " |"]
+        md.append("|---" * (len(staleness) + 1) + "|")
         for arm in ARMS:
             digits = 0 if "length" in key else 2 if key == "collapsed" else 3
-            md.append(f"| {arm} | " + " | ".join(_cell(rows, arm, n, key, digits) for n in STALENESS) + " |")
+            md.append(f"| {arm} | " + " | ".join(_cell(rows, arm, n, key, digits) for n in staleness) + " |")
         md.append("")
 
     # ---- VESPO against every other arm at each N > 1 on final E[R]: Welch, Holm over all these comparisons
-    pairs = [(arm, n) for n in STALENESS if n > 1 for arm in ARMS if arm != "vespo"]
-    vespo = {n: _values(rows, "vespo", n, "final_reward") for n in STALENESS}
+    pairs = [(arm, n) for n in staleness if n > 1 for arm in ARMS if arm != "vespo"]
+    vespo = {n: _values(rows, "vespo", n, "final_reward") for n in staleness}
     adjusted = holm([welch(_values(rows, arm, n, "final_reward"), vespo[n]) for arm, n in pairs])
     md += [
         "## Final E[R]: each arm minus VESPO",
         "",
         f"Welch's t-test, two-sided, Holm-corrected over {len(pairs)} comparisons; bold = adjusted p < 0.05.",
         "",
-        "| arm | " + " | ".join(f"N={n}" for n in STALENESS if n > 1) + " |",
-        "|---" * (len([n for n in STALENESS if n > 1]) + 1) + "|",
+        "| arm | " + " | ".join(f"N={n}" for n in staleness if n > 1) + " |",
+        "|---" * (len([n for n in staleness if n > 1]) + 1) + "|",
     ]
     cell = {}
     for (arm, n), p in zip(pairs, adjusted, strict=True):
@@ -106,7 +110,7 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
         cell[arm, n] = f"**{text}**" if p < 0.05 else text
     for arm in ARMS:
         if arm != "vespo":
-            md.append(f"| {arm} | " + " | ".join(cell[arm, n] for n in STALENESS if n > 1) + " |")
+            md.append(f"| {arm} | " + " | ".join(cell[arm, n] for n in staleness if n > 1) + " |")
     md.append("")
 
     # ---- failure modes: each a comparison with a stated criterion; p Holm-adjusted over the whole table
@@ -198,7 +202,7 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
                 if r["summary"]["arm"] == "vespo" and r["summary"]["staleness"] == n
             ]
         )[0]
-        for n in STALENESS
+        for n in staleness
     }
     fm.append(
         "Mean sequence log W of the stalest mini-batch (vespo): "
@@ -211,6 +215,7 @@ def tables(rows: list[dict], results: list[dict], length: int) -> tuple[str, str
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
+    staleness = _staleness(rows)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -222,8 +227,8 @@ def plot(rows: list[dict], path: Path) -> None:
         strict=True,
     ):
         for arm in ARMS:
-            stats = [mean_ci(_values(rows, arm, n, key)) for n in STALENESS]
-            ax.errorbar(STALENESS, [s[0] for s in stats], yerr=[s[1] for s in stats], marker="o", capsize=2, label=arm)
+            stats = [mean_ci(_values(rows, arm, n, key)) for n in staleness]
+            ax.errorbar(staleness, [s[0] for s in stats], yerr=[s[1] for s in stats], marker="o", capsize=2, label=arm)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("staleness N")
         ax.set_title(title)
@@ -235,26 +240,24 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    global STALENESS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--length", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=SETTINGS["lr"])
-    ap.add_argument("--optimizer-steps", type=int, default=SETTINGS["optimizer_steps"])
-    ap.add_argument("--adam-epsilon", type=float, default=SETTINGS["adam_epsilon"])
+    ap.add_argument("--lr", type=float, default=0.03)
+    ap.add_argument("--optimizer-steps", type=int, default=512)
+    ap.add_argument("--adam-epsilon", type=float, default=1e-8)
     ap.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT, help="output directory (default benchmarks/results/lab_v2)")
     args = ap.parse_args()
     out = args.out
-    STALENESS = tuple(sorted(args.staleness))
-    SETTINGS.update(lr=args.lr, optimizer_steps=args.optimizer_steps, adam_epsilon=args.adam_epsilon)
-    if 1 not in STALENESS or any(args.optimizer_steps % n for n in STALENESS):
+    staleness = sorted(set(args.staleness))
+    if 1 not in staleness or any(args.optimizer_steps % n for n in staleness):
         ap.error("--staleness must include 1 and divide --optimizer-steps")
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
     settings = (args.lr, args.optimizer_steps, args.adam_epsilon)
-    jobs = [(arm, args.length, n, s, *settings) for s in args.seeds for n in STALENESS[::-1] for arm in ARMS]
+    jobs = [(arm, args.length, n, s, *settings) for s in args.seeds for n in staleness[::-1] for arm in ARMS]
     eps = "" if args.adam_epsilon == 1e-8 else f"_eps{args.adam_epsilon:g}"  # default cells keep their names
     path = {j: cells_dir / f"{j[0]}_T{j[1]}_N{j[2]}_seed{j[3]}_lr{j[4]:g}_steps{j[5]}{eps}.json" for j in jobs}
     todo = [j for j in jobs if not path[j].is_file()]
@@ -266,7 +269,7 @@ def main() -> None:
     results = [json.loads(path[j].read_text()) for j in jobs]
     rows = [r["summary"] for r in results]
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    md, fm = tables(rows, results, args.length)
+    md, fm = tables(rows, results, args.length, args)
     (out / "results.md").write_text(md)
     (out / "failure_modes.md").write_text(fm)
     plot(rows, out / "lab_v2.png")
