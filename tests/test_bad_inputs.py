@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vespo.train.config import TrainConfig
-from vespo.train.runs import CHECKPOINT, save_checkpoint, start_run
+from vespo.train.runs import CHECKPOINT, claim_run_dir, save_checkpoint, start_run
 
 _DRIVER = r"""
 import contextlib, io, json, sys, traceback
@@ -178,7 +178,8 @@ CASES += [(i, ["eval", *a], m) for i, a, m in _EVAL]
 
 def _saved_run(run_dir):
     """A run dir as a run leaves it after 3 of 10 steps (config.yaml + checkpoint of a stand-in model)."""
-    start_run(TrainConfig(run_dir=str(run_dir), total_training_steps=10))
+    cfg = TrainConfig(run_dir=str(run_dir), total_training_steps=10)
+    start_run(cfg, claim_run_dir(cfg))
     model = torch.nn.Linear(2, 2)
     save_checkpoint(run_dir, 3, model, torch.optim.AdamW(model.parameters()), torch.Generator())
 

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from vespo.outputs import LOCK, MARKER
 from vespo.train.config import ConfigError, TrainConfig, resolve, to_yaml
 from vespo.train.runs import (
     CHECKPOINT,
     Logger,
     check_run,
+    claim_run_dir,
     load_checkpoint,
     read_metrics,
     restore,
@@ -22,10 +24,15 @@ from vespo.train.runs import (
 )
 
 
+def _names(run_dir) -> list[str]:
+    """The run dir's entries besides vespo's marker and lock."""
+    return sorted(p.name for p in run_dir.iterdir() if p.name not in (MARKER, LOCK))
+
+
 def _saved_run(tmp_path, step=3, **kw) -> TrainConfig:
     """A run dir as a run leaves it after `step` steps: config.yaml, a checkpoint of a tiny model, metrics."""
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), total_training_steps=10, tensorboard=False, **kw)
-    start_run(cfg)
+    start_run(cfg, claim_run_dir(cfg))
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas)
     model(torch.ones(1, 3)).sum().backward()
@@ -121,15 +128,16 @@ def test_resume_without_checkpoint_is_an_error_and_a_dead_run_dir_is_reused(tmp_
         check_run(dataclasses.replace(cfg, resume=True))
     assert not (tmp_path / "fresh").exists()
     # a run that wrote its config.yaml, metrics and events but died before its first checkpoint
-    start_run(dataclasses.replace(cfg, lr=0.1))
+    dead = dataclasses.replace(cfg, lr=0.1)
+    start_run(dead, claim_run_dir(dead))
     (tmp_path / "fresh" / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
     (tmp_path / "fresh" / "tb").mkdir()
     (tmp_path / "fresh" / "notes.txt").write_text("mine")
     capsys.readouterr()
     assert check_run(cfg) is None  # no error: nothing there can be resumed
-    start_run(cfg)
+    start_run(cfg, claim_run_dir(cfg))
     assert "holds no checkpoint; starting over" in capsys.readouterr().err
-    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["config.yaml", "notes.txt"]
+    assert _names(tmp_path / "fresh") == ["config.yaml", "notes.txt"]
     assert (tmp_path / "fresh" / "config.yaml").read_text() == to_yaml(cfg)
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="not writable"):
@@ -147,9 +155,9 @@ def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
     over = dataclasses.replace(fresh, overwrite_output_dir=True)
     assert check_run(over) is None and (tmp_path / "run" / CHECKPOINT).exists()  # checking deletes nothing
     capsys.readouterr()
-    start_run(over)
+    start_run(over, claim_run_dir(over))
     assert "replacing the run there (deleting its config.yaml, checkpoints)" in capsys.readouterr().err
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "notes.txt"]
+    assert _names(tmp_path / "run") == ["config.yaml", "notes.txt"]
     # the replaced run's saved config (overwrite_output_dir: true) still resumes without the flag
     resumed = dataclasses.replace(fresh, resume=True)
     model = torch.nn.Linear(3, 2)
@@ -159,9 +167,11 @@ def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
 
 def test_a_foreign_config_yaml_is_never_replaced(tmp_path):
     (tmp_path / "config.yaml").write_text("model: resnet\nepochs: 3\n")
-    for overwrite in (False, True):
-        with pytest.raises(ConfigError, match="not a vespo run's"):
-            check_run(TrainConfig(run_dir=str(tmp_path), overwrite_output_dir=overwrite))
+    with pytest.raises(ConfigError, match="not empty and was not created by vespo.*--overwrite-output-dir"):
+        claim_run_dir(TrainConfig(run_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="already holds config.yaml, which vespo did not write"):
+        claim_run_dir(TrainConfig(run_dir=str(tmp_path), overwrite_output_dir=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
     assert (tmp_path / "config.yaml").read_text() == "model: resnet\nepochs: 3\n"
 
 

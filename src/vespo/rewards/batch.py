@@ -14,6 +14,11 @@ import torch
 G = TypeVar("G")
 
 
+class GraderHostError(RuntimeError):
+    """The grading host failed (disk full, out of file descriptors, a checker that cannot start, a dead channel):
+    never scored as a wrong answer; the trainer stops with one line and the last checkpoint kept."""
+
+
 @dataclass
 class Scores(Generic[G]):
     """A graded batch (`score_math`, `score_code`): per-item grades, their scores, and counts to log."""

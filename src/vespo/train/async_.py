@@ -26,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from vespo.outputs import OwnedDir
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
@@ -287,9 +288,10 @@ class LagStats:
 # The learner loop
 
 
-def train_async(cfg: TrainConfig) -> dict[str, float]:
-    """Run asynchronous RL training per a resolved `cfg` (mode == "async"); returns the last step's metrics."""
-    run = setup_run(cfg, num_threads=cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
+def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
+    """Run asynchronous RL training per a resolved `cfg` (mode == "async") in the claimed run dir `out`; returns the
+    last step's metrics."""
+    run = setup_run(cfg, out, num_threads=cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
     model, tokenizer = run.model, run.tokenizer
     next_batch = run.checkpoint["async"]["next_batch"] if run.checkpoint is not None else 0
     do_eval = bool(run.eval_set) and cfg.eval_every > 0
@@ -298,7 +300,7 @@ def train_async(cfg: TrainConfig) -> dict[str, float]:
     lp_args = settings.log_prob_args
     opt_step = run.start * n_mini  # = the policy version of the learner's current weights
     pool = SamplerPool(cfg, run.policy_path, run.train_set, model, step=opt_step, next_batch=next_batch)
-    stats, metrics, bar = LagStats(), {}, None
+    stats, metrics, bar = LagStats(), run.logger.last, None
     t_loop, dropped_total = time.perf_counter(), 0
     with _sigterm_as_interrupt(), contextlib.closing(pool):
         pool.start(model, opt_step)

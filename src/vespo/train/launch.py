@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vespo.models import quiet_hf_progress
 from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
-from vespo.train.runs import CHECKPOINT
+from vespo.train.runs import CHECKPOINT, claim_run_dir
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
@@ -19,12 +19,11 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     if not cfg.progress:
         quiet_hf_progress()
     if cfg.mode == "async":
-        from vespo.train.async_ import train_async
-
-        return train_async(cfg)
-    from vespo.train.sync import train_sync
-
-    return train_sync(cfg)
+        from vespo.train.async_ import train_async as loop
+    else:
+        from vespo.train.sync import train_sync as loop
+    with claim_run_dir(cfg) as out:  # the run dir is vespo's and this process's until the run ends
+        return loop(cfg, out)
 
 
 def _interrupted(cfg: TrainConfig | None) -> str:

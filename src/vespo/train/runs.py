@@ -21,13 +21,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vespo.outputs import OutputError, OwnedDir, claim
 from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, load_yaml, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "tb", "checkpoints", "final", "reward.png", "async_summary.json")
-"""Everything a run writes in its run dir: what replacing a run (a dead one, or with --overwrite-output-dir)
-deletes. Any other file in the run dir is left alone."""
+RUN_OUTPUTS = (
+    "config.yaml", "metrics.jsonl", "completions.jsonl", "tb", "checkpoints", "final", "reward.png",
+    "async_summary.json",
+)  # fmt: skip
+"""Everything a run writes in its run dir: the manifest of its marker (`vespo.outputs`), and all that replacing a run
+(a dead one, or with --overwrite-output-dir) deletes. Any other file in the run dir is left alone."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,10 +220,6 @@ def check_run(cfg: TrainConfig) -> dict | None:
     run_dir = check_output_dir("run_dir", cfg.run_dir)
     existing = run_dir / "config.yaml"
     if not cfg.resume:
-        if existing.exists() and not _is_run_config(existing):
-            raise ConfigError(
-                f"run_dir {run_dir} holds a config.yaml that is not a vespo run's; choose another run_dir"
-            )
         if (run_dir / CHECKPOINT).exists() and not cfg.overwrite_output_dir:
             raise ConfigError(
                 f"run_dir {run_dir} already holds a run with a checkpoint; pass --resume to continue it, "
@@ -242,30 +242,39 @@ def check_run(cfg: TrainConfig) -> dict | None:
     return ckpt
 
 
-def _is_run_config(path: Path) -> bool:
-    """Whether `path` is a config.yaml written by a vespo run (a mapping of TrainConfig fields with run_dir)."""
+def claim_run_dir(cfg: TrainConfig) -> OwnedDir:
+    """Lock `cfg.run_dir` for this run and make sure it is vespo's (`vespo.outputs.claim`): new or empty, marked by an
+    earlier vespo run, or a run of a vespo version before the marker (its config.yaml says so). ConfigError otherwise,
+    and while another process holds it."""
     try:
-        saved = load_yaml(path)
+        return claim(cfg.run_dir, "train", RUN_OUTPUTS, label="run_dir", overwrite=cfg.overwrite_output_dir,
+                     legacy=_is_legacy_run)  # fmt: skip
+    except OutputError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _is_legacy_run(run_dir: Path) -> bool:
+    """Whether `run_dir` is a run of a vespo before the marker: a config.yaml of TrainConfig fields (method, run_dir)
+    beside a vespo checkpoint."""
+    path = run_dir / "config.yaml"
+    try:
+        saved = load_yaml(path) if path.is_file() else {}
     except ConfigError:
         return False
-    return {"method", "run_dir"} <= set(saved)
+    return {"method", "run_dir"} <= set(saved) and (run_dir / CHECKPOINT).is_file()
 
 
-def start_run(cfg: TrainConfig) -> Path:
-    """Create the run dir and write config.yaml (after `check_run`, once the inputs have loaded). A fresh run in a
+def start_run(cfg: TrainConfig, out: OwnedDir) -> Path:
+    """Write config.yaml into the claimed run dir (after `check_run`, once the inputs have loaded). A fresh run in a
     dir that holds a run (one that stopped before its first checkpoint, or any with `overwrite_output_dir`) first
-    deletes that run's outputs (`RUN_OUTPUTS`), saying so on stderr."""
-    run_dir = Path(cfg.run_dir).expanduser()
-    old = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-    if not cfg.resume and old:
-        why = "replacing the run there" if (run_dir / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
-        names = ", ".join(p.name for p in old)
-        print(f"vespo train: run_dir {run_dir}: {why} (deleting its {names})", file=sys.stderr)
-        for path in old:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    return run_dir
+    deletes that run's outputs, the names in the marker's manifest and nothing else, saying so on stderr."""
+    old = [] if cfg.resume else out.existing()
+    if old:
+        why = "replacing the run there" if (out.path / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
+        print(f"vespo train: run_dir {out.path}: {why} (deleting its {', '.join(old)})", file=sys.stderr)
+        out.clear()
+    (out.path / "config.yaml").write_text(to_yaml(cfg))
+    return out.path
 
 
 def restore(ckpt: dict, model, optimizer, gen: torch.Generator) -> int:
@@ -298,8 +307,10 @@ class Logger:
     def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int):
         self.path = Path(run_dir) / "metrics.jsonl"
         # on resume, drop lines logged after the checkpoint by a run that was killed, so history is not duplicated
-        rows = read_metrics(run_dir) if self.path.exists() else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= start_step))
+        rows = truncate_log(self.path, start_step)
+        truncate_log(self.path.parent / "completions.jsonl", start_step)
+        self.last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+        """The last logged step's metrics kept on resume (empty for a fresh run, or when none survived)."""
         self.sinks: list[Callable[[dict, int], None]] = []
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -349,6 +360,34 @@ def _tb_hparams(tb, cfg: TrainConfig) -> None:
     for summary in hparams(flat, {"reward/mean": 0.0, "eval/accuracy": 0.0}):
         tb._get_file_writer().add_summary(summary)
     tb.add_text("config", "```yaml\n" + to_yaml(cfg) + "```", 0)
+
+
+def truncate_log(path: Path, step: int) -> list[dict]:
+    """Keep the rows of JSONL log `path` up to rollout step `step` (what the checkpoint continues from) and return
+    them. A missing file, or lines that are not step rows (damaged by a crash or by hand), cost only their history:
+    one stderr line says what was lost, and the run continues from its checkpoint."""
+    rows, bad = [], []
+    if path.exists():
+        lines = path.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                row = None
+            if isinstance(row, dict) and _is_index(row.get("step")):
+                if row["step"] <= step:
+                    rows.append(row)
+            elif line.strip() and i < len(lines):  # a torn last line is a write the kill interrupted: redone anyway
+                bad.append(i)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif step > 0 and path.name == "metrics.jsonl":
+        print(f"vespo train: resume: {path} is missing; the history of steps 1-{step} is lost, training continues "
+              f"from the checkpoint at step {step}", file=sys.stderr)  # fmt: skip
+    if bad:
+        print(f"vespo train: resume: {path}: dropped {len(bad)} damaged line(s) (line {bad[0]}"
+              f"{' and later' if len(bad) > 1 else ''}); training continues from the checkpoint at step {step}",
+              file=sys.stderr)  # fmt: skip
+    return rows
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

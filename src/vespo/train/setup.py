@@ -17,6 +17,7 @@ from vespo.embedded.task import embedded_split
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
 from vespo.models import load_policy, resolve_device
+from vespo.outputs import OwnedDir
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.rollout import Rollout, decode_responses
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
@@ -55,10 +56,10 @@ class RunState:
     alarm: EssAlarm
 
 
-def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
-    """Check the run dir and inputs (all before any compute), then load the policy, build the reference and the
-    optimizer, seed every RNG stream and restore a checkpoint on resume. config.yaml is written once the inputs have
-    loaded, so a bad input leaves no run behind."""
+def setup_run(cfg: TrainConfig, out: OwnedDir, *, num_threads: int | None) -> RunState:
+    """Check the claimed run dir `out` and the inputs (all before any compute), then load the policy, build the
+    reference and the optimizer, seed every RNG stream and restore a checkpoint on resume. config.yaml is written once
+    the inputs have loaded, so a bad input leaves no run behind."""
     ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
     try:
         reward_fn = load_reward_fn(cfg.reward_fn)
@@ -67,7 +68,7 @@ def setup_run(cfg: TrainConfig, *, num_threads: int | None) -> RunState:
     train_set, eval_set = load_data(cfg)
     if num_threads:
         torch.set_num_threads(num_threads)
-    run_dir = start_run(cfg)
+    run_dir = start_run(cfg, out)
     policy_path = cfg.model
     if cfg.model == EMBEDDED:
         policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)

@@ -16,17 +16,19 @@ import torch
 
 from vespo.advantages import group_advantages
 from vespo.data import format_prompts
+from vespo.outputs import OwnedDir
 from vespo.rewards.batch import grade_batch
 from vespo.rollout import decode_responses, sample
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import finish_run, progress_bar, read_metrics
+from vespo.train.runs import finish_run, progress_bar
 from vespo.train.setup import close_step, completion_rows, evaluate, sampling_kwargs, setup_run, update_settings
 
 
-def train_sync(cfg: TrainConfig) -> dict[str, float]:
-    """Run synchronous RL training per a resolved `cfg`; returns the last step's metrics."""
-    run = setup_run(cfg, num_threads=cfg.num_threads)
+def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
+    """Run synchronous RL training per a resolved `cfg` in the claimed run dir `out`; returns the last step's
+    metrics."""
+    run = setup_run(cfg, out, num_threads=cfg.num_threads)
     model, tokenizer, gen = run.model, run.tokenizer, run.gen
     sampler = model  # the "inference engine": the policy itself, or a low-precision copy synced every step
     if cfg.sampler_dtype != "float32":
@@ -38,7 +40,7 @@ def train_sync(cfg: TrainConfig) -> dict[str, float]:
         run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
 
     bar = progress_bar(cfg, run.start)
-    metrics = {k: v for k, v in read_metrics(run.run_dir)[-1].items() if k != "step"} if run.start else {}
+    metrics = run.logger.last  # the checkpoint's step, should no step be left to run
     for step in range(run.start + 1, cfg.total_training_steps + 1):
         t0 = time.perf_counter()
         # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)

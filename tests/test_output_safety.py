@@ -1,0 +1,152 @@
+"""Nothing lost: a run directory is vespo's only when vespo marked it, only what its manifest lists is ever deleted,
+one process writes it at a time, and resume survives a missing or damaged log. Each case is an attack a careless user
+(or another trainer sharing the directory) made on an earlier version; before the fix they lost files or crashed."""
+
+import hashlib
+import json
+import os
+
+import pytest
+from _support import warm_tiny_model
+
+from vespo.outputs import LOCK, MARKER, claim
+from vespo.train.launch import cli
+from vespo.train.runs import CHECKPOINT, read_metrics
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A tiny warm-started model on disk and a JSONL training set of the arithmetic task."""
+    root = tmp_path_factory.mktemp("assets")
+    _, train_set, _ = warm_tiny_model(root)
+    (root / "train.jsonl").write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n"
+                                              for p in train_set))  # fmt: skip
+    return root
+
+
+def _argv(assets, run_dir, *extra) -> list[str]:
+    flags = {"model": assets / "model", "dataset": assets / "train.jsonl", "run-dir": run_dir, "train-batch-size": 2,
+             "ppo-mini-batch-size": 1, "rollout-n": 2, "max-response-length": 4, "total-training-steps": 2,
+             "eval-every": 0, "num-threads": 1, "save-every": 1}  # fmt: skip
+    return [a for k, v in flags.items() for a in (f"--{k}", str(v))] + ["--no-progress", "--no-tensorboard", *extra]
+
+
+def _snapshot(root) -> dict[str, str]:
+    """Every file under `root` with a hash of its bytes."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _another_trainers_dir(root):
+    """What another trainer leaves: its checkpoints, an exported model, TensorBoard logs and a metrics log."""
+    (root / "checkpoints" / "checkpoint-5000").mkdir(parents=True)
+    (root / "checkpoints" / "checkpoint-5000" / "model.safetensors").write_bytes(os.urandom(256))
+    (root / "final").mkdir()
+    (root / "final" / "config.json").write_text('{"model_type": "llama"}')
+    (root / "tb").mkdir()
+    (root / "tb" / "events.out.tfevents.1").write_bytes(os.urandom(64))
+    (root / "metrics.jsonl").write_text('{"step": 5000, "loss": 0.1}\n')
+    return _snapshot(root)
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_directory_vespo_did_not_create_is_never_deleted_from(assets, tmp_path, capsys):
+    before = _another_trainers_dir(tmp_path)
+    assert cli(_argv(assets, tmp_path)) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "was not created by vespo" in line and "--overwrite-output-dir" in line
+    # asked to overwrite, vespo still replaces nothing it did not write: checkpoints/, final/, tb/ are the other's
+    assert cli(_argv(assets, tmp_path, "--overwrite-output-dir")) == 2
+    assert "which vespo did not write" in _one_line(capsys.readouterr().err)
+    assert _snapshot(tmp_path) == before and not (tmp_path / MARKER).exists() and not (tmp_path / LOCK).exists()
+
+
+def test_overwrite_writes_beside_foreign_files_and_a_rerun_deletes_only_the_manifest(assets, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.jsonl").write_text("{}\n")
+    assert cli(_argv(assets, tmp_path, "--overwrite-output-dir")) == 0
+    assert (tmp_path / CHECKPOINT).is_file() and json.loads((tmp_path / MARKER).read_text())["kind"] == "train"
+    # the run is now vespo's: replacing it deletes its outputs, never notes.txt or data/
+    assert cli(_argv(assets, tmp_path, "--overwrite-output-dir", "--seed", "1")) == 0
+    assert "replacing the run there" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "data" / "x.jsonl").read_text() == "{}\n"
+
+
+def test_a_second_process_on_a_run_dir_is_refused_with_the_holders_pid(assets, tmp_path, capsys):
+    assert cli(_argv(assets, tmp_path / "run")) == 0
+    held = claim(tmp_path / "run", "train", [], label="run_dir")  # another process's run, for the lock's purposes
+    try:
+        before = _snapshot(tmp_path / "run")
+        assert cli(_argv(assets, tmp_path / "run", "--resume", "--total-training-steps", "3",
+                         "--allow-change", "total_training_steps")) == 2  # fmt: skip
+        line = _one_line(capsys.readouterr().err)
+        assert f"in use by another vespo process (pid {os.getpid()})" in line
+        assert _snapshot(tmp_path / "run") == before
+    finally:
+        held.release()
+    # released: the same resume now runs, and logs every step once
+    assert cli(_argv(assets, tmp_path / "run", "--resume", "--total-training-steps", "3",
+                     "--allow-change", "total_training_steps")) == 0  # fmt: skip
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_completions_are_replaced_with_the_run_and_truncated_on_resume(assets, tmp_path):
+    run = tmp_path / "run"
+    argv = _argv(assets, run, "--log-completions", "--num-completions-to-print", "2")
+    assert cli(argv) == 0
+    assert cli([*argv, "--overwrite-output-dir", "--seed", "3"]) == 0  # a replaced run leaves none of its rows
+
+    def steps(name):
+        return [json.loads(line)["step"] for line in (run / name).read_text().splitlines()]
+
+    assert steps("completions.jsonl") == [1, 1, 2, 2]
+    # a run killed after logging step 3 but before its checkpoint: the resume redoes step 3 and logs it once
+    with (run / "completions.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "prompt": "p", "completion": "c", "reward": 0.0, "advantage": 0.0}) + "\n")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "reward/mean": 0.0}) + "\n")
+    resume = ["--resume", "--total-training-steps", "3", "--allow-change", "total_training_steps"]
+    assert cli([*argv, "--seed", "3", *resume]) == 0
+    assert steps("completions.jsonl") == [1, 1, 2, 2, 3, 3]
+    assert steps("metrics.jsonl") == [1, 2, 3]
+
+
+@pytest.mark.parametrize("damage", ["missing", "middle line", "not rows"])
+def test_resume_recovers_from_a_missing_or_damaged_metrics_log(assets, tmp_path, capsys, damage):
+    run = tmp_path / "run"
+    assert cli(_argv(assets, run)) == 0
+    log = run / "metrics.jsonl"
+    if damage == "missing":
+        log.unlink()
+    elif damage == "middle line":
+        lines = log.read_text().splitlines()
+        log.write_text("\n".join([lines[0], '{"step": 2, "rew', *lines[1:]]) + "\n")
+    else:
+        log.write_text("[1, 2]\n{}\n" + log.read_text())
+    capsys.readouterr()
+    resume = ["--resume", "--total-training-steps", "3", "--allow-change", "total_training_steps"]
+    for _ in range(2):  # and a later resume is not stuck on the same damage
+        assert cli(_argv(assets, run, *resume)) == 0
+        resume[2] = "4"
+    err = [line for line in capsys.readouterr().err.splitlines() if "resume:" in line]
+    assert len(err) == 1 and ("is missing" in err[0] if damage == "missing" else "damaged line" in err[0]), err
+    assert [r["step"] for r in read_metrics(run)] == ([3, 4] if damage == "missing" else [1, 2, 3, 4])
+
+
+def test_a_run_refused_for_bad_data_leaves_no_directory_behind(assets, tmp_path, capsys):
+    small = tmp_path / "small.jsonl"
+    small.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    argv = _argv(assets, tmp_path / "new" / "run")
+    argv[argv.index("--dataset") + 1] = str(small)
+    assert cli(argv) == 2
+    assert "fewer than train_batch_size" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "new" / "run").exists()
