@@ -150,3 +150,97 @@ def test_a_run_refused_for_bad_data_leaves_no_directory_behind(assets, tmp_path,
     assert cli(argv) == 2
     assert "fewer than train_batch_size" in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "new" / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# every other --out: eval, compare, lab, sweep
+
+
+def _eval_argv(assets, tmp_path, out, *extra) -> list[str]:
+    bench = tmp_path / "toy.jsonl"
+    bench.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(2)))
+    return ["--model", str(assets / "model"), "--benchmarks", str(bench), "--k", "1", "--max-new-tokens", "4",
+            "--out", str(out), *extra]  # fmt: skip
+
+
+def _error_line(err: str) -> str:
+    """The one error line of an argparse-style refusal (usage line aside), never a traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_eval_never_truncates_an_earlier_result_unless_asked(assets, tmp_path, capsys):
+    from vespo import evaluation
+
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    (foreign / "samples.jsonl").write_text('{"keep": true}\n')
+    with pytest.raises(SystemExit) as exit_:
+        evaluation.cli(_eval_argv(assets, tmp_path, foreign))
+    assert exit_.value.code == 2 and "not created by vespo" in _error_line(capsys.readouterr().err)
+    assert (foreign / "samples.jsonl").read_text() == '{"keep": true}\n' and not (foreign / MARKER).exists()
+
+    out = tmp_path / "out"
+    assert evaluation.cli(_eval_argv(assets, tmp_path, out)) == 0
+    before = _snapshot(out)
+    with pytest.raises(SystemExit) as exit_:  # refused before the model loads: samples.jsonl keeps its rows
+        evaluation.cli(_eval_argv(assets, tmp_path, out))
+    assert exit_.value.code == 2 and "--overwrite-output-dir" in _error_line(capsys.readouterr().err)
+    assert _snapshot(out) == before
+    assert evaluation.cli(_eval_argv(assets, tmp_path, out, "--overwrite-output-dir", "--seed", "1")) == 0
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2  # replaced, not appended to
+
+    (tmp_path / "file").write_text("x")
+    for bad, message in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "sub", "cannot be written")):
+        with pytest.raises(SystemExit):
+            evaluation.cli(_eval_argv(assets, tmp_path, bad))
+        assert message in _error_line(capsys.readouterr().err)
+
+
+def test_compare_never_replaces_its_input_or_an_existing_file_unless_asked(tmp_path, capsys):
+    from vespo.experiments.compare import cli
+
+    results = tmp_path / "results.csv"
+    rows = [f"{v},1,{s},{0.5 + 0.01 * s + (0.1 if v == 'vespo' else 0)}" for v in ("grpo", "vespo") for s in range(5)]
+    results.write_text("variant,N,seed,final_eval_acc\n" + "\n".join(rows) + "\n")
+    original = results.read_text()
+    (tmp_path / "table.md").write_text("mine")
+    (tmp_path / "dir").mkdir()
+    cases = [  # (out, given --overwrite, refusal): even --overwrite never replaces the input
+        (results, True, "is the command's input"),
+        (tmp_path / "." / "results.csv", True, "is the command's input"),
+        (tmp_path / "table.md", False, "exists; pass --overwrite"),
+        (tmp_path / "dir", True, "is a directory"),
+        (tmp_path / "missing" / "t.md", True, "does not exist"),
+    ]
+    for out, overwrite, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            cli([str(results), "--out", str(out), *(["--overwrite"] if overwrite else [])])
+        assert exit_.value.code == 2 and message in _error_line(capsys.readouterr().err)
+    assert results.read_text() == original and (tmp_path / "table.md").read_text() == "mine"
+    assert cli([str(results), "--out", str(tmp_path / "table.md"), "--overwrite"]) == 0
+    assert (tmp_path / "table.md").read_text() == capsys.readouterr().out  # the table printed is the table written
+
+
+@pytest.mark.parametrize("command", ["lab", "sweep"])
+def test_grids_refuse_a_foreign_or_busy_out_dir_before_any_cell_runs(tmp_path, capsys, command):
+    from vespo.experiments import lab, sweep
+
+    module = lab if command == "lab" else sweep
+    grid = ["--methods", "vespo", "--staleness", "1", "--seeds", "0"]
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    (foreign / "results.md").write_text("mine")
+    assert module.cli([*grid, "--out-dir", str(foreign)]) == 2
+    assert "not created by vespo" in _one_line(capsys.readouterr().err)
+    assert module.cli([*grid, "--out-dir", str(foreign), "--overwrite-output-dir"]) == 2
+    assert "which vespo did not write" in _one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in foreign.iterdir()) == ["results.md"]
+    held = claim(tmp_path / "busy", command, [], label="out_dir")
+    try:
+        assert module.cli([*grid, "--out-dir", str(tmp_path / "busy")]) == 2
+        assert f"(pid {os.getpid()})" in _one_line(capsys.readouterr().err)
+    finally:
+        held.release()

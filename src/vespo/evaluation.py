@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
+from vespo.outputs import OutputError, OwnedDir, claim
 from vespo.rewards.code import score_code
 from vespo.rewards.math import score_math
 
@@ -211,15 +212,53 @@ def _parser() -> argparse.ArgumentParser:
         help="generation engine: hf (any device) or vllm (CUDA, pip install -e '.[vllm]'; not run on the CPU CI)",
     )
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:<index> (hf backend)")
-    p.add_argument("--out", default="eval_results", help="directory for results.md and results.json")
+    p.add_argument(
+        "--out",
+        default="eval_results",
+        help="directory for results.md, results.json and samples.jsonl: new, empty, or an earlier `vespo eval`'s",
+    )
+    p.add_argument(
+        "--overwrite-output-dir",
+        action="store_true",
+        help="replace an earlier `vespo eval`'s results in --out (nothing else there is touched)",
+    )
     return p
+
+
+EVAL_OUTPUTS = ("results.md", "results.json", "samples.jsonl")
+"""What `vespo eval` writes in --out (the manifest of its marker, `vespo.outputs`)."""
+
+
+def _is_legacy_report(path: Path) -> bool:
+    """An --out written by a vespo before the marker: a results.json of {"meta", "results"}."""
+    try:
+        with open(path / "results.json", "rb") as f:
+            report = json.loads(f.read(1 << 24))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(report, dict) and set(report) == {"meta", "results"}
+
+
+def claim_out(out: str, overwrite: bool) -> OwnedDir:
+    """Claim --out for this evaluation (`vespo.outputs.claim`); an earlier evaluation's results there are replaced
+    only with `overwrite` (OutputError otherwise, before the model loads)."""
+    owned = claim(out, "eval", EVAL_OUTPUTS, label="--out", overwrite=overwrite, legacy=_is_legacy_report)
+    earlier = owned.existing()
+    if earlier and not overwrite:
+        owned.release()
+        raise OutputError(
+            f"--out {owned.path} holds an earlier evaluation's {', '.join(earlier)}; pass --overwrite-output-dir to "
+            "replace them, or choose another --out"
+        )
+    owned.clear()
+    return owned
 
 
 def cli(argv: list[str]) -> int:
     """``vespo eval``: check every input, load the model, evaluate the benchmarks, print and write the table."""
     parser = _parser()
     args = parser.parse_args(argv)
-    from vespo.models import check_model_source, load_policy, resolve_device
+    from vespo.models import check_model_source, resolve_device
     from vespo.rollout.vllm import vllm_available
 
     if not (math.isfinite(args.temperature) and args.temperature > 0):
@@ -241,10 +280,19 @@ def cli(argv: list[str]) -> int:
             device = resolve_device(args.device)
         except ValueError as exc:
             raise ValueError(f"--device: {exc}") from None
+        if args.backend == "vllm" and not vllm_available():
+            raise ValueError("--backend vllm needs vLLM installed (pip install -e '.[vllm]') and a CUDA device")
+        out = claim_out(args.out, args.overwrite_output_dir)  # last: a refused command leaves no --out behind
     except ValueError as exc:
         parser.error(str(exc))
-    if args.backend == "vllm" and not vllm_available():
-        parser.error("--backend vllm needs vLLM installed (pip install -e '.[vllm]') and a CUDA device")
+    with out:
+        return _evaluate(args, device, benchmarks, out.path)
+
+
+def _evaluate(args: argparse.Namespace, device, benchmarks: list[Benchmark], out: Path) -> int:
+    """`vespo eval` once every input is checked and --out is claimed: load, evaluate, write and print the table."""
+    from vespo.models import load_policy
+
     model, tokenizer = load_policy(args.model)
     model.to(device)
     if args.backend == "vllm":
@@ -252,12 +300,11 @@ def cli(argv: list[str]) -> int:
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
            "top_k": args.top_k}  # fmt: skip
     gen["use_vllm"] = args.backend == "vllm"
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    samples = Path(args.out) / "samples.jsonl"
+    samples = out / "samples.jsonl"
     results = evaluate_benchmarks(
         model, tokenizer, benchmarks, limit=args.limit, seed=args.seed, chat=args.chat, samples_path=samples, **gen
     )
-    md, js = write_report(results, args.out, meta={"model": args.model, "seed": args.seed, "chat": args.chat, **gen})
+    md, js = write_report(results, out, meta={"model": args.model, "seed": args.seed, "chat": args.chat, **gen})
     print(md.read_text(), end="")
     print(f"wrote {md}, {js} and {samples} (every completion with its score)")
     return 0

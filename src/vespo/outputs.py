@@ -200,4 +200,3 @@ def check_output_file(path: str | Path, *, label: str, inputs: Iterable[str | Pa
     if os.path.lexists(path) and not overwrite:
         raise OutputError(f"{label} {path} exists; pass --overwrite to replace it, or give another file")
     return path
-

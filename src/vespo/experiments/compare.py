@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from vespo.experiments.stats import compare, format_ci, markdown_grid
+from vespo.outputs import check_output_file, write_atomic
 
 METRICS = ("final_eval_acc", "best_eval_acc", "final_train_reward")
 
@@ -75,10 +76,13 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--test", choices=("welch", "bootstrap"), default="welch")
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise significance level, in (0, 1)")
     p.add_argument("--out", type=Path, default=None, help="write the table here (markdown) as well as to stdout")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (never the input)")
     args = p.parse_args(argv)
     if not 0 < args.alpha < 1:
         p.error(f"--alpha must be in (0, 1), got {args.alpha}")
     try:
+        if args.out is not None:
+            check_output_file(args.out, label="--out", inputs=[args.results], overwrite=args.overwrite)
         groups = load_groups(args.results, args.metric)
     except ValueError as exc:
         p.error(str(exc))
@@ -87,5 +91,5 @@ def cli(argv: list[str]) -> int:
     text = markdown(groups, args.baseline, args.test, args.metric, args.alpha)
     sys.stdout.write(text)
     if args.out is not None:
-        args.out.write_text(text)
+        write_atomic(args.out, text)
     return 0

@@ -6,9 +6,12 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import tyro
+
+from vespo.outputs import OutputError, OwnedDir, claim
 
 C = TypeVar("C")
 
@@ -19,14 +22,38 @@ def settings_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 
+def claim_grid_dir(
+    kind: str, out_dir: str, outputs: tuple[str, ...], *, overwrite: bool, columns: set[str]
+) -> OwnedDir:
+    """Claim a grid's output directory (`vespo.outputs.claim`). A directory vespo marked continues the grid (finished
+    cells are reused, tables rebuilt from them); with `overwrite` its outputs are deleted first. An unmarked one is
+    taken as an earlier vespo's output of this grid when its results.csv has the grid's `columns`."""
+
+    def legacy(path: Path) -> bool:
+        try:
+            with open(path / "results.csv") as f:
+                return columns <= set(f.readline(1 << 12).strip().split(","))
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    out = claim(out_dir, kind, outputs, label="out_dir", overwrite=overwrite, legacy=legacy)
+    if overwrite:
+        out.clear()
+    return out
+
+
 def grid_cli(prog: str, config: type[C], argv: list[str], description: str, plan: Callable, run: Callable) -> int:
-    """Parse `config` from argv, let `plan` refuse bad settings (ValueError -> one line, exit 2) before any compute,
-    then `run` the grid."""
+    """Parse `config` from argv, let `plan` refuse bad settings, and `run` refuse an output directory it may not write
+    (ValueError -> one line, exit 2), both before any compute; then `run` the grid."""
     cfg = tyro.cli(config, args=argv, prog=prog, description=description)
     try:
         plan(cfg)
     except ValueError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    run(cfg)
+    try:
+        run(cfg)
+    except OutputError as exc:  # raised by the claim, before the grid's first cell
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -32,7 +32,7 @@ import tyro
 
 from vespo.advantages import group_advantages
 from vespo.experiments.compare import markdown as compare_markdown
-from vespo.experiments.grid import grid_cli, settings_key
+from vespo.experiments.grid import claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.lab_model import LAB_STEP_METRICS, ChainSpec, cell_result, lab_step, run_chain_cell
 from vespo.losses import available_methods, validate_hparams
 from vespo.train.config import check_output_dir
@@ -137,7 +137,11 @@ class LabConfig:
     chain: ChainSpec = ChainSpec()
     """The v2 model."""
     out_dir: str = "sweeps/lab"
-    """Output directory: results.csv, results.md, mechanism.csv, figures; cells/ holds per-cell JSON (for resuming)."""
+    """Output directory: results.csv, results.md, mechanism.csv, figures; cells/ holds per-cell JSON (for resuming).
+    New, empty, or an earlier lab grid's (continued)."""
+    overwrite_output_dir: bool = False
+    """Delete an earlier grid's outputs in `out_dir` first (its cells included), or write beside files vespo did not
+    create there (never replacing them)."""
     methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "topr")
     """Registered policy-loss methods to compare (`vespo.available_methods()`)."""
     length: tuple[int, ...] = (64, 1024)
@@ -402,7 +406,7 @@ def plot(out: Path, results: list[dict]) -> None:
     plt.close(fig)
 
 
-_GRID_ONLY = ("out_dir", "jobs", "methods", "length", "staleness", "lr_scale", "seeds")
+_GRID_ONLY = ("out_dir", "overwrite_output_dir", "jobs", "methods", "length", "staleness", "lr_scale", "seeds")
 """LabConfig fields that do not change one cell's result (where it is written, parallelism, the grid's axes)."""
 
 
@@ -417,11 +421,21 @@ def _run_chain(cfg: LabConfig, cell: LabCell) -> dict:
     return run_chain_cell(cfg, cell, cfg.chain)
 
 
+LAB_OUTPUTS = ("cells", "results.csv", "results.md", "mechanism.csv", "lab_reward.png", "lab_mechanism.png")
+"""What a lab grid writes in its out_dir (the manifest of its marker, `vespo.outputs`)."""
+
+
 def lab(cfg: LabConfig) -> list[dict]:
-    """Run the grid (parallel processes), write tables and figures; returns the per-cell results."""
+    """Run the grid (parallel processes) in its claimed out_dir, write tables and figures; returns the per-cell
+    results."""
     grid = cells(cfg)
+    columns = {"method", "length", "staleness", "lr_scale", "seed", "initial_reward"}  # `cell_result`'s, either preset
+    with claim_grid_dir("lab", cfg.out_dir, LAB_OUTPUTS, overwrite=cfg.overwrite_output_dir, columns=columns):
+        return _run_grid(cfg, grid)
+
+
+def _run_grid(cfg: LabConfig, grid: list[LabCell]) -> list[dict]:
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ import tyro
 
 from vespo.embedded.task import chain_response_tokens, scratchpad_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
-from vespo.experiments.grid import grid_cli, settings_key
+from vespo.experiments.grid import claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
 from vespo.plots import category_color, sequential_color
@@ -75,7 +75,10 @@ FIG4_COLUMNS = (
 @dataclass
 class SweepConfig:
     out_dir: str = "sweeps/staleness"
-    """Output directory (cells/, results.csv, results.md, figures)."""
+    """Output directory (cells/, results.csv, results.md, figures): new, empty, or an earlier sweep's (continued)."""
+    overwrite_output_dir: bool = False
+    """Delete an earlier sweep's outputs in `out_dir` first (its cells included), or write beside files vespo did not
+    create there (never replacing them)."""
     methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "sapo", "topr", "topr-tokenmean", "cispo", "bapo")
     """Methods of the default grid (ignored when a preset is chosen): registered methods, or `topr-tokenmean` (the
     length-normalised TOPR the VESPO paper compared against; `topr` is TOPR's own token-sum form)."""
@@ -125,7 +128,7 @@ SWEEP_OWNED = {
     "run_dir": "--out-dir",
     "cache_dir": "--cache-dir",
     "resume": "rerunning the sweep",
-    "overwrite_output_dir": "another --out-dir",
+    "overwrite_output_dir": "--overwrite-output-dir",
     "allow_change": "another --out-dir",
     "method": "--methods or --preset",
     "hparams": "--preset",
@@ -501,11 +504,22 @@ def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
     plt.close(fig)
 
 
+SWEEP_OUTPUTS = ("cells", "results.csv", "results.md", "fig3_training_reward.png", "fig4_dynamics.png",
+                 "fig_lr_robustness.png")  # fmt: skip
+"""What a sweep writes in its out_dir (the manifest of its marker, `vespo.outputs`)."""
+
+
 def sweep(cfg: SweepConfig) -> list[dict]:
-    """Run (or finish) the grid, then write the tables and figures. Returns the per-cell summaries."""
+    """Run (or finish) the grid in its claimed out_dir, then write the tables and figures. Returns the per-cell
+    summaries."""
     grid = cells(cfg)
+    columns = {"variant", "method", "N", "seed", "final_eval_acc"}  # `summarize`'s, in every vespo version
+    with claim_grid_dir("sweep", cfg.out_dir, SWEEP_OUTPUTS, overwrite=cfg.overwrite_output_dir, columns=columns):
+        return _run_grid(cfg, grid)
+
+
+def _run_grid(cfg: SweepConfig, grid: list[Cell]) -> list[dict]:
     out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for task in cfg.task:  # warm start once per task, before the parallel cells race for it
         embedded_policy_path(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
     from tqdm.auto import tqdm
