@@ -5,11 +5,13 @@ one process writes it at a time, and resume survives a missing or damaged log. E
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 from _support import warm_tiny_model
 
 from vespo.outputs import LOCK, MARKER, claim
+from vespo.rewards import GraderHostError
 from vespo.train.launch import cli
 from vespo.train.runs import CHECKPOINT, read_metrics
 
@@ -244,3 +246,30 @@ def test_grids_refuse_a_foreign_or_busy_out_dir_before_any_cell_runs(tmp_path, c
         assert f"(pid {os.getpid()})" in _one_line(capsys.readouterr().err)
     finally:
         held.release()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a grading-host failure stops the run: never trained on as zero rewards
+
+
+def host_fails_after_one_batch(completions, **kwargs):
+    """Grades the first batch (all wrong), then fails as a full disk does under the code grader."""
+    marker = Path(os.environ["VESPO_TEST_HOST_MARKER"])
+    if marker.exists():
+        raise GraderHostError("cannot create the sandbox's directory: [Errno 28] No space left on device")
+    marker.write_text("graded once")
+    return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_grading_host_failure_stops_the_run_in_one_line(assets, tmp_path, monkeypatch, capfd, mode):
+    monkeypatch.setenv("VESPO_TEST_HOST_MARKER", str(tmp_path / "marker"))
+    extra = ["--total-training-steps", "4", "--reward-fn", "test_output_safety:host_fails_after_one_batch"]
+    extra += ["--async", "--max-staleness", "4"] if mode == "async" else []
+    assert cli(_argv(assets, tmp_path / "run", *extra)) == 1
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("vespo train")]
+    assert len(err) == 1 and "grading failed on this host" in err[0] and "No space left on device" in err[0], err
+    # only the batch that was graded is trained on (async: if the learner got to it before the failure arrived)
+    steps = [r["step"] for r in read_metrics(tmp_path / "run")]
+    assert steps == [1] if mode == "sync" else steps in ([], [1])
+    assert "restarting it" not in "".join(err)  # a restarted sampler would only fail (or score zeros) again

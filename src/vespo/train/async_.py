@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from vespo.outputs import OwnedDir
+from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
@@ -127,7 +128,7 @@ class SamplerPool:
             if kind == "ready":
                 ranks.discard(rank)
             else:
-                self.errors[rank] = payload
+                self._note(kind, rank, payload)
 
     def close(self) -> None:
         """Stop every sampler: ask, wait `_JOIN_S`, then SIGTERM, then SIGKILL. Idempotent."""
@@ -198,8 +199,14 @@ class SamplerPool:
                 kind, rank, payload = self.events.get_nowait()
             except queue.Empty:
                 return
-            if kind == "error":
-                self.errors[rank] = payload
+            self._note(kind, rank, payload)
+
+    def _note(self, kind: str, rank: int, payload: str) -> None:
+        """Keep a sampler's error for when its death is handled; a grading-host failure stops the run at once."""
+        if kind == "host":
+            raise GraderHostError(f"sampler {rank}: {payload}")
+        if kind == "error":
+            self.errors[rank] = payload
 
     def _check_health(self) -> None:
         self._drain_events()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from vespo.models import quiet_hf_progress
+from vespo.rewards.batch import GraderHostError
 from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
 from vespo.train.runs import CHECKPOINT, claim_run_dir
 
@@ -50,6 +51,9 @@ def cli(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(f"vespo train: interrupted; {_interrupted(cfg)}", file=sys.stderr)
         return 130
+    except GraderHostError as exc:  # never scored as wrong answers: the run stops before it trains on them
+        print(f"vespo train: grading failed on this host: {exc}; {_interrupted(cfg)}", file=sys.stderr)
+        return 1
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
     print(f"run dir: {cfg.run_dir}")
     return 0

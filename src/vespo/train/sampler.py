@@ -159,12 +159,19 @@ def sampler_main(rank, cfg, policy_path, problems, store, schedule, batches, eve
     """Process entry point: generate scored batches with the newest admitted weights until `stop` is set.
 
     Errors are reported on `events` as ("error", rank, traceback) and end the process with exit code 1; the learner
-    decides whether to restart it. SIGINT is ignored (Ctrl-C reaches the whole process group; the learner stops us).
+    decides whether to restart it. A failure of the grading host is ("host", rank, message): the learner stops the
+    run, since a restarted sampler would only score zeros again. SIGINT is ignored (Ctrl-C reaches the whole process
+    group; the learner stops us).
     """
+    from vespo.rewards.batch import GraderHostError  # deferred like every import of the loop: a fast spawn
+
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, events, stop)
+    except GraderHostError as exc:
+        events.put(("host", rank, str(exc)))
+        sys.exit(1)
     except Exception:
         events.put(("error", rank, traceback.format_exc()))
         sys.exit(1)
