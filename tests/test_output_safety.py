@@ -273,3 +273,17 @@ def test_a_grading_host_failure_stops_the_run_in_one_line(assets, tmp_path, monk
     steps = [r["step"] for r in read_metrics(tmp_path / "run")]
     assert steps == [1] if mode == "sync" else steps in ([], [1])
     assert "restarting it" not in "".join(err)  # a restarted sampler would only fail (or score zeros) again
+
+
+def test_kernels_replaces_an_existing_figure_only_when_asked(tmp_path, capsys):
+    from vespo.plots import kernels_cli
+
+    (tmp_path / "kernels.png").write_bytes(b"theirs")
+    (tmp_path / "file").write_text("x")
+    for argv, message in (([], "exists; pass --overwrite"), (["--out", str(tmp_path / "file")], "--out")):
+        with pytest.raises(SystemExit) as exit_:
+            kernels_cli(argv or ["--out", str(tmp_path)])
+        assert exit_.value.code == 2 and message in _error_line(capsys.readouterr().err)
+    assert (tmp_path / "kernels.png").read_bytes() == b"theirs"
+    assert kernels_cli(["--out", str(tmp_path), "--overwrite"]) == 0
+    assert (tmp_path / "kernels.png").read_bytes()[:4] == b"\x89PNG"

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from vespo.kernels import surrogate, vespo_log_phi
+from vespo.outputs import check_output_file
 
 Curve = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # w -> (phi(w), f(w))
 
@@ -141,6 +142,12 @@ def kernels_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vespo kernels", description=kernels_cli.__doc__)
     parser.add_argument("--out", default="runs/kernels", help="output directory (default: runs/kernels)")
     parser.add_argument("--w-max", type=float, default=3.0, help="right end of the w axis (default: 3)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing DIR/kernels.png")
     args = parser.parse_args(argv)
+    try:
+        Path(args.out).expanduser().mkdir(parents=True, exist_ok=True)
+        check_output_file(Path(args.out).expanduser() / "kernels.png", label="--out", overwrite=args.overwrite)
+    except (OSError, ValueError) as exc:  # OutputError, or a path that cannot be a directory
+        parser.error(str(exc) if isinstance(exc, ValueError) else f"--out {args.out}: {exc.strerror or exc}")
     print(plot_kernels(args.out, args.w_max))
     return 0

@@ -78,7 +78,10 @@ def save_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state(gen)}
-    torch.save(state | (extra or {}), tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state | (extra or {}), f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old or the new file, never a torn one
     os.replace(tmp, path)
     if keep > 1:
         numbered = path.parent / f"step_{step}.pt"
