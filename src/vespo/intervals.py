@@ -26,11 +26,14 @@ class Interval:
         return (x > lo or (lo_closed and x == lo)) and (x < hi or (hi_closed and x == hi))
 
     def violation(self, name: str, value: float) -> str | None:
-        """None when `value` is finite and inside; else one line naming `name` and what is accepted (integers
-        bounded only below read "an integer >= k")."""
+        """None when `value` is finite and inside; else one line naming `name`, what is accepted and the `reason`
+        (integers bounded only below read "an integer >= k")."""
         if math.isfinite(value) and self.contains(value):
             return None
         lo_closed, lo, hi, _ = self._parsed
-        if isinstance(value, int) and not isinstance(value, bool) and hi == math.inf:
-            return f"{name} must be an integer >= {lo if lo_closed else lo + 1:g}, got {value}"
-        return f"{name} must be a finite number in {self.text}, got {value!r}"
+        why = f" ({self.reason})" if self.reason else ""
+        if isinstance(value, int) and not isinstance(value, bool):
+            if hi == math.inf:
+                return f"{name} must be an integer >= {lo if lo_closed else lo + 1:g}{why}, got {value}"
+            return f"{name} must be an integer in {self.text}{why}, got {value}"
+        return f"{name} must be a finite number in {self.text}{why}, got {value!r}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +73,30 @@ def check_records(
     return records
 
 
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a data file may have: a record is a few levels deep (code tests with nested
+call arguments a few more), and Python's parser raises RecursionError near 1000."""
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def check_json_depth(text: str, source: str, first_line: int = 1) -> None:
+    """Refuse JSON text nested deeper than `MAX_JSON_DEPTH` before parsing it (the parser would recurse into it): a
+    ValueError naming ``source:line``, the line where that depth is reached (`text` starts at `first_line`). Linear
+    time; a bracket count skips the scan for the usual shallow text."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        bracket = match[0]
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                line = first_line + text.count("\n", 0, match.start())
+                raise ValueError(f"{source}:{line}: nested more than {MAX_JSON_DEPTH} levels deep; not a record")
+        elif bracket in ("]", "}"):
+            depth -= 1
+
+
 def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list[dict]:
     """Local records, one JSON object a line (or one JSON array in a ``.json`` file): ``{"prompt", "answer"}``
     (math) or ``{"prompt", "tests"}`` (code); `prompt_key` / `answer_key` rename other columns, the rest are kept.
@@ -84,6 +109,7 @@ def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read ({exc})") from None
     if Path(path).suffix == ".json" and text.lstrip().startswith("["):  # one array of records
+        check_json_depth(text, str(path))
         try:
             rows = json.loads(text)
         except ValueError as exc:
@@ -93,6 +119,7 @@ def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        check_json_depth(line, str(path), lineno)
         try:
             rows.append(json.loads(line))
         except ValueError as exc:

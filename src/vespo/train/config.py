@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import math
 import os
 import re
 import types
@@ -343,30 +345,58 @@ def check_types(cfg: TrainConfig) -> None:
 # Values: ranges, registry hyperparameters, reward function, paths
 
 
-def _check_range(name: str, value: float, interval: str) -> None:
+def _check_range(name: str, value: float, interval: str | Interval) -> None:
     """`value` is finite and inside `interval` (`vespo.intervals.Interval`, as the loss registry writes ranges)."""
-    message = Interval(interval).violation(name, value)
+    message = (interval if isinstance(interval, Interval) else Interval(interval)).violation(name, value)
     if message is not None:
         raise ConfigError(message)
 
 
-# accepted interval (`vespo.intervals.Interval`) -> the fields it applies to; None values are skipped
+def _usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask, lowered by a cgroup v2 CPU quota (a container's
+    `--cpus`)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return max(1, min(cores, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max" (no quota)
+        return cores
+
+
+# accepted interval (`vespo.intervals.Interval`, or (interval, reason) where the bound is not the obvious one) ->
+# the fields it applies to; None values are skipped. Reasons and measurements: docs/training.md, "Configuration".
 # fmt: off
-_RANGES_BY_INTERVAL: dict[str, tuple[str, ...]] = {
-    "[0, inf)": ("kl_coef", "entropy_coeff", "warmup_steps", "weight_decay", "top_k", "rollout_logit_noise",
-                 "max_staleness", "sft_steps", "eval_every"),
+_RANGES_BY_INTERVAL: dict[str | tuple[str, str], tuple[str, ...]] = {
+    "[0, inf)": ("warmup_steps", "top_k", "max_staleness", "sft_steps", "eval_every"),
     "[1, inf)": ("train_batch_size", "ppo_mini_batch_size", "micro_batch_size", "total_training_steps", "lora_r",
-                 "ess_alarm_patience", "max_response_length", "sync_every", "num_samplers", "max_operand",
-                 "sft_batch_size", "save_every", "save_total_limit", "eval_size", "eval_n", "num_threads",
-                 "num_completions_to_print"),
-    "(0, inf)": ("lr", "lora_alpha", "adam_epsilon", "grad_clip", "target_kl", "temperature", "sft_lr"),
+                 "ess_alarm_patience", "max_response_length", "sync_every", "max_operand", "sft_batch_size",
+                 "save_every", "save_total_limit", "eval_size", "eval_n", "num_threads", "num_completions_to_print"),
+    "(0, inf)": ("lora_alpha", "grad_clip", "target_kl"),
     "[0, 1]": ("warmup_ratio", "ess_alarm"),
     "[0, 1)": ("lora_dropout", "sft_label_noise"),
-    "(0, 1]": ("top_p",),
     "[2, inf)": ("num_operands",),
+    ("(0, 1]", "an optimizer step moves each weight by about lr; near 1e38 Adam's step overflows float32"):
+        ("lr", "sft_lr"),
+    ("[0, 1]", "each step multiplies the weights by 1 - lr * weight_decay"): ("weight_decay",),
+    ("[1.2e-38, inf)", "a smaller epsilon rounds to 0 in float32, and a weight with a zero gradient gets the update "
+     "0/0 = NaN"): ("adam_epsilon",),
+    ("[0, 1000]", "the policy-gradient term is O(1) per token, so 1000 trains the regulariser alone; from ~1e19 the "
+     "gradient overflows float32 and every update is skipped"): ("kl_coef", "entropy_coeff"),
+    ("[0.01, inf)", "vLLM raises lower temperatures to 0.01; below it float32 rounding of the logits grows into "
+     "log-ratio errors above 0.01, and below ~1e-37 logits / temperature overflow"): ("temperature",),
+    ("[1e-06, 1]", "a smaller nucleus is always the single most likely token, i.e. greedy decoding with identical "
+     "responses per group; below ~1e-45 it rounds to 0 in float32 and the nucleus is empty"): ("top_p",),
+    ("[0, 100]", "logits are of order 10, so std 100 already samples at random; near 1e37 the logits overflow "
+     "float32"): ("rollout_logit_noise",),
+    (f"[1, {_usable_cores()}]", "one sampler process per usable CPU core, each with its own copy of the policy"):
+        ("num_samplers",),
 }
 # fmt: on
-_RANGES = {name: interval for interval, names in _RANGES_BY_INTERVAL.items() for name in names}
+_RANGES = {
+    name: Interval(*((key,) if isinstance(key, str) else key))
+    for key, names in _RANGES_BY_INTERVAL.items()
+    for name in names
+}
 
 
 def check_values(cfg: TrainConfig) -> None:
@@ -520,6 +550,72 @@ def _validate_async(cfg: TrainConfig) -> None:
 
         if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
             raise ConfigError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
+    weights = _policy_bytes(cfg.model, cfg.sampler_dtype) if cfg.sampler_engine == "hf" else 0  # vLLM: on the GPU
+    per_sampler, free = _SAMPLER_PROCESS_BYTES + weights, _available_memory()
+    if free is not None and cfg.num_samplers * per_sampler > free:
+        fit = f"at most {free // per_sampler} sampler(s) fit" if free >= per_sampler else "not even one sampler fits"
+        raise ConfigError(
+            f"num_samplers={cfg.num_samplers} needs about {cfg.num_samplers * per_sampler / 2**30:.1f} GiB "
+            f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {cfg.sampler_dtype} copy of the "
+            f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
+        )
+
+
+_SAMPLER_PROCESS_BYTES = 300 << 20  # measured: peak RSS of a sampler's imports (torch, transformers), no policy yet
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}  # safetensors dtype names
+
+
+def _policy_bytes(model: str, dtype: str) -> int:
+    """Bytes of one `dtype` copy of the policy, from its weight files (a model directory, or the Hub cache's copy);
+    0 when they are not on this machine yet, or for the embedded model (a few hundred KB)."""
+    if model == EMBEDDED:
+        return 0
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(model, "config.json")
+        except ValueError:  # not a valid Hub id: `check_model` says so
+            return 0
+        if not isinstance(cached, str):
+            return 0
+        folder = Path(cached).parent
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    size = sum(f.stat().st_size for f in files)
+    stored = _safetensors_dtype_bytes(files[0]) if files and files[0].suffix == ".safetensors" else None
+    wanted = _DTYPE_BYTES[{"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]]
+    return size * wanted // stored if stored else size
+
+
+def _safetensors_dtype_bytes(file: Path) -> int | None:
+    """Bytes per weight of a safetensors file (the dtype of the first tensor in its JSON header); None if unknown."""
+    try:
+        with open(file, "rb") as f:
+            header = json.loads(f.read(min(int.from_bytes(f.read(8), "little"), 1 << 24)))
+        first = next(v for k, v in header.items() if k != "__metadata__")
+        return _DTYPE_BYTES.get(first["dtype"])
+    except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
+        return None
+
+
+_CGROUP_MEMORY = (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"))
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory a new process can still get: Linux's MemAvailable, lowered by this container's cgroup limit
+    (v2 or v1); None where /proc/meminfo does not exist."""
+    try:
+        free = int(re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())[1]) << 10
+    except (OSError, TypeError):
+        return None
+    for limit, usage in _CGROUP_MEMORY:
+        try:
+            cap = int(Path("/sys/fs/cgroup", limit).read_text()) - int(Path("/sys/fs/cgroup", usage).read_text())
+        except (OSError, ValueError):  # no such cgroup file, or "max"
+            continue
+        free = min(free, max(cap, 0))
+    return free
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -537,8 +633,21 @@ _YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # PyYAML read
 _YAML_MAX_BYTES = 1 << 20  # a config is a few KB; a larger file (or /dev/zero) is refused before parsing
 
 
+class _AliasRefused(yaml.MarkedYAMLError):
+    """A YAML alias, refused while the document is composed: a few hundred bytes of nested aliases ("billion laughs")
+    would otherwise expand into gigabytes once walked, printed or type-checked."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+    """SafeLoader that refuses aliases (`*name`) and a key given twice in one mapping (PyYAML silently keeps the
+    last)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            alias = self.peek_event()
+            problem = f"YAML aliases are not accepted (*{alias.anchor} repeats anchor &{alias.anchor}); write it out"
+            raise _AliasRefused(problem=problem, problem_mark=alias.start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -552,8 +661,8 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def read_yaml(path: str | Path, label: str) -> object:
-    """Parse a YAML file: UTF-8, at most 1 MiB, no duplicate keys; any problem is a one-line ConfigError starting
-    with `label` and the path (and line, for syntax errors)."""
+    """Parse a YAML file: UTF-8, at most 1 MiB, no aliases, no duplicate keys; any problem is a one-line ConfigError
+    starting with `label` and the path (and line, for syntax errors and aliases)."""
     try:
         with open(Path(path).expanduser(), "rb") as f:
             raw = f.read(_YAML_MAX_BYTES + 1)
@@ -571,7 +680,8 @@ def read_yaml(path: str | Path, label: str) -> object:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{label} {path}:{where} YAML syntax error: {problem}") from None
+        kind = "" if isinstance(exc, _AliasRefused) else " YAML syntax error:"
+        raise ConfigError(f"{label} {path}:{where}{kind} {problem}") from None
     except RecursionError:
         raise ConfigError(f"{label} {path}: nested too deeply to be a config") from None
 

@@ -1,0 +1,162 @@
+"""Input bombs of issue 27 (item 8) through the real command line: a YAML alias bomb, more sampler processes than the
+machine can hold, floats the sampler or optimizer cannot compute with, and a dataset line nested thousands deep are
+each one line naming the field (or file:line) and what is accepted, exit code 2, before any model loads.
+
+All cases run in one subprocess (`vespo.cli.main` per case, model loading booby-trapped, as in
+tests/test_bad_inputs.py) whose address space is capped and whose cases are timed out, so a bomb that still goes off
+fails its case in seconds instead of filling the machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vespo.data import load_jsonl
+
+_DRIVER = r"""
+import contextlib, io, json, os, resource, signal, sys, time, traceback
+import transformers
+import vespo.train.setup
+from vespo.cli import main
+
+class ModelLoad(BaseException):
+    pass
+
+def refuse(*args, **kwargs):
+    raise ModelLoad()
+
+def too_slow(signum, frame):
+    raise TimeoutError("case still running after 20 s")
+
+transformers.AutoModelForCausalLM.from_pretrained = refuse
+transformers.AutoTokenizer.from_pretrained = refuse
+vespo.train.setup.embedded_policy_path = refuse
+signal.signal(signal.SIGALRM, too_slow)
+with contextlib.redirect_stderr(io.StringIO()):
+    main(["train", "--grad-clip", "nan"])  # warm-up: imports and the parser are not timed
+pages = int(open("/proc/self/statm").read().split()[0])
+cap = pages * os.sysconf("SC_PAGE_SIZE") + (2 << 30)  # 2 GiB more address space than after the imports
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+results = []
+for argv in json.load(sys.stdin):
+    out, err, loaded, code = io.StringIO(), io.StringIO(), False, None
+    rss, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    signal.alarm(20)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except ModelLoad:
+            loaded = True
+        except BaseException:
+            code = "traceback"
+            err.write(traceback.format_exc()[-2000:])
+    signal.alarm(0)
+    seconds = time.perf_counter() - start
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    results.append({"code": code, "text": out.getvalue() + err.getvalue(), "loaded": loaded, "s": seconds,
+                    "mib": grown_mib})
+print(json.dumps(results))
+"""
+
+_CORES = len(os.sched_getaffinity(0))
+_LAUGHS = "abcdefghi"  # 9 levels of 9 references each: 9**9 (387 million) leaves once expanded
+
+
+def _alias_chain(mapping: bool) -> list[str]:
+    """The nine anchored lines `name: &name [...]` (or `{...}`) of a "billion laughs" bomb, each referring nine times
+    to the line above."""
+    lines = []
+    for i, name in enumerate(_LAUGHS):
+        leaves = [f"*{_LAUGHS[i - 1]}" if i else "lol"] * 9
+        items = ", ".join(f"k{j}: {leaf}" for j, leaf in enumerate(leaves)) if mapping else ", ".join(leaves)
+        lines.append(f"{name}: &{name} " + ("{" + items + "}" if mapping else f"[{items}]"))
+    return lines
+
+
+_FILES = {
+    # a top-level field, a veRL section (whose nested mappings vespo flattens) and the hyperparameter mapping
+    "top.yaml": "lora_target_modules:\n" + "".join(f"  - {line.split(' ', 1)[1]}\n" for line in _alias_chain(False)),
+    "verl.yaml": "actor_rollout_ref:\n" + "".join(f"  {line}\n" for line in _alias_chain(True)),
+    "hparams.yaml": "hparams:\n" + "".join(f"  {line}\n" for line in _alias_chain(False)),
+    "deep.jsonl": '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "p", "answer": ' + "[" * 3000 + "]" * 3000 + "}\n",
+    "deep.json": '[{"prompt": "1+1=", "answer": "2"},\n {"prompt": "p", "answer": ' + "[" * 3000 + "]" * 3000 + "}]\n",
+}
+
+# (id, argv with {root}, texts the one-line message must contain)
+_ALIAS_CASES = [
+    ("alias bomb, top-level field", ["--config", "{root}/top.yaml"], ["top.yaml: line 3:", "*a", "aliases"]),
+    ("alias bomb, actor_rollout_ref", ["--config", "{root}/verl.yaml"], ["verl.yaml: line 3:", "*a", "aliases"]),
+    ("alias bomb, hparams", ["--config", "{root}/hparams.yaml"], ["hparams.yaml: line 3:", "*a", "aliases"]),
+]
+_CASES = [
+    *_ALIAS_CASES,
+    ("num_samplers 60", ["--async", "--num-samplers", "60"], ["num_samplers", "CPU core"]),
+    ("num_samplers above the cores", ["--async", "--num-samplers", str(_CORES + 1)], ["num_samplers", "CPU core"]),
+    ("num_samplers 100000", ["--num-samplers", "100000"], ["num_samplers", "CPU core"]),
+    ("num_samplers memory", ["--async", "--model", "{root}/huge"], ["num_samplers=1", "GiB", "memory"]),
+    ("temperature 1e-300", ["--temperature", "1e-300"], ["temperature must be", "[0.01, inf)"]),
+    ("top_p 1e-300", ["--top-p", "1e-300"], ["top_p must be", "[1e-06, 1]"]),
+    ("lr 1e38", ["--lr", "1e38"], ["lr must be", "(0, 1]"]),
+    ("dataset 3000 deep (jsonl)", ["--dataset", "{root}/deep.jsonl"], ["deep.jsonl:2:", "nested", "64"]),
+    ("dataset 3000 deep (json)", ["--dataset", "{root}/deep.json"], ["deep.json:2:", "nested", "64"]),
+]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case's exit code, output, seconds and memory growth from one driver process."""
+    root = tmp_path_factory.mktemp("bombs")
+    for name, text in _FILES.items():
+        (root / name).write_text(text)
+    (root / "huge").mkdir()
+    (root / "huge" / "config.json").write_text("{}")
+    with open(root / "huge" / "model.safetensors", "wb") as f:  # sparse: 1 TiB of weights that take no disk
+        f.truncate(1 << 40)
+    tail = ["--total-training-steps", "1", "--no-progress", "--no-tensorboard", "--run-dir", str(root / "run")]
+    argvs = [["train", *(a.replace("{root}", str(root)) for a in argv), *tail] for _, argv, _ in _CASES]
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {case_id: result for (case_id, _, _), result in zip(_CASES, results, strict=True)}
+
+
+@pytest.mark.parametrize(("case_id", "parts"), [(i, p) for i, _, p in _CASES], ids=[i for i, _, _ in _CASES])
+def test_bomb_is_one_line_before_compute(outcomes, case_id, parts):
+    if case_id == "num_samplers 60" and _CORES >= 60:
+        pytest.skip("this machine has 60 usable cores")
+    result = outcomes[case_id]
+    text = result["text"]
+    assert not result["loaded"], f"a model was loaded before the bad input was reported: {text}"
+    assert result["code"] == 2 and text.startswith("vespo train: error:"), text
+    assert len(text.strip().splitlines()) == 1, text
+    assert all(part in text for part in parts), text
+
+
+@pytest.mark.parametrize("case_id", [i for i, _, _ in _ALIAS_CASES])
+def test_alias_bomb_is_refused_fast_and_small(outcomes, case_id):
+    result = outcomes[case_id]
+    assert result["s"] < 1.0 and result["mib"] < 64, result
+
+
+def test_json_depth_limit_is_64(tmp_path):
+    """Exactly 64 levels load; 65 are refused with the file and line."""
+    path = tmp_path / "d.jsonl"
+    nested = '{"prompt": "p", "answer": "1", "x": "[[[{{" , "y": %s}\n'  # brackets inside strings do not count
+    path.write_text(nested % ("[" * 63 + "]" * 63))
+    assert len(load_jsonl(path)) == 1
+    path.write_text(nested % ("[" * 64 + "]" * 64))
+    with pytest.raises(ValueError, match=r"d.jsonl:1: nested more than 64 levels"):
+        load_jsonl(path)
