@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from vespo.train.config import TrainConfig
+from vespo.train.learner import Learner, UpdateSettings
 from vespo.train.runs import CHECKPOINT, claim_run_dir, save_checkpoint, start_run
 
 _DRIVER = r"""
@@ -181,7 +182,8 @@ def _saved_run(run_dir):
     cfg = TrainConfig(run_dir=str(run_dir), total_training_steps=10)
     start_run(cfg, claim_run_dir(cfg))
     model = torch.nn.Linear(2, 2)
-    save_checkpoint(run_dir, 3, model, torch.optim.AdamW(model.parameters()), torch.Generator())
+    learner = Learner(model, torch.optim.AdamW(model.parameters()), UpdateSettings())
+    save_checkpoint(run_dir, 3, learner, torch.Generator())
 
 
 class _Payload:

@@ -11,6 +11,7 @@ import torch
 
 from vespo.outputs import LOCK, MARKER
 from vespo.train.config import ConfigError, TrainConfig, resolve, to_yaml
+from vespo.train.learner import Learner, UpdateSettings
 from vespo.train.runs import (
     CHECKPOINT,
     Logger,
@@ -22,6 +23,11 @@ from vespo.train.runs import (
     save_checkpoint,
     start_run,
 )
+
+
+def _learner(model, opt=None) -> Learner:
+    """A learner of `model` (AdamW unless `opt` is given), as the loops checkpoint it."""
+    return Learner(model, opt or torch.optim.AdamW(model.parameters()), UpdateSettings())
 
 
 def _names(run_dir) -> list[str]:
@@ -37,7 +43,7 @@ def _saved_run(tmp_path, step=3, **kw) -> TrainConfig:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    save_checkpoint(tmp_path / "run", step, model, opt, torch.Generator().manual_seed(1))
+    save_checkpoint(tmp_path / "run", step, _learner(model, opt), torch.Generator().manual_seed(1))
     return cfg
 
 
@@ -47,11 +53,11 @@ def test_checkpoint_round_trips_model_optimizer_and_every_rng_stream(tmp_path):
     torch.manual_seed(7), random.seed(7), np.random.seed(7)
     model, opt = torch.nn.Linear(3, 2), None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    save_checkpoint(tmp_path / "run", 4, model, opt, gen)
+    save_checkpoint(tmp_path / "run", 4, _learner(model, opt), gen)
     expected = (torch.rand(3), random.random(), np.random.rand(3), torch.rand(3, generator=gen))
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     gen2 = torch.Generator()
-    assert restore(load_checkpoint(tmp_path / "run"), model, opt, gen2) == 4
+    assert restore(load_checkpoint(tmp_path / "run"), _learner(model, opt), gen2) == (4, {})
     got = (torch.rand(3), random.random(), np.random.rand(3), torch.rand(3, generator=gen2))
     assert torch.equal(got[0], expected[0]) and got[1] == expected[1]
     assert np.array_equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
@@ -161,7 +167,7 @@ def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
     # the replaced run's saved config (overwrite_output_dir: true) still resumes without the flag
     resumed = dataclasses.replace(fresh, resume=True)
     model = torch.nn.Linear(3, 2)
-    save_checkpoint(tmp_path / "run", 1, model, torch.optim.AdamW(model.parameters()), torch.Generator())
+    save_checkpoint(tmp_path / "run", 1, _learner(model), torch.Generator())
     assert check_run(resumed)["step"] == 1
 
 
@@ -203,7 +209,7 @@ def test_checkpoint_of_another_model_is_one_clear_error_on_restore(tmp_path):
     _saved_run(tmp_path)  # weights of a Linear(3, 2)
     model = torch.nn.Linear(4, 2)
     with pytest.raises(ConfigError, match=r"does not fit the model: weight has shape \[2, 3\], the model \[2, 4\]"):
-        restore(load_checkpoint(tmp_path / "run"), model, torch.optim.AdamW(model.parameters()), torch.Generator())
+        restore(load_checkpoint(tmp_path / "run"), _learner(model), torch.Generator())
 
 
 def test_save_total_limit_keeps_the_last_k_checkpoints(tmp_path):
@@ -214,14 +220,14 @@ def test_save_total_limit_keeps_the_last_k_checkpoints(tmp_path):
     for step in range(1, 6):
         with torch.no_grad():
             model.weight.fill_(step)
-        save_checkpoint(tmp_path, step, model, opt, torch.Generator(), keep=3)
+        save_checkpoint(tmp_path, step, _learner(model, opt), torch.Generator(), keep=3)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["last.pt", "mine.pt", "step_3.pt", "step_4.pt", "step_5.pt"]
     for step in (3, 4, 5):
         ckpt = torch.load(tmp_path / "checkpoints" / f"step_{step}.pt", weights_only=True)
         assert ckpt["step"] == step and ckpt["model"]["weight"].eq(step).all()
     assert load_checkpoint(tmp_path)["step"] == 5
-    save_checkpoint(tmp_path, 6, model, opt, torch.Generator())  # keep=1: last.pt only, numbered ones left as are
+    save_checkpoint(tmp_path, 6, _learner(model, opt), torch.Generator())  # keep=1: last.pt only, numbered ones kept
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
     with pytest.raises(ConfigError, match="save_total_limit must be an integer >= 1"):
         resolve(TrainConfig(save_total_limit=0))

@@ -82,16 +82,16 @@ def test_fixed_seed_runs_match_the_pre_redesign_metrics(tiny_model, tmp_path, na
 def test_async_learner_passes_the_users_flags(tiny_model, tmp_path, monkeypatch, decoupled, use_rollout):
     """mu enters the loss as rollout_log_prob exactly when the user asked (decoupled + use_rollout_log_prob); without
     the decoupled loss mu is old_log_prob itself. No forged config overrides the flag."""
-    import vespo.train.async_ as async_mod
+    import vespo.train.learner as learner_mod
 
     seen = []
-    real = async_mod.ppo_update
+    real = learner_mod.ppo_update
 
     def spy(model, opt, rollout, adv, old, settings, **kw):
         seen.append((kw["rollout_log_prob"] is not None, torch.equal(old, rollout.rollout_log_prob), settings))
         return real(model, opt, rollout, adv, old, settings, **kw)
 
-    monkeypatch.setattr(async_mod, "ppo_update", spy)
+    monkeypatch.setattr(learner_mod, "ppo_update", spy)
     run = COMMON | RUNS["async"] | {"model": tiny_model / "model", "run_dir": tmp_path / "r", "total_training_steps": 1}
     run |= {"dataset": tiny_model / "train.jsonl", "eval_dataset": tiny_model / "eval.jsonl"}
     run |= {"max_staleness": 3} if decoupled else {}

@@ -30,10 +30,9 @@ from vespo.outputs import OwnedDir
 from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
-from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import finish_run, progress_bar
+from vespo.train.learner import rollout_metrics, to_floats
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
-from vespo.train.setup import close_step, completion_rows, evaluate, setup_run, update_settings
+from vespo.train.setup import completion_rows, setup_run, update_settings
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
 _STARTUP_S = 600.0  # a sampler that is not ready (model loaded, weights pulled) after this long fails the run
@@ -298,23 +297,21 @@ class LagStats:
 def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     """Run asynchronous RL training per a resolved `cfg` (mode == "async") in the claimed run dir `out`; returns the
     last step's metrics."""
-    run = setup_run(cfg, out, num_threads=cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
-    model, tokenizer = run.model, run.tokenizer
-    next_batch = run.checkpoint["async"]["next_batch"] if run.checkpoint is not None else 0
-    do_eval = bool(run.eval_set) and cfg.eval_every > 0
-    n_mini = cfg.num_mini_batches
     settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
-    lp_args = settings.log_prob_args
-    opt_step = run.start * n_mini  # = the policy version of the learner's current weights
-    pool = SamplerPool(cfg, run.policy_path, run.train_set, model, step=opt_step, next_batch=next_batch)
-    stats, metrics, bar = LagStats(), run.logger.last, None
+    threads = cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1))
+    state = setup_run(cfg, out, settings, num_threads=threads)
+    run, learner, tokenizer = state.run, state.learner, state.tokenizer
+    model = learner.model
+    next_batch = state.loop["async"]["next_batch"] if "async" in state.loop else 0
+    n_mini = cfg.num_mini_batches
+    opt_step = state.start * n_mini  # = the policy version of the learner's current weights
+    pool = SamplerPool(cfg, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
+    stats, metrics = LagStats(), run.logger.last
     t_loop, dropped_total = time.perf_counter(), 0
     with _sigterm_as_interrupt(), contextlib.closing(pool):
         pool.start(model, opt_step)
-        if do_eval and run.start == 0:
-            run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
-        bar = progress_bar(cfg, run.start)
-        for step in range(run.start + 1, cfg.total_training_steps + 1):
+        run.begin()
+        for step in range(state.start + 1, cfg.total_training_steps + 1):
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
             per_unit: list[dict[str, float]] = []
             rewards = []
@@ -330,36 +327,23 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                     continue
                 # 2. old log-probs: mu as the sampler recorded it (the behaviour policy itself), or with the
                 # decoupled loss pi_prox = the learner's weights right now, mu then entering as rollout_log_prob
-                rows = torch.arange(unit.rewards.numel())
                 mu = unit.rollout.rollout_log_prob  # (b, T)
-                model.eval()
-                with torch.no_grad():
-                    old_log_prob = (
-                        policy_log_probs(model, unit.rollout, rows, **lp_args)[0] if cfg.use_decoupled_loss else mu
-                    )
-                    ref_log_prob = None if run.reference is None else run.reference(unit.rollout, rows, **lp_args)
+                old_log_prob = learner.log_probs(unit.rollout) if cfg.use_decoupled_loss else mu
                 # 3. one optimizer step on it, then publish every sync_every steps
-                model.train()
-                history = ppo_update(
-                    model,
-                    run.optimizer,
+                update = learner.update(
                     unit.rollout,
                     unit.advantages,
                     old_log_prob,
-                    settings,
-                    ref_log_prob=ref_log_prob,
+                    ref_log_prob=learner.reference_log_probs(unit.rollout),
                     rollout_log_prob=mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None,
-                    scheduler=run.scheduler,
-                    scaler=run.scaler,
                 )
-                model.eval()
                 opt_step += 1
                 pool.schedule.consume(1, trained=True)
                 if opt_step % cfg.sync_every == 0:
                     pool.store.publish(model, opt_step)
                 # 4. per-unit metrics, by lag (no train-inference gap: the sampler's weights are not the learner's)
                 unit_metrics = rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length, train_log_prob=None)
-                m = to_floats(unit_metrics | summarize_update(history))
+                m = to_floats(unit_metrics | update)
                 m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
                 per_unit.append(m)
                 rewards.append(unit.rewards)
@@ -399,19 +383,17 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                 "async/samples_dropped_total": float(dropped_total),
                 "async/sampler_restarts": float(pool.restarts),
             }
-            extra = {"async": {"next_batch": pool.next_batch}}
-            if close_step(run, cfg, step, metrics, bar=bar, show="async/lag_mean", extra=extra):
+            loop = {"async": {"next_batch": pool.next_batch}}
+            if run.end_step(step, metrics, learner, state.gen, show="async/lag_mean", loop=loop):
                 break
-    if bar is not None:
-        bar.close()
     summary = stats.summary() | {
         "loop_s": time.perf_counter() - t_loop,
         "sampler_restarts": pool.restarts,
         "lost_batches": pool.lost_batches,
         "samples_dropped": dropped_total,
     }
-    (run.run_dir / "async_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    finish_run(run.run_dir, run.logger, model, tokenizer)
+    (run.dir / "async_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    run.finish(model, tokenizer)
     return metrics
 
 

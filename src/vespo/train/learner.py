@@ -6,6 +6,7 @@ config, and keeps metrics as tensors until `to_floats` converts a whole logged s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -97,6 +98,94 @@ class UpdateSettings:
     def agg_mode(self) -> str:
         """The aggregation in use: `loss_agg_mode`, or the method's own default."""
         return self.loss_agg_mode or default_loss_agg_mode(self.method)
+
+
+class Learner:
+    """The trained side of a run: the policy, its optimizer, LR scheduler, fp16 loss scaler and KL reference, and the
+    N-mini-batch update (`ppo_update`). Both loops call it; its `state_dict` is what a checkpoint holds of it."""
+
+    def __init__(
+        self,
+        model: transformers.PreTrainedModel,
+        optimizer: torch.optim.Optimizer,
+        settings: UpdateSettings,
+        *,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        reference: Callable[..., Tensor] | None = None,
+    ):
+        self.model, self.optimizer, self.settings = model, optimizer, settings
+        self.scheduler, self.scaler, self.reference = scheduler, scaler, reference
+
+    @torch.no_grad()
+    def log_probs(self, rollout: Rollout) -> Tensor:
+        """(B, T) log-probs of the rollout under the current weights: the old log-probs (W == 1 at mini-batch 0)."""
+        self.model.eval()
+        rows = torch.arange(rollout.response_mask.shape[0])
+        return policy_log_probs(self.model, rollout, rows, **self.settings.log_prob_args)[0]
+
+    def reference_log_probs(self, rollout: Rollout) -> Tensor | None:
+        """(B, T) log-probs of the rollout under the KL reference (None without a KL penalty)."""
+        if self.reference is None:
+            return None
+        return self.reference(rollout, torch.arange(rollout.response_mask.shape[0]), **self.settings.log_prob_args)
+
+    def update(
+        self,
+        rollout: Rollout,
+        advantages: Tensor,
+        old_log_prob: Tensor,
+        *,
+        ref_log_prob: Tensor | None = None,
+        rollout_log_prob: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """`settings.num_mini_batches` sequential optimizer steps on the rollout (`ppo_update`); the update's metrics
+        summarised over its mini-batches, as tensors."""
+        self.model.train()
+        history = ppo_update(
+            self.model,
+            self.optimizer,
+            rollout,
+            advantages,
+            old_log_prob,
+            self.settings,
+            ref_log_prob=ref_log_prob,
+            rollout_log_prob=rollout_log_prob,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+        )
+        self.model.eval()
+        return summarize_update(history)
+
+    def state_dict(self) -> dict:
+        """Weights, optimizer, and the scheduler's and scaler's states when there are any: tensors and plain
+        containers only (a checkpoint loads with weights_only=True)."""
+        extra = (("scheduler", self.scheduler), ("scaler", self.scaler))
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()} | {
+            name: obj.state_dict() for name, obj in extra if obj is not None
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` in place. ValueError naming the first mismatch when the weights are another model's,
+        or when the state lacks what this learner has (a scheduler or a scaler)."""
+        want, got = self.model.state_dict(), state["model"]
+        problem = next((f"{k} is missing" for k in want if k not in got), None)
+        problem = problem or next((f"{k} is not a parameter of the model" for k in got if k not in want), None)
+        shapes = ((k, list(got[k].shape), list(v.shape)) for k, v in want.items())
+        problem = problem or next((f"{k} has shape {a}, the model {b}" for k, a, b in shapes if a != b), None)
+        extra = (("scheduler", self.scheduler), ("scaler", self.scaler))
+        missing = (f"it has no {name} state" for name, obj in extra if obj is not None and name not in state)
+        problem = problem or next(missing, None)
+        if problem:
+            raise ValueError(problem)
+        try:
+            self.model.load_state_dict(got)
+            self.optimizer.load_state_dict(state["optimizer"])
+            for name, obj in extra:
+                if obj is not None:
+                    obj.load_state_dict(state[name])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(" ".join(str(exc).split())[:200] or type(exc).__name__) from None
 
 
 def micro_batches(rows: Tensor, size: int) -> list[Tensor]:

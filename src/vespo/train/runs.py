@@ -69,17 +69,18 @@ def set_rng_state(state: dict, gen: torch.Generator) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, optimizer, gen: torch.Generator, extra: dict | None = None, *, keep: int = 1
+    run_dir: Path, step: int, learner, gen: torch.Generator, loop: dict | None = None, *, keep: int = 1
 ) -> None:
-    """Atomically write everything needed to continue bit-for-bit: weights, optimizer, step, all RNG states (and
-    `extra` entries, e.g. the async trainer's next batch id). Only tensors and plain containers: no pickled code.
-    With `keep` > 1 (`save_total_limit`) the last `keep` saves are also kept as checkpoints/step_<step>.pt."""
+    """Atomically write everything needed to continue bit-for-bit: the step, the learner's state (weights, optimizer,
+    scheduler, scaler: `Learner.state_dict`), all RNG states and the loop's own (`loop`: the async trainer's next
+    batch id). Only tensors and plain containers: no pickled code. With `keep` > 1 (`save_total_limit`) the last
+    `keep` saves are also kept as checkpoints/step_<step>.pt. The one writer of a checkpoint."""
     path = Path(run_dir) / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state(gen)}
+    state = {"step": step, **learner.state_dict(), "rng": rng_state(gen)} | (loop or {})
     with open(tmp, "wb") as f:
-        torch.save(state | (extra or {}), f)
+        torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old or the new file, never a torn one
     os.replace(tmp, path)
@@ -96,6 +97,8 @@ def save_checkpoint(
 
 
 _CKPT_KEYS = ("step", "model", "optimizer", "rng")
+LOOP_KEYS = ("async",)
+"""Checkpoint entries a loop owns (`save_checkpoint(loop=...)`): the async trainer's {"next_batch": int}."""
 
 
 def load_checkpoint(run_dir: str | Path) -> dict:
@@ -161,6 +164,9 @@ def check_checkpoint(ckpt: dict) -> str | None:
         )
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, OverflowError):
         return "rng.numpy is not a NumPy random state"
+    for name in ("scheduler", "scaler"):
+        if name in ckpt and not (isinstance(ckpt[name], dict) and all(isinstance(k, str) for k in ckpt[name])):
+            return f"{name} must be a mapping of state names to values"
     if "async" in ckpt and not (isinstance(ckpt["async"], dict) and _is_index(ckpt["async"].get("next_batch"))):
         return "async.next_batch must be an integer >= 0"
     return None
@@ -280,24 +286,17 @@ def start_run(cfg: TrainConfig, out: OwnedDir) -> Path:
     return out.path
 
 
-def restore(ckpt: dict, model, optimizer, gen: torch.Generator) -> int:
-    """Load a checkpoint's weights, optimizer and RNG states in place; return its step. A checkpoint whose tensors
-    do not fit the model (another model or geometry) is a ConfigError naming the first mismatch."""
-    want, got = model.state_dict(), ckpt["model"]
-    problem = next((f"{k} is missing" for k in want if k not in got), None)
-    problem = problem or next((f"{k} is not a parameter of the model" for k in got if k not in want), None)
-    shapes = ((k, list(got[k].shape), list(v.shape)) for k, v in want.items())
-    problem = problem or next((f"{k} has shape {a}, the model {b}" for k, a, b in shapes if a != b), None)
-    if problem:
-        raise ConfigError(f"resume: the checkpoint does not fit the model: {problem}")
+def restore(ckpt: dict, learner, gen: torch.Generator) -> tuple[int, dict]:
+    """Load a checkpoint into the learner (`Learner.load_state_dict`) and the RNG streams in place; return its step
+    and the loop's own entries (`LOOP_KEYS`). A checkpoint that does not fit the learner (another model or geometry,
+    no scheduler state for a run with one) is a ConfigError naming the first mismatch. The one reader of a
+    checkpoint."""
     try:
-        model.load_state_dict(got)
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        first = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ConfigError(f"resume: the checkpoint does not fit the model: {first}") from None
+        learner.load_state_dict(ckpt)
+    except ValueError as exc:
+        raise ConfigError(f"resume: the checkpoint does not fit the model: {exc}") from None
     set_rng_state(ckpt["rng"], gen)
-    return ckpt["step"]
+    return ckpt["step"], {k: ckpt[k] for k in LOOP_KEYS if k in ckpt}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,12 +481,49 @@ class EssAlarm:
         return self.stop
 
 
-def finish_run(run_dir: Path, logger: Logger, model, tokenizer) -> None:
-    """Close the logs, draw reward.png and save the final policy to run_dir/final."""
-    logger.close()
-    plot_run(run_dir)
-    model.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
+class Run:
+    """One run's bookkeeping as a loop sees it: the claimed run dir, its logs (metrics, completions, TensorBoard), the
+    held-out evaluations when due, the ESS alarm, checkpoints and the progress bar. Nothing here changes a number."""
+
+    def __init__(self, cfg: TrainConfig, out: OwnedDir, start: int, evaluate: Callable[[], dict] | None):
+        self.cfg, self.dir, self.start = cfg, out.path, start
+        self.logger = Logger(cfg, out.path, start)
+        self.alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
+        self.evaluate = evaluate if cfg.eval_every > 0 else None
+        self.bar = None
+
+    def begin(self) -> None:
+        """Log a fresh run's initial held-out evaluation (step 0), then show the progress bar."""
+        if self.evaluate is not None and self.start == 0:
+            self.logger.log(self.evaluate(), 0)
+        self.bar = progress_bar(self.cfg, self.start)
+
+    def end_step(self, step: int, metrics: dict[str, float], learner, gen, *, show: str, loop: dict | None = None):
+        """The end of a rollout step in every loop: held-out evaluation when due, log, warn on skipped updates, watch
+        the ESS, checkpoint when due (or when stopping; `loop`: the loop's own checkpoint entries), advance the bar
+        (reward and metric `show`). Returns True when the ESS alarm stops the run."""
+        cfg = self.cfg
+        if self.evaluate is not None and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
+            metrics |= self.evaluate()
+        self.logger.log(metrics, step)
+        warn_skipped_updates(step, metrics)
+        stop = self.alarm.update(step, metrics)
+        if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
+            save_checkpoint(self.dir, step, learner, gen, loop, keep=cfg.save_total_limit)
+        if self.bar is not None:
+            self.bar.update(1)
+            shown = {"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"}
+            self.bar.set_postfix(shown)
+        return stop
+
+    def finish(self, model, tokenizer) -> None:
+        """Close the bar and the logs, draw reward.png and save the final policy to run_dir/final."""
+        if self.bar is not None:
+            self.bar.close()
+        self.logger.close()
+        plot_run(self.dir)
+        model.save_pretrained(self.dir / "final")
+        tokenizer.save_pretrained(self.dir / "final")
 
 
 def progress_bar(cfg: TrainConfig, start: int):

@@ -1,5 +1,6 @@
-"""Run setup shared by every loop: data and reward, policy (+ reference), optimizer, RNG streams and resume, turned
-into one `RunState`; and the held-out evaluation the loops run at their evaluation steps."""
+"""Run setup shared by every loop: data and reward, the learner (policy, reference, optimizer, scheduler, scaler),
+RNG streams and resume, turned into one `RunState`; and the held-out evaluation the run does at its evaluation
+steps."""
 
 from __future__ import annotations
 
@@ -21,45 +22,30 @@ from vespo.outputs import OwnedDir
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.rollout import Rollout, decode_responses
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
-from vespo.train.learner import UpdateSettings, policy_log_probs
-from vespo.train.runs import (
-    EssAlarm,
-    Logger,
-    check_run,
-    restore,
-    save_checkpoint,
-    seed_everything,
-    start_run,
-    warn_skipped_updates,
-)
+from vespo.train.learner import Learner, UpdateSettings, policy_log_probs
+from vespo.train.runs import Run, check_run, restore, seed_everything, start_run
 
 
 @dataclasses.dataclass
 class RunState:
-    """Everything a loop needs to start or continue a run; `start` is the rollout step to continue after."""
+    """What a loop starts from: the run's bookkeeping (`Run`), the learner, and the data; `start` is the rollout step
+    to continue after, `loop` the loop's own checkpoint entries (empty for a fresh run)."""
 
-    run_dir: Path
-    policy_path: str | Path
-    model: transformers.PreTrainedModel
+    run: Run
+    learner: Learner
     tokenizer: transformers.PreTrainedTokenizerBase
-    reference: Callable[..., torch.Tensor] | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None
-    scaler: torch.amp.GradScaler | None
+    policy_path: str | Path
     gen: torch.Generator
     start: int
-    checkpoint: dict | None
+    loop: dict
     train_set: list[dict]
-    eval_set: list[dict] | None
     reward_fn: Callable[..., list[float]]
-    logger: Logger
-    alarm: EssAlarm
 
 
-def setup_run(cfg: TrainConfig, out: OwnedDir, *, num_threads: int | None) -> RunState:
-    """Check the claimed run dir `out` and the inputs (all before any compute), then load the policy, build the
-    reference and the optimizer, seed every RNG stream and restore a checkpoint on resume. config.yaml is written once
-    the inputs have loaded, so a bad input leaves no run behind."""
+def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings, *, num_threads: int | None) -> RunState:
+    """Check the claimed run dir `out` and the inputs (all before any compute), then load the policy and build the
+    learner with the loop's update `settings`, seed every RNG stream and restore a checkpoint on resume. config.yaml
+    is written once the inputs have loaded, so a bad input leaves no run behind."""
     ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
     try:
         reward_fn = load_reward_fn(cfg.reward_fn)
@@ -68,7 +54,7 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, *, num_threads: int | None) -> Ru
     train_set, eval_set = load_data(cfg)
     if num_threads:
         torch.set_num_threads(num_threads)
-    run_dir = start_run(cfg, out)
+    start_run(cfg, out)
     policy_path = cfg.model
     if cfg.model == EMBEDDED:
         policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
@@ -84,23 +70,20 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, *, num_threads: int | None) -> Ru
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
-    reference = build_reference(model, cfg)
     optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg)
-    scaler = torch.amp.GradScaler(device.type) if cfg.fp16 else None
+    learner = Learner(
+        model,
+        optimizer,
+        settings,
+        scheduler=build_scheduler(optimizer, cfg),
+        scaler=torch.amp.GradScaler(device.type) if cfg.fp16 else None,
+        reference=build_reference(model, cfg),
+    )
     gen = seed_everything(cfg.seed, device)  # global streams + the sampling-noise generator, all checkpointed
-    start = 0
-    if ckpt is not None:
-        start = restore(ckpt, model, optimizer, gen)
-        for name, obj in (("scheduler", scheduler), ("scaler", scaler)):
-            if obj is not None and name in ckpt:
-                obj.load_state_dict(ckpt[name])
-    logger = Logger(cfg, run_dir, start)
-    alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
-    return RunState(
-        run_dir, policy_path, model, tokenizer, reference, optimizer, scheduler, scaler, gen, start, ckpt, train_set,
-        eval_set, reward_fn, logger, alarm,
-    )  # fmt: skip
+    start, loop = restore(ckpt, learner, gen) if ckpt is not None else (0, {})
+    held_out = (lambda: evaluate(model, tokenizer, eval_set, cfg)) if eval_set else None
+    run = Run(cfg, out, start, held_out)
+    return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn)
 
 
 def add_lora(model: transformers.PreTrainedModel, cfg: TrainConfig):
@@ -140,34 +123,6 @@ def build_reference(model, cfg: TrainConfig) -> Callable[..., torch.Tensor] | No
             return policy_log_probs(frozen, rollout, rows, **lp_args)[0]
 
     return copy_of_initial
-
-
-def close_step(
-    run: RunState,
-    cfg: TrainConfig,
-    step: int,
-    metrics: dict[str, float],
-    *,
-    bar=None,
-    show: str,
-    extra: dict | None = None,
-) -> bool:
-    """The end of a rollout step in every loop: held-out evaluation when due, log, warn on skipped updates, watch the
-    ESS, checkpoint when due (or when stopping), advance the progress bar (reward and metric `show`). Returns True
-    when the ESS alarm stops the run."""
-    if run.eval_set and cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-        metrics |= evaluate(run.model, run.tokenizer, run.eval_set, cfg)
-    run.logger.log(metrics, step)
-    warn_skipped_updates(step, metrics)
-    stop = run.alarm.update(step, metrics)
-    if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
-        state = {name: obj.state_dict() for name, obj in (("scheduler", run.scheduler), ("scaler", run.scaler)) if obj}
-        extra = state | (extra or {})
-        save_checkpoint(run.run_dir, step, run.model, run.optimizer, run.gen, extra=extra, keep=cfg.save_total_limit)
-    if bar is not None:
-        bar.update(1)
-        bar.set_postfix({"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"})
-    return stop
 
 
 def completion_rows(tokenizer, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, limit: int) -> list:

@@ -20,32 +20,27 @@ from vespo.outputs import OwnedDir
 from vespo.rewards.batch import grade_batch
 from vespo.rollout import decode_responses, sample
 from vespo.train.config import TrainConfig
-from vespo.train.learner import policy_log_probs, ppo_update, rollout_metrics, summarize_update, to_floats
-from vespo.train.runs import finish_run, progress_bar
-from vespo.train.setup import close_step, completion_rows, evaluate, sampling_kwargs, setup_run, update_settings
+from vespo.train.learner import rollout_metrics, to_floats
+from vespo.train.setup import completion_rows, sampling_kwargs, setup_run, update_settings
 
 
 def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     """Run synchronous RL training per a resolved `cfg` in the claimed run dir `out`; returns the last step's
     metrics."""
-    run = setup_run(cfg, out, num_threads=cfg.num_threads)
-    model, tokenizer, gen = run.model, run.tokenizer, run.gen
+    settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
+    state = setup_run(cfg, out, settings, num_threads=cfg.num_threads)
+    run, learner, tokenizer, gen = state.run, state.learner, state.tokenizer, state.gen
+    model = learner.model
     sampler = model  # the "inference engine": the policy itself, or a low-precision copy synced every step
     if cfg.sampler_dtype != "float32":
         sampler = copy.deepcopy(model).to(getattr(torch, cfg.sampler_dtype)).eval().requires_grad_(False)
-    settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
-    lp_args = settings.log_prob_args
-    do_eval = bool(run.eval_set) and cfg.eval_every > 0
-    if do_eval and run.start == 0:
-        run.logger.log(evaluate(model, tokenizer, run.eval_set, cfg), 0)
-
-    bar = progress_bar(cfg, run.start)
+    run.begin()
     metrics = run.logger.last  # the checkpoint's step, should no step be left to run
-    for step in range(run.start + 1, cfg.total_training_steps + 1):
+    for step in range(state.start + 1, cfg.total_training_steps + 1):
         t0 = time.perf_counter()
         # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)
-        idx = torch.randperm(len(run.train_set))[: cfg.train_batch_size].tolist()
-        batch = [run.train_set[i] for i in idx]
+        idx = torch.randperm(len(state.train_set))[: cfg.train_batch_size].tolist()
+        batch = [state.train_set[i] for i in idx]
         prompts = format_prompts(tokenizer, [r["prompt"] for r in batch], chat=cfg.apply_chat_template)
         # 2. generate n responses per prompt with the sampler, recording its log-probs
         model.eval()
@@ -55,41 +50,28 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         rollout = sample(sampler, tokenizer, prompts, n=cfg.rollout_n, **gen_args)
         t_gen = time.perf_counter()
         # 3. rewards and group advantages
-        rewards = grade_batch(run.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
+        rewards = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
         rewards = rewards.to(rollout.response_mask.device)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         if cfg.log_completions:
             rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
             run.logger.log_completions(rows, step)
         # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
-        rows = torch.arange(rewards.numel())
-        with torch.no_grad():
-            old_log_prob, _ = policy_log_probs(model, rollout, rows, **lp_args)  # (B, T)
-            ref_log_prob = None if run.reference is None else run.reference(rollout, rows, **lp_args)
+        old_log_prob, ref_log_prob = learner.log_probs(rollout), learner.reference_log_probs(rollout)  # (B, T)
         # 5. N sequential optimizer steps over the mini-batches; the sampler's log-probs correct the mismatch
-        model.train()
-        history = ppo_update(
-            model,
-            run.optimizer,
+        update = learner.update(
             rollout,
             advantages,
             old_log_prob,
-            settings,
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
-            scheduler=run.scheduler,
-            scaler=run.scaler,
         )
-        model.eval()
-        # 6. log: the step's tensors become floats here, once
+        # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
         step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length, train_log_prob=old_log_prob)
-        metrics = to_floats(step_metrics | summarize_update(history))
+        metrics = to_floats(step_metrics | update)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["time/gen_s"] = t_gen - t0
-        # evaluate, log, watch the ESS, checkpoint
-        if close_step(run, cfg, step, metrics, bar=bar, show="response/length_mean"):
+        if run.end_step(step, metrics, learner, gen, show="response/length_mean"):
             break
-    if bar is not None:
-        bar.close()
-    finish_run(run.run_dir, run.logger, model, tokenizer)
+    run.finish(model, tokenizer)
     return metrics
