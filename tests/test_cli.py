@@ -133,3 +133,23 @@ def test_version_comes_from_the_package_metadata():
     proc = subprocess.run([sys.executable, "-m", "vespo", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"vespo {version('vespo')}", proc.stderr
     assert "--version" in subprocess.run([sys.executable, "-m", "vespo"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--method", "cispo", "--hparams", "ratio_min", "None"], {"ratio_min": None}),
+        (["--method", "cispo", "--hparams", "ratio_min", "0.5", "ratio_max", "3"],
+         {"ratio_min": 0.5, "ratio_max": 3.0}),  # fmt: skip
+        (["--hparams", "c1_pos", "2", "rollout_rs", "token_k1", "rollout_rs_threshold", "0.5_5"],
+         {"c1_pos": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_5"}),  # fmt: skip
+        (["--hparams", "rollout_is", "None"], {"rollout_is": None}),
+    ],
+)
+def test_hparams_are_typed_by_the_methods_own_signature(argv, expected):
+    """`--hparams` values take the registry's types: None where None is accepted (CISPO's ratio_min), floats for
+    floats, and veRL's "lower_upper" thresholds stay text (a number parser reads "0.5_5" as 0.55)."""
+    from vespo.train.config import parse_args
+
+    got = parse_args(argv).hparams
+    assert got == expected and all(type(got[k]) is type(v) for k, v in expected.items())

@@ -189,6 +189,30 @@ def _check_type(method: str, name: str, value: object, kind: object) -> object:
     return value
 
 
+def parse_hparam(method: str, name: str, text: str) -> object:
+    """A command-line hyperparameter value typed by the method's own annotation: "None"/"null" is None where None is
+    accepted, numbers where a number is, "true"/"false" for a bool; the rollout-correction options keep their text
+    (veRL's "lower_upper" thresholds, which a number parser would read as 0.55 for "0.5_5"). Text that does not
+    parse is returned as is, for `validate_hparams` to refuse with its one-line message."""
+    spec = get_method(method)
+    kind = spec.kinds.get(name, object)
+    args = typing.get_args(kind)
+    if text in ("None", "null") and (kind is object or type(None) in args):
+        return None
+    if type(None) in args:
+        kind = next(a for a in args if a is not type(None))
+    try:
+        if kind is float:
+            return float(text)
+        if kind is int:
+            return int(text)
+    except ValueError:
+        return text
+    if kind is bool and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
 def get_method(method: str) -> MethodSpec:
     if method not in _REGISTRY:
         raise ValueError(f"unknown policy-loss method {method!r}; known methods: {available_methods()}")

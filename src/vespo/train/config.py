@@ -23,7 +23,7 @@ import tyro
 import yaml
 
 from vespo.intervals import Interval
-from vespo.losses import CORRECTION_OPTIONS, available_methods, rollout_correction, validate_hparams
+from vespo.losses import available_methods, method_hparams, parse_hparam, rollout_correction, validate_hparams
 from vespo.models import check_model_source, looks_local
 from vespo.rewards.batch import load_reward_fn
 
@@ -64,7 +64,7 @@ class TrainConfig:
     # --- algorithm
     method: str = "vespo"
     """Policy-loss method from the registry (`vespo.available_methods()`)."""
-    hparams: dict[str, float | int | str] = field(default_factory=dict)
+    hparams: dict[str, float | int | str | None] = field(default_factory=dict)
     """Method hyperparameters passed to the loss, e.g. `--hparams c1_pos 2 length_norm sqrt` (paper defaults)."""
     loss_agg_mode: LossAggMode | None = None
     """How the per-token loss is normalised (`vespo.aggregation.agg_loss`); None = the method's default."""
@@ -811,15 +811,16 @@ def parse_args(argv: list[str]) -> TrainConfig:
             "actor_rollout_ref.* / data.* / trainer.* keys); --async is short for --mode async."
         ),
     )
-    return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _raw_correction_hparams(argv)))
+    return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _typed_hparams(cfg.method, argv)))
 
 
-def _raw_correction_hparams(argv: list[str]) -> dict[str, object]:
-    """The rollout-correction hyperparameters of `--hparams` as typed: veRL's "lower_upper" thresholds are strings
-    (the command-line parser would read "0.5_5" as the number 0.55), and "None" is None."""
-    if "--hparams" not in argv:
+def _typed_hparams(method: str, argv: list[str]) -> dict[str, object]:
+    """`--hparams name value ...` typed by the method's own signature (`vespo.losses.parse_hparam`: `ratio_min None`
+    is None), not by the command-line parser's guess; names the method does not have are left to validation."""
+    if "--hparams" not in argv or method not in available_methods():
         return {}
     values = argv[argv.index("--hparams") + 1 :]
     values = values[: next((i for i, v in enumerate(values) if v.startswith("--")), len(values))]
     pairs = dict(zip(values[::2], values[1::2], strict=False))
-    return {k: None if v in ("None", "null") else v for k, v in pairs.items() if k in CORRECTION_OPTIONS}
+    known = method_hparams(method)
+    return {k: parse_hparam(method, k, v) for k, v in pairs.items() if k in known}
