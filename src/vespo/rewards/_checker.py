@@ -5,12 +5,17 @@ pipes on the two fds named in argv. Test code may import the allow-listed packag
 the standard library. Test code runs here, never in the sandbox; each call of the candidate's functions
 is sent to the sandbox as data and its return value comes back as plain data (`_wire.decode`), so every comparison
 happens on trusted values with trusted code. The sandbox has no way to write to the grader's pipe.
+
+The values are still the candidate's choice (``[[0.0]] * 100000`` makes ``np.allclose`` against 2,000 floats build
+1.6 GB arrays), so the checker runs under its own address-space and CPU limits (``memory_mb``, ``cpu_s``): such a case
+fails with MemoryError or the checker's death, and the grader restarts it before the next case.
 """
 
 import builtins
 import ctypes
 import json
 import os
+import resource
 import signal
 import sys
 
@@ -35,6 +40,7 @@ class Checker:
     def __init__(self, request_fd: int, response_fd: int, max_bytes: int, max_values: int):
         self.request_fd, self.reader = request_fd, _wire.Reader(response_fd, max_bytes, max_values)
         self.broken = None
+        self.out_of_memory = False
 
     def remote(self, name: str):
         """A stand-in for the candidate's ``name``: calling it runs the real function in the sandbox."""
@@ -59,6 +65,7 @@ class Checker:
         return call
 
     def run(self, case: dict) -> dict:
+        """The verdict on one case; ``"restart"`` when this process is no longer fit for the next case."""
         scope = {"__name__": "__main__"}
         try:
             if case.get("setup"):
@@ -70,8 +77,13 @@ class Checker:
                 scope[case["entry_point"]] = self.remote(case["entry_point"])
             exec(compile(case["test"], "<test>", "exec"), scope)
         except BaseException as exc:  # noqa: BLE001 - a failing test, whatever it raised
-            return {"error": self.broken or f"{type(exc).__name__}: {exc}"[:500]}
-        return {"error": self.broken} if self.broken else {"passed": True}
+            self.out_of_memory = isinstance(exc, MemoryError)  # a half-done import or cache may stay behind
+            verdict = {"error": self.broken or f"{type(exc).__name__}: {exc}"[:500]}
+        else:
+            verdict = {"error": self.broken} if self.broken else {"passed": True}
+        if self.broken or self.out_of_memory:
+            verdict["restart"] = True
+        return verdict
 
 
 def main() -> None:
@@ -79,10 +91,12 @@ def main() -> None:
     # unprivileged fallback) cannot reopen the verdict pipe through /proc or write into this process.
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    # argv[1:3]: bootstrap dir and module; argv[8]: the allow-listed package entries (JSON); argv[9]: the grader's
+    # argv[1:3]: bootstrap dir and module; argv[10]: the allow-listed package entries (JSON); argv[11]: the grader's
     # tag, for the sweep of a dead grader's leftovers
-    request_fd, response_fd, max_bytes, max_values, grader_pid = map(int, sys.argv[3:8])
-    _imports.allow(json.loads(sys.argv[8]))
+    request_fd, response_fd, max_bytes, max_values, grader_pid, memory_mb, cpu_s = map(int, sys.argv[3:10])
+    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20,) * 2)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    _imports.allow(json.loads(sys.argv[10]))
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the grader, even mid-test
     if os.getppid() != grader_pid:
         os._exit(1)
@@ -91,12 +105,15 @@ def main() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # prints in test code go nowhere, not into the verdict channel
     os.dup2(null, 2)
-    while not checker.broken:  # after a broken exchange the sandbox channel is out of step: the grader restarts both
+    _wire.send(verdicts, {"ready": True})  # the grader treats a checker that never gets here as a host failure
+    verdict = {}
+    while "restart" not in verdict:  # e.g. a broken exchange left the sandbox channel out of step: both restart
         try:
             case = grader.read(None)
         except _wire.WireError:
             break
-        _wire.send(verdicts, checker.run(case))
+        verdict = checker.run(case)
+        _wire.send(verdicts, verdict)
     os._exit(0)
 
 

@@ -5,8 +5,8 @@ non-string keys survive: ``None``/bool/int/float/str/list are JSON itself; ``{"t
 ``{"frozenset": [...]}``, ``{"dict": [[k, v], ...]}``, ``{"complex": [re, im]}`` and ``{"bytes": "<latin-1>"}`` are the
 rest. `decode` only ever builds these plain types: a message from the sandbox can carry values, never behaviour.
 
-Reading is bounded before any parsing: bytes per message, then values per message (counted on the raw text), then
-nesting depth; where the peer is untrusted and the reader has no deadline, nothing the peer chose is hashed.
+Reading is bounded before any parsing: bytes per message, then values and characters per string (counted on the raw
+text), then nesting depth; where the peer is untrusted and the reader has no deadline, nothing the peer chose is hashed.
 """
 
 import json
@@ -78,10 +78,10 @@ def _non_string_key(body) -> bool:
     return type(body) is not list or any(type(p) is not list or not p or type(p[0]) is not str for p in body)
 
 
-def count_values(text: str, limit: int) -> int:
+def count_values(text: str, limit: int, max_chars: int | None = None) -> int:
     """An upper bound on the values in JSON ``text`` (one per string and per ``[``, ``{`` or ``,`` outside strings),
     computed without parsing: at most ``limit`` + 1 steps, each a C-level count or string scan. WireError past
-    ``limit`` or on an unterminated string."""
+    ``limit``, on an unterminated string, or on a string that decodes to over ``max_chars`` characters."""
     nodes, pos, size = 1, 0, len(text)
     while True:
         quote = text.find('"', pos)
@@ -92,9 +92,11 @@ def count_values(text: str, limit: int) -> int:
         if quote < 0:
             return nodes
         try:
-            pos = scanstring(text, quote + 1)[1]
+            string, pos = scanstring(text, quote + 1)
         except ValueError:
             raise WireError("malformed message: bad string") from None
+        if max_chars is not None and len(string) > max_chars:
+            raise WireError(f"string over {max_chars} characters")
         nodes += 1
 
 
@@ -115,11 +117,13 @@ def send(fd: int, message: dict, deadline: float | None = None) -> None:
 
 class Reader:
     """Reads message lines from a non-blocking pipe with a deadline, a per-message byte cap and (for an untrusted
-    peer) a cap on values per message; never blocks past the deadline, never parses past a cap."""
+    peer) caps on values per message and characters per string; never blocks past the deadline, never parses past a
+    cap. The writer's caps do not count: the peer may write its own lines."""
 
-    def __init__(self, fd: int, max_bytes: int, max_values: int | None = None):
+    def __init__(self, fd: int, max_bytes: int, max_values: int | None = None, max_chars: int | None = None):
         os.set_blocking(fd, False)
-        self.fd, self.max_bytes, self.max_values, self.buf, self.scanned = fd, max_bytes, max_values, bytearray(), 0
+        self.fd, self.max_bytes, self.max_values, self.max_chars = fd, max_bytes, max_values, max_chars
+        self.buf, self.scanned = bytearray(), 0
         self.poller = select.poll()
         self.poller.register(fd, select.POLLIN)
 
@@ -131,13 +135,10 @@ class Reader:
             if end > self.max_bytes or (end < 0 and len(self.buf) > self.max_bytes):
                 raise WireError(f"message over {self.max_bytes} bytes")
             if end >= 0:
-                line = bytes(self.buf[:end])
-                del self.buf[: end + 1]
                 try:
-                    text = line.decode()
-                    del line
-                    if self.max_values is not None:
-                        count_values(text, self.max_values)
+                    text = self._take_line(end)
+                    if self.max_values is not None or self.max_chars is not None:  # len + 1 bounds the values
+                        count_values(text, self.max_values or len(text) + 1, self.max_chars)
                     message = json.loads(text)
                 except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
                     raise WireError(f"malformed message: {type(exc).__name__}") from None
@@ -156,3 +157,15 @@ class Reader:
             if not chunk:
                 raise WireError("peer closed the channel")
             self.buf += chunk
+
+    def _take_line(self, end: int) -> str:
+        """Decode the buffer's first ``end`` bytes in place (no copy of the line) and drop them with their newline;
+        an emptied buffer is released, so a large message costs its buffer only until it is decoded."""
+        view = memoryview(self.buf)
+        try:
+            return str(view[:end], "utf-8")
+        finally:
+            view.release()
+            del self.buf[: end + 1]
+            if not self.buf:
+                self.buf = bytearray()

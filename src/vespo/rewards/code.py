@@ -13,9 +13,11 @@ Test cases (one homogeneous list per problem; JSON strings are decoded):
 Comparison (stdio and call; assertion tests compare with their own Python code on plain data): integers exactly,
 floats within ``rel_tol``/``abs_tol`` 1e-6, everything else exactly. Stdout is compared token by token: an ASCII
 integer token only equals the same integer, a token is read as a float only when the expected token is one.
+Everything the grader does with a program's output is linear in its length (str methods, no backtracking regex) and
+splits stdout a block of tokens at a time, so a 4M-character output costs it well under a second and a few MB.
 
 The pass fraction is kept per completion for metrics (`CodeScores.metrics`). Nothing a program does makes grading
-raise: any failure inside a case fails that case.
+raise: any failure inside a case fails that case. A failure of the host raises `GraderHostError` (see `sandbox`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import zip_longest
 
-from vespo.rewards.batch import Scores
+from vespo.rewards.batch import GraderHostError, Scores
 from vespo.rewards.math import completion_text
 from vespo.rewards.sandbox import SandboxLimits, run_in_sandbox
 
@@ -122,30 +125,56 @@ def _json_value(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-_INT = re.compile(r"([+-]?)0*([0-9]+)", re.ASCII)
-_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+_TOKEN_BLOCK = 1 << 14
 
 
 def stdout_matches(actual: str, expected: str, *, rel_tol: float = 1e-6) -> bool:
     """Token-wise comparison ignoring whitespace layout; see the module docstring for numbers."""
-    got, want = actual.split(), expected.split()
-    return len(got) == len(want) and all(_token_matches(g, w, rel_tol) for g, w in zip(got, want, strict=True))
+    pairs = zip_longest(_tokens(actual), _tokens(expected))
+    return all(g is not None and w is not None and _token_matches(g, w, rel_tol) for g, w in pairs)
+
+
+def _tokens(text: str):
+    """``text.split()``, a block of tokens at a time: a string object per token for the whole output at once would
+    cost ~60 bytes per token (+150 MB for 1.3 M two-character tokens on each side)."""
+    while len(parts := text.split(None, _TOKEN_BLOCK)) > _TOKEN_BLOCK:
+        text = parts.pop()
+        yield from parts
+    yield from parts
 
 
 def _token_matches(got: str, want: str, rel_tol: float) -> bool:
     if got == want:
         return True
-    if want_int := _INT.fullmatch(want):  # integers exactly: 999999437 is not 999999937, 1e9 is not 1000000000
-        got_int = _INT.fullmatch(got)  # compared as digit strings: no conversion limit, no cost in the length
-        return got_int is not None and _int_digits(got_int) == _int_digits(want_int)
-    if _FLOAT.fullmatch(want) and _FLOAT.fullmatch(got):  # ASCII decimal notation only (no 1_000, no other digits)
+    if (want_int := _int_digits(want)) is not None:  # integers exactly: 999999437 is not 999999937, 1e9 is not 10**9
+        return _int_digits(got) == want_int  # compared as digit strings: no conversion limit, no cost in the length
+    if _is_decimal(want) and _is_decimal(got):  # ASCII decimal notation only (no 1_000, no other digits)
         return math.isclose(float(got), float(want), rel_tol=rel_tol, abs_tol=rel_tol)
     return False
 
 
-def _int_digits(match: re.Match) -> tuple[str, str]:
-    sign, digits = match.groups()
-    return ("-" if sign == "-" and digits != "0" else "", digits)
+def _int_digits(token: str) -> tuple[str, str] | None:
+    """``(sign, digits)`` of an ASCII integer token ``[+-]?[0-9]+``, without leading zeros or the sign of zero; else
+    None. str methods only: the regex ``([+-]?)0*([0-9]+)`` backtracked quadratically on ``"0" * n + "x"``."""
+    digits = _unsigned(token)
+    if not (digits.isascii() and digits.isdigit()):  # ASCII isdigit() is exactly [0-9]
+        return None
+    digits = digits.lstrip("0") or "0"
+    return ("-" if token[:1] == "-" and digits != "0" else "", digits)
+
+
+def _is_decimal(token: str) -> bool:
+    """ASCII ``[+-]?([0-9]+.[0-9]*|.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?``, checked with str methods (linear)."""
+    if not token.isascii():
+        return False
+    mantissa, e, exponent = token.lower().partition("e")
+    whole, _, fraction = _unsigned(mantissa).partition(".")
+    digits = all(part.isdigit() for part in (whole, fraction) if part)
+    return bool(whole or fraction) and digits and (not e or _unsigned(exponent).isdigit())
+
+
+def _unsigned(token: str) -> str:
+    return token[1:] if token[:1] in ("+", "-") else token
 
 
 def values_match(got, want, *, rel_tol: float = 1e-6) -> bool:
@@ -185,8 +214,8 @@ def _output_matches(mode: str, actual, expected) -> bool:
 def grade_code(completion: str, tests, *, limits: SandboxLimits | None = None) -> CodeGrade:
     """Run the completion's code on every test case in one sandbox and grade the outputs.
 
-    Raises only for bad ``tests`` (the dataset's fault) or `SandboxUnavailable` (the host's); whatever the program
-    does, including outputs that break a comparison, fails its cases."""
+    Raises only for bad ``tests`` (the dataset's fault) or `GraderHostError` (the host's, e.g. a full disk or
+    `SandboxUnavailable`); whatever the program does, including outputs that break a comparison, fails its cases."""
     mode, cases, expected, fn_name = parse_tests(tests)
     if len(completion) > MAX_COMPLETION_CHARS:
         return CodeGrade(score=0.0, pass_fraction=0.0, error=f"completion over {MAX_COMPLETION_CHARS} characters")
@@ -214,7 +243,11 @@ def score_code(
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     with ThreadPoolExecutor(num_workers) as pool:
         grades = pool.map(lambda c, t: grade_code(c, t, limits=limits), completions, tests)
-        return CodeScores(list(grades))
+        try:
+            return CodeScores(list(grades))
+        except GraderHostError:  # raise now: the programs still queued would meet the same host
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def code_reward(completions: list, tests: list, **kwargs) -> list[float]:

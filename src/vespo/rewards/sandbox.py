@@ -4,6 +4,8 @@ The grader (this module) talks to the sandbox only through two pipes it created:
 response out (`_wire`), read non-blocking with a deadline and a byte cap per message, so a hostile program can make
 its own cases fail but can neither hang, crash nor mislead the grader. The grader never opens a file the sandbox could
 have touched. Assertion tests run in a separate trusted checker (`_checker`) that calls into the sandbox the same way.
+A failure of the host (no disk, file descriptors, memory or processes to start a sandbox or checker, a sandbox that
+dies before the program runs, a checker that cannot start) raises `GraderHostError`: it is never scored as a case.
 
 Confinement, strongest available first (`SandboxRun.isolated` says which applied):
 
@@ -21,6 +23,8 @@ See docs/rewards.md for the threat model and what is not contained.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import importlib.metadata
 import itertools
@@ -38,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vespo.rewards import _wire
+from vespo.rewards.batch import GraderHostError
 
 _HERE = str(Path(__file__).resolve().parent)
 # Import the helper from this directory, then drop the directory from sys.path (its math.py would shadow the stdlib).
@@ -62,8 +67,34 @@ ALLOW_UNCONFINED_ENV = "VESPO_SANDBOX_ALLOW_UNCONFINED"
 _WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead grader's dirs are found by the sweep
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(GraderHostError):
     """The host cannot confine programs as required (raised before any program runs; a host setting, not a case)."""
+
+
+class _BootFailed(GraderHostError):
+    """The sandbox died or garbled its confinement report: nothing of the program had run, so the host failed."""
+
+
+_HOST_ADVICE = {
+    errno.ENOSPC: "free disk space in the temp dir or point TMPDIR at a larger disk",
+    errno.EDQUOT: "free disk quota in the temp dir or point TMPDIR elsewhere",
+    errno.EMFILE: "raise the open-file limit (ulimit -n) or lower num_workers",
+    errno.ENFILE: "the system's file table is full (fs.file-max): run fewer processes",
+    errno.ENOMEM: "the host is out of memory: free memory or lower num_workers",
+    errno.EAGAIN: "the host refused a new process (ulimit -u, pids.max, memory): lower num_workers",
+}
+
+
+@contextlib.contextmanager
+def _host(what: str):
+    """Turn an OSError inside into GraderHostError: creating work dirs, pipes and processes fails only because the
+    host ran out of something (disk, descriptors, memory, processes), never because of the program graded."""
+    try:
+        yield
+    except OSError as exc:
+        advice = _HOST_ADVICE.get(exc.errno, "check the host")
+        name = errno.errorcode.get(exc.errno, type(exc).__name__)
+        raise GraderHostError(f"code grader: cannot {what}: {_describe(exc)} ({name}); {advice}") from exc
 
 
 _DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
@@ -129,14 +160,17 @@ class SandboxLimits:
     """Per-program limits; defaults suit competitive-programming solutions (LiveCodeBench uses ~6 s per test)."""
 
     cpu_s: int = 10
+    """CPU seconds of the sandbox process and, separately, of the assertion checker (each restarted after a failure)."""
     wall_s: float = 30.0
     test_timeout_s: float = 6.0
     memory_mb: int = 1024
+    """Memory of the sandbox (its cgroup, and address space per process) and address space of the checker."""
     file_size_mb: int = 16
     disk_mb: int = 64
     max_processes: int = 16
     max_open_files: int = 64
     max_output_chars: int = 4_000_000
+    """Characters of stdout per case; the grader's reader enforces it too (the program can write its own reply)."""
     max_output_values: int = 1_000_000
     """Cap on the values (strings, numbers, containers) in one reply, checked on the raw text before parsing."""
     packages: tuple[str, ...] = field(default_factory=_default_packages)
@@ -184,8 +218,9 @@ def run_in_sandbox(
     ``mode`` is ``"stdio"`` (cases are stdin strings; output is the captured stdout), ``"call"`` (cases are argument
     lists for ``fn_name``, a function or a ``Solution`` method; output is its return value as plain data) or
     ``"assert"`` (cases are ``{"test", "setup", "entry_point"}`` dicts run by the trusted checker; output is
-    ``"passed"``). After a timeout or a broken channel the sandbox is restarted for the next case. Whatever goes
-    wrong inside a case fails that case; only `SandboxUnavailable` (the host cannot confine programs) is raised.
+    ``"passed"``). After a timeout or a broken channel the sandbox (and checker) is restarted for the next case.
+    Whatever goes wrong inside a case fails that case; only `GraderHostError` (the host failed, see the module
+    docstring; `SandboxUnavailable`: it cannot confine programs) is raised.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
@@ -207,7 +242,10 @@ def run_in_sandbox(
                 output = session.ask(case, fn_name, deadline)
             except _CaseFailed as exc:
                 error = str(exc)
-            except SandboxUnavailable:
+                if exc.restart:
+                    session.close()
+                    session = None
+            except GraderHostError:
                 raise
             except Exception as exc:  # noqa: BLE001 - timeouts, broken channels, anything: this case fails
                 error = _describe(exc)
@@ -247,7 +285,7 @@ def namespaces_work() -> bool | None:
         try:
             session = _Session("", "stdio", None, limits, deadline, namespaces=True)
             answer = session.isolated and session.ask("", None, deadline) == ""
-        except _wire.WireError:  # the sandbox died while confining itself (e.g. mounts refused): definite
+        except (_BootFailed, _wire.WireError):  # the sandbox died while confining itself (mounts refused): definite
             answer = False
         except Exception:  # noqa: BLE001 - a timeout or a refused fork says nothing about this host
             return None
@@ -283,7 +321,12 @@ _REFUSED = (
 
 
 class _CaseFailed(Exception):
-    """The program answered, with an error (the sandbox stays usable)."""
+    """The program answered, with an error; the sandbox stays usable unless ``restart`` (the case left the checker
+    out of step with the sandbox or short of memory: both are restarted, so the next case starts clean)."""
+
+    def __init__(self, message: str, restart: bool = False):
+        super().__init__(message)
+        self.restart = restart
 
 
 class _Session:
@@ -298,7 +341,8 @@ class _Session:
         deadline: float,
         namespaces: bool | None = None,
     ):
-        _sweep_once()
+        with _host("sweep the leftovers of dead graders"):
+            _sweep_once()
         self.mode, self.limits, self.load_error, self.allow_unconfined = mode, limits, None, _allow_unconfined()
         works = namespaces_work() if namespaces is None else namespaces
         if works is False and not self.allow_unconfined:
@@ -306,7 +350,8 @@ class _Session:
         self.namespaces = works is not False  # unknown: try, the sandbox refuses to run unconfined unless allowed
         self.proc = self.checker = self.cgroup = self.reader = None
         # cwd only without namespaces, else stays empty; named after the grader so a sweep can tell whose it is
-        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{_owner()}-")
+        with _host("create a sandbox work dir"):
+            self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{_owner()}-")
         self.request_w = -1
         try:
             self._start(program, limits, deadline)
@@ -315,24 +360,74 @@ class _Session:
             raise
 
     def _start(self, program: str, limits: SandboxLimits, deadline: float) -> None:
-        request_r, self.request_w = os.pipe()
-        response_r, response_w = os.pipe()
+        request_r = response_w = -1
         try:
-            self.reader = _wire.Reader(response_r, limits.max_message_bytes, limits.max_output_values)
-            self.proc = subprocess.Popen(
-                [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child", _owner()],
-                stdin=request_r,
-                stdout=response_w,
-                stderr=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env=_SAFE_ENV,
-                start_new_session=True,
-                close_fds=True,
-            )
+            with _host("create the pipes to a sandbox"):
+                request_r, self.request_w = os.pipe()
+                response_r, response_w = os.pipe()
+            # stdio: the output cap holds here too, since the program can write its own reply line
+            max_chars = limits.max_output_chars if self.mode == "stdio" else None
+            self.reader = _wire.Reader(response_r, limits.max_message_bytes, limits.max_output_values, max_chars)
+            with _host("start a sandbox process"):
+                self.proc = subprocess.Popen(
+                    [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child", _owner()],
+                    stdin=request_r,
+                    stdout=response_w,
+                    stderr=subprocess.DEVNULL,
+                    cwd=self.workdir,
+                    env=_SAFE_ENV,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         finally:
-            os.close(request_r)
-            os.close(response_w)
+            for fd in (request_r, response_w):
+                if fd >= 0:
+                    os.close(fd)
         if self.mode == "assert":  # started alongside the sandbox: the two interpreters boot in parallel
+            self._start_checker(limits)
+        self.cgroup = _Cgroup.create(f"vespo-{_owner()}-{next(_serial)}", limits, self.proc.pid)
+        os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
+        spec = {
+            "program": program,
+            "mode": self.mode,
+            "limits": asdict(limits),
+            "packages": list(package_entries(limits.packages)),
+            "uid": UID_BASE + self.proc.pid,
+            "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
+            "namespaces": self.namespaces,
+            "allow_unconfined": self.allow_unconfined,
+            "grader": os.getpid(),
+        }
+        # Sent and answered before the program runs, so the report is the sandbox's own word (everything after may be
+        # the program's), and a sandbox that dies or garbles it here is the host's failure, not a wrong answer.
+        try:
+            _wire.send(self.request_w, spec, deadline)
+            confined = self.reader.read(deadline)
+            if set(confined) != {"confined", "seccomp"} or not all(type(v) is bool for v in confined.values()):
+                raise _wire.WireError("malformed confinement report")
+        except TimeoutError:
+            raise
+        except (OSError, _wire.WireError) as exc:
+            raise _BootFailed(
+                f"code grader: the sandbox died before running the program ({_describe(exc)}); the host refused "
+                "its namespaces, mounts or memory: check vespo.rewards.sandbox.namespaces_work() (docs/rewards.md)"
+            ) from exc
+        self.isolated, self.names = confined["confined"], []
+        if not self.isolated and not self.allow_unconfined:
+            self.load_error = "refused to run without namespaces (the kernel refused them for this sandbox)"
+            return
+        ready = self.reader.read(deadline)
+        if set(ready) == {"load_error"} and type(ready["load_error"]) is str:
+            self.load_error = ready["load_error"][:500]
+        elif _valid_ready(ready, self.mode):
+            self.names = ready.get("names", [])
+        else:
+            self.load_error = "malformed ready message from the sandbox"
+        if self.checker is not None and self.load_error is None:
+            self._checker_ready(deadline)
+
+    def _start_checker(self, limits: SandboxLimits) -> None:
+        with _host("start the trusted checker"):
             self.checker = subprocess.Popen(
                 [
                     _PYTHON,
@@ -347,8 +442,10 @@ class _Session:
                     str(limits.max_message_bytes),
                     str(limits.max_output_values),
                     str(os.getpid()),
+                    str(limits.memory_mb),
+                    str(limits.cpu_s),
                     json.dumps(package_entries(limits.packages)),
-                    _owner(),
+                    _owner(),  # last: the sweep reads it there
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -358,37 +455,21 @@ class _Session:
                 start_new_session=True,
                 pass_fds=(self.request_w, self.reader.fd),
             )
-            self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
-            os.set_blocking(self.checker.stdin.fileno(), False)
-        self.cgroup = _Cgroup.create(f"vespo-{_owner()}-{next(_serial)}", limits, self.proc.pid)
-        os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
-        spec = {
-            "program": program,
-            "mode": self.mode,
-            "limits": asdict(limits),
-            "packages": list(package_entries(limits.packages)),
-            "uid": UID_BASE + self.proc.pid,
-            "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
-            "namespaces": self.namespaces,
-            "allow_unconfined": self.allow_unconfined,
-            "grader": os.getpid(),
-        }
-        _wire.send(self.request_w, spec, deadline)
-        # Sent before the program runs, so it is the sandbox's own word; everything after may be the program's.
-        confined = self.reader.read(deadline)
-        if set(confined) != {"confined", "seccomp"} or not all(type(v) is bool for v in confined.values()):
-            raise _wire.WireError("malformed confinement report")
-        self.isolated, self.names = confined["confined"], []
-        if not self.isolated and not self.allow_unconfined:
-            self.load_error = "refused to run without namespaces (the kernel refused them for this sandbox)"
-            return
-        ready = self.reader.read(deadline)
-        if set(ready) == {"load_error"} and type(ready["load_error"]) is str:
-            self.load_error = ready["load_error"][:500]
-        elif _valid_ready(ready, self.mode):
-            self.names = ready.get("names", [])
-        else:
-            self.load_error = "malformed ready message from the sandbox"
+        self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
+        os.set_blocking(self.checker.stdin.fileno(), False)
+
+    def _checker_ready(self, deadline: float) -> None:
+        """The checker's first line says it started (limits set, packages allowed); without it, no case of any
+        program could pass, so that is the host's failure (a timeout is not: it fails the case, as a slow one)."""
+        try:
+            ready = self.verdicts.read(deadline) == {"ready": True}
+        except _wire.WireError:
+            ready = False
+        if not ready:
+            raise GraderHostError(
+                "code grader: the trusted checker exited before it was ready (a broken install, or "
+                "SandboxLimits.memory_mb too small for its interpreter); no assertion test can run"
+            )
 
     def ask(self, case, fn_name: str | None, deadline: float):
         """The program's output for one case; raises _CaseFailed (program error), TimeoutError or WireError."""
@@ -405,6 +486,8 @@ class _Session:
             reply = self.verdicts.read(deadline)
             if reply == {"passed": True}:
                 return "passed"
+            if set(reply) == {"error", "restart"} and type(reply["error"]) is str and reply["restart"] is True:
+                raise _CaseFailed(reply["error"][:500], restart=True)
         elif self.mode == "stdio":
             _wire.send(self.request_w, {"op": "run", "stdin": case}, deadline)
             reply = self.reader.read(deadline)
