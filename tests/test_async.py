@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support import warm_tiny_model
 
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.rewards import math_reward
@@ -124,9 +123,8 @@ def test_async_flag_and_sigterm_become_one_shutdown_path():
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("async_assets")
-    return str(warm_tiny_model(root)[0])
+def tiny_model(warm_model):
+    return str(warm_model.model)
 
 
 def _cfg(model, run_dir, **kw) -> TrainConfig:
@@ -159,6 +157,7 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in rows]
 
 
+@pytest.mark.slow
 def test_lock_step_run_is_reproducible_and_resumes_bit_identically(tiny_model, tmp_path):
     train(_cfg(tiny_model, tmp_path / "a"))
     ref = read_metrics(tmp_path / "a")
@@ -187,6 +186,7 @@ def always_crash_reward(completions, answer, **kwargs):
     raise RuntimeError("reward server unreachable")
 
 
+@pytest.mark.slow
 def test_decoupled_loss_and_a_crashed_sampler_restarted(tiny_model, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("VESPO_TEST_CRASH_MARKER", str(tmp_path / "marker"))
     cfg = _cfg(tiny_model, tmp_path / "d", use_decoupled_loss=True, max_staleness=3, total_training_steps=3)
@@ -203,6 +203,7 @@ def test_decoupled_loss_and_a_crashed_sampler_restarted(tiny_model, tmp_path, mo
     assert stale and max(abs(x) for x in stale) > 1e-3
 
 
+@pytest.mark.slow
 def test_sampler_that_keeps_crashing_fails_the_run_with_its_error(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(async_trainer, "_MAX_RESTARTS", 0)  # the same path as after 3 restarts, without 3 spawns
     t0 = time.perf_counter()
@@ -233,6 +234,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
     run_dir = tmp_path / "s"

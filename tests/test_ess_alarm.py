@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from _support import warm_tiny_model
 
 from vespo.cli import main
 from vespo.losses.core import ratio_metrics
@@ -14,9 +13,8 @@ from vespo.train.runs import CHECKPOINT, EssAlarm, read_metrics
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ess_assets")
-    return str(warm_tiny_model(root)[0])
+def tiny_model(warm_model):
+    return str(warm_model.model)
 
 
 def _argv(model, run_dir, lr, *extra):

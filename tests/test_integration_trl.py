@@ -267,6 +267,7 @@ def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_p
     assert (per_micro - single).norm() > 1e-3 * single.norm()
 
 
+@pytest.mark.slow
 def test_adaptive_decision_is_gathered_across_two_processes(tmp_path):
     """Two CPU processes (accelerate on gloo), two micro-batches each: both decide on all four micro-batches, and
     their mean gradient equals one pass over all four (tests/_trl_multiprocess_job.py)."""

@@ -144,6 +144,7 @@ COLLAPSE = {"length": (256,), "lr": 0.03, "lr_scale": (1.0,), "optimizer_steps":
 """The lab's collapse setting (docs/lab.md, benchmarks/bench_lab_v2.py): default chain, T = 256, 512 Adam steps."""
 
 
+@pytest.mark.slow
 def test_stale_reinforce_collapses_where_on_policy_reinforce_learns(tmp_path):
     """`vespo lab` on a small grid: REINFORCE (weight 1, no trust region) learns on-policy (N = 1) and collapses at
     N = 16: the negative samples' unbounded push drains mass into EOS until responses are too short to grade. (GRPO,

@@ -25,6 +25,7 @@ def _train(tiny, *flags):
     return subprocess.run([sys.executable, "-m", "vespo", "train", *argv], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_no_progress_means_no_bars_and_no_deprecation_noise(tiny):
     """--no-progress silences Hugging Face's loading/saving bars too, and vespo's sampler calls the model with the
     installed transformers' current cache argument (no FutureWarning of our making)."""
@@ -70,6 +71,7 @@ def test_staleness_and_an_explicit_train_batch_size_conflict(capsys):
     assert len(err) == 1 and "staleness=4" in err[0] and "train_batch_size=8" in err[0] and "give one" in err[0]
 
 
+@pytest.mark.slow
 def test_log_completions_and_hparams_in_tensorboard(tiny):
     """--log-completions writes prompt / completion / reward / advantage rows per step (what was graded), and the
     config reaches TensorBoard's HParams and text tabs."""

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from _support import warm_tiny_model
+from conftest import with_model
 
 from vespo.outputs import LOCK, MARKER, claim
 from vespo.rewards import GraderHostError
@@ -17,10 +17,10 @@ from vespo.train.runs import CHECKPOINT, read_metrics
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    """A tiny warm-started model on disk and a JSONL training set of the arithmetic task."""
-    root = tmp_path_factory.mktemp("assets")
-    _, train_set, _ = warm_tiny_model(root)
+def assets(tmp_path_factory, warm_model):
+    """The shared warm-started tiny model (root/model) and a JSONL training set of the arithmetic task."""
+    root = with_model(tmp_path_factory.mktemp("assets"), warm_model)
+    train_set = warm_model.train
     (root / "train.jsonl").write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n"
                                               for p in train_set))  # fmt: skip
     return root
@@ -261,6 +261,7 @@ def host_fails_after_one_batch(completions, **kwargs):
     return [0.0] * len(completions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_grading_host_failure_stops_the_run_in_one_line(assets, tmp_path, monkeypatch, capfd, mode):
     monkeypatch.setenv("VESPO_TEST_HOST_MARKER", str(tmp_path / "marker"))

@@ -96,6 +96,7 @@ def _hostile(host) -> dict[str, tuple[str, callable]]:
     }
 
 
+@pytest.mark.slow
 def test_hostile_programs_are_contained(host, monkeypatch, capsys):
     monkeypatch.setenv("VESPO_SECRET_TOKEN", SECRET)
     programs = _hostile(host)

@@ -70,6 +70,7 @@ def test_summary_and_collapse_flag():
     assert s["best_eval_acc"] == 0.6 and s["loss_agg_mode"] == "token-mean" and s["rollout_steps"] == 8
 
 
+@pytest.mark.slow
 def test_tiny_grid_end_to_end_and_resume(tmp_path):
     cfg = SweepConfig(
         out_dir=str(tmp_path / "sw"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support import warm_tiny_model
+from conftest import with_model
 
 from vespo.cli import main
 from vespo.embedded.task import build_tiny_model, build_tokenizer
@@ -33,11 +33,11 @@ SKIP = ("time/", "async/queue", "async/learner_util", "async/sampler_util")
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
+def tiny_model(tmp_path_factory, warm_model):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("pin_assets")
+    root = with_model(tmp_path_factory.mktemp("pin_assets"), warm_model)
     # the embedded split the metrics were pinned on (the held-out pool has since been fixed apart from eval_size)
-    _, train_set, eval_set = warm_tiny_model(root)
+    train_set, eval_set = warm_model.train, warm_model.heldout
     for name, part in (("train", train_set), ("eval", eval_set)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(vars(p)) + "\n" for p in part))
     return root
@@ -58,6 +58,7 @@ def _argv(settings: dict) -> list[str]:
     return [*args, "--no-progress", "--no-tensorboard"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_fixed_seed_runs_match_the_pre_redesign_metrics(tiny_model, tmp_path, name):
     data = {"dataset": tiny_model / "train.jsonl", "eval_dataset": tiny_model / "eval.jsonl"}
@@ -78,6 +79,7 @@ def test_fixed_seed_runs_match_the_pre_redesign_metrics(tiny_model, tmp_path, na
         assert not any(k.startswith("mismatch/") for r in rows for k in r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("decoupled", "use_rollout"), [(True, True), (True, False), (False, True)])
 def test_async_learner_passes_the_users_flags(tiny_model, tmp_path, monkeypatch, decoupled, use_rollout):
     """mu enters the loss as rollout_log_prob exactly when the user asked (decoupled + use_rollout_log_prob); without

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 from _support import run_update as _update
-from _support import warm_tiny_model
+from conftest import with_model
 
 from vespo.advantages import group_advantages
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
@@ -28,10 +28,10 @@ from vespo.train.setup import build_optimizer, load_data
 
 
 @pytest.fixture(scope="module")
-def local_model_and_data(tmp_path_factory):
-    """A briefly warm-started tiny model saved to disk, and JSONL train/eval files of the arithmetic task."""
-    root = tmp_path_factory.mktemp("assets")
-    _, train_set, eval_set = warm_tiny_model(root)
+def local_model_and_data(tmp_path_factory, warm_model):
+    """The shared warm-started tiny model (root/model), and JSONL train/eval files of the arithmetic task."""
+    root = with_model(tmp_path_factory.mktemp("assets"), warm_model)
+    train_set, eval_set = warm_model.train, warm_model.heldout
     for name, rows in (("train.jsonl", train_set), ("eval.jsonl", eval_set)):
         lines = [json.dumps({"question": p.prompt, "solution": p.answer}) for p in rows]
         (root / name).write_text("\n".join(lines) + "\n")
@@ -256,6 +256,7 @@ def _strip_time(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
+@pytest.mark.slow
 def test_run_on_local_model_and_jsonl_then_resume_after_kill_matches(local_model_and_data, tmp_path):
     root = local_model_and_data
     steps = 30

@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _verl_worker_job import MICRO, SCENARIOS, B  # noqa: E402
 
+pytestmark = pytest.mark.slow  # one module fixture runs veRL's FSDP worker in 1 and 2 processes (~30 s)
 WORLD_SIZES = (1, 2)
 TIMEOUT = 900  # seconds, for both world sizes running side by side
 
