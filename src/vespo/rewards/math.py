@@ -1,28 +1,38 @@
 """Math reward: the final answer graded against the ground truth with Math-Verify (parse + verify).
 
 Math-Verify (https://github.com/huggingface/Math-Verify) extracts the last ``\\boxed{...}`` (falling back to
-plain answers such as "The final answer is 3") and checks symbolic equivalence with sympy. Its own time limits are
-SIGALRM-based, so they only work in a process's main thread: small batches are graded in-process on the main thread,
-large batches (or calls from other threads) in a process pool whose workers grade on their main thread, with a
-hard per-item deadline as a backstop. A timeout scores 0 and is counted.
+plain answers such as "The final answer is 3") and checks symbolic equivalence with sympy. Only the last
+`TAIL_CHARS` characters of a completion are graded, and one deadline (``timeout_s``, a SIGALRM timer, so only on a
+process's main thread) covers the whole grade of an answer: hedge detection, the integer fast path, both parses and
+the comparison. Small batches are graded in-process on the main thread, large batches (or calls from other threads)
+in a process pool whose workers grade on their main thread, with a hard per-item backstop; a worker that dies or a
+pool that cannot start raises `GraderHostError`. A timeout scores 0 and is counted.
 
 Hedged answers score 0 before Math-Verify sees them (`hedge`): several different ``\\boxed{}``, a disjunction
 ("or", ``\\lor``, ``\\vee``) in the final answer or right after it, or several values where the ground truth is one.
+Box extraction and hedge detection take linear time (one brace-matching pass, no backtracking regex).
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import multiprocessing
 import os
 import re
+import signal
 import threading
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import math_verify.grader
+import math_verify.parser
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
-from vespo.rewards.batch import Scores
+from vespo.rewards.batch import GraderHostError, Scores
 
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 """The paper's instruction appended to every math question (VESPO Sec. 4 setup; official preprocess_datasets.py)."""
@@ -30,7 +40,15 @@ PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\
 INPROCESS_MAX_BATCH = 256
 """Batches up to this size are graded in-process (Math-Verify takes ~2 ms per short completion)."""
 
-_BACKSTOP_GRACE_S = 5.0  # extra wall time a pool worker gets beyond its own SIGALRM limits before it is killed
+TAIL_CHARS = 4096
+"""Only a completion's last this many characters are graded (the final answer is at the end; veRL's math_dapo reads
+300): a box, hedge or plain answer before them is not seen, and the grader's work per answer is bounded."""
+
+_BACKSTOP_GRACE_S = 5.0  # extra wall time a pool worker gets beyond its own deadline before it is killed
+
+# One alarm of ours covers a whole grade, so Math-Verify gets no limit of its own (its alarm would cancel ours);
+# its one-time "timeout is disabled" warning would mislead.
+math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
 
 
 @dataclass(frozen=True)
@@ -59,23 +77,30 @@ def _gold_text(answer: str) -> str:
 
 
 _DISJUNCTION = re.compile(r"\bor\b|\\lor\b|\\vee\b", re.IGNORECASE)
-_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(,\d{3})+(?![\d,])")
+# A number with thousands separators; never starting right after "7," (only a separator comma precedes a start
+# there, and such a comma already counts as two values), so each character is scanned from one start: linear.
+_THOUSANDS = re.compile(r"(?<![\d.])(?<!\d,)\d{1,3}(,\d{3})+(?![\d,])")
 _AFTER_BOX_CHARS = 200  # text after the last box still read as part of the answer ("\boxed{3} or maybe 7")
+_BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
 
 
-def _boxed(text: str) -> list[tuple[str, int]]:
-    """(content, end offset) of every ``\\boxed{...}`` / ``\\fbox{...}``, braces balanced."""
-    found = []
-    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                found.append((text[start:i].strip(), i + 1))
-                break
-        else:  # unclosed: every later box is inside it
-            break
-    return found
+def _boxed(text: str) -> list[tuple[int, int]]:
+    """(content start, closing brace) of every ``\\boxed{...}`` / ``\\fbox{...}`` in order of opening, braces
+    balanced, in one pass with a stack; an unclosed box drops itself and every later box (they are inside it)."""
+    opened: list[int] = []  # per open brace: the content start of its box, or -1 for a plain brace
+    spans = []
+    for token in _BOX_OR_BRACE.finditer(text):
+        if token.group() != "}":
+            opened.append(-1 if token.group() == "{" else token.end())
+        elif opened and (start := opened.pop()) >= 0:
+            spans.append((start, token.start()))
+    unclosed = min((start for start in opened if start >= 0), default=len(text))
+    return sorted(span for span in spans if span[0] < unclosed)
+
+
+def _content(text: str, span: tuple[int, int]) -> str:
+    """A box's content, stripped."""
+    return text[span[0] : span[1]].strip()
 
 
 def _top_level_values(expr: str) -> int:
@@ -94,17 +119,21 @@ def _top_level_values(expr: str) -> int:
 
 def hedge(completion: str, answer: str) -> str | None:
     """Why ``completion`` hedges between answers (it then scores 0), or None. Applies only where the ground truth
-    itself does not: a gold answer listing several values may be given as a list, one containing "or" may say "or"."""
-    boxes = _boxed(completion)
-    if len({content for content, _ in boxes}) > 1:
+    itself does not: a gold answer listing several values may be given as a list, one containing "or" may say "or".
+    Linear in the length of both."""
+    spans = _boxed(completion)
+    # A box inside another always differs from it; boxes that do not nest hold disjoint text, so the set is linear.
+    nested = any(inner[0] < outer[1] for outer, inner in zip(spans, spans[1:], strict=False))
+    if nested or len({_content(completion, span) for span in spans}) > 1:
         return "several different boxed answers"
-    if boxes:
-        final = boxes[-1][0] + " " + completion[boxes[-1][1] : boxes[-1][1] + _AFTER_BOX_CHARS]
+    if spans:
+        last, after = _content(completion, spans[-1]), spans[-1][1] + 1
+        final = last + " " + completion[after : after + _AFTER_BOX_CHARS]
     else:
         final = next((line for line in reversed(completion.splitlines()) if line.strip()), "")
     if _DISJUNCTION.search(final) and not _DISJUNCTION.search(answer):
         return "a disjunction in the final answer"
-    if boxes and _top_level_values(boxes[-1][0]) > 1 and _top_level_values(str(answer)) == 1:
+    if spans and _top_level_values(last) > 1 and _top_level_values(str(answer)) == 1:
         return "several values where one is asked"
     return None
 
@@ -116,19 +145,49 @@ def _integer_grade(completion: str, answer: str) -> MathGrade | None:
     """The grade of a boxed plain integer against a plain-integer gold answer, without Math-Verify (which parses
     both to the same integers: equal values score 1), or None for anything else. About 100x cheaper; the embedded
     tasks' answers all take this path."""
-    boxes = _boxed(completion)
-    if not boxes or not _INTEGER.fullmatch(str(answer).strip()) or not _INTEGER.fullmatch(boxes[-1][0]):
+    spans = _boxed(completion)
+    last = _content(completion, spans[-1]) if spans else ""
+    if not _INTEGER.fullmatch(last) or not _INTEGER.fullmatch(str(answer).strip()):
         return None
-    return MathGrade(score=float(int(boxes[-1][0]) == int(str(answer).strip())), prediction=boxes[-1][0])
+    return MathGrade(score=float(int(last) == int(str(answer).strip())), prediction=last)
 
 
-def grade_math(completion: str, answer: str, *, timeout_s: int = 5) -> MathGrade:
-    """Grade one completion against its ground truth; never raises.
+@contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise Math-Verify's TimeoutException (a BaseException, so no ``except Exception`` in sympy swallows it) in
+    this main thread once ``seconds`` have passed."""
 
-    Must run on a thread's main interpreter thread for ``timeout_s`` to be enforced (Math-Verify uses SIGALRM).
+    def expire(signum, frame):
+        raise TimeoutException(f"grading took over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def grade_math(completion: str, answer: str, *, timeout_s: float = 5) -> MathGrade:
+    """Grade one completion (its last `TAIL_CHARS` characters) against its ground truth within ``timeout_s`` seconds
+    in all; never raises for any answer.
+
+    Must run on a thread's main interpreter thread (the deadline is SIGALRM); `score_math` grades from any thread.
     """
-    if timeout_s < 1:
-        raise ValueError(f"timeout_s must be a whole number of seconds >= 1 (SIGALRM), got {timeout_s}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("grade_math needs the main thread (SIGALRM deadline); use score_math from other threads")
+    try:
+        with _deadline(timeout_s):
+            return _grade(str(completion)[-TAIL_CHARS:], str(answer))
+    except TimeoutException:
+        return MathGrade(score=0.0, prediction="", timed_out=True)
+
+
+def _grade(completion: str, answer: str) -> MathGrade:
+    """`grade_math`'s body, run under its deadline: hedges, the integer fast path, then Math-Verify with no limit."""
     hedged = hedge(completion, answer)
     if hedged is not None:
         return MathGrade(score=0.0, prediction="", error=f"hedged: {hedged}")
@@ -136,41 +195,59 @@ def grade_math(completion: str, answer: str, *, timeout_s: int = 5) -> MathGrade
     if fast is not None:
         return fast
     try:
-        gold = parse(_gold_text(answer), parsing_timeout=timeout_s, raise_on_error=True)
-        pred = parse(completion, parsing_timeout=timeout_s, raise_on_error=True)
+        gold = parse(_gold_text(answer), parsing_timeout=None, raise_on_error=True)
+        pred = parse(completion, parsing_timeout=None, raise_on_error=True)
         prediction = str(pred[-1]) if pred else ""
-        ok = bool(pred) and bool(gold) and verify(gold, pred, timeout_seconds=timeout_s, raise_on_error=True)
+        ok = bool(pred) and bool(gold) and verify(gold, pred, timeout_seconds=None, raise_on_error=True)
         return MathGrade(score=1.0 if ok else 0.0, prediction=prediction)
-    except TimeoutException:
-        return MathGrade(score=0.0, prediction="", timed_out=True)
     except Exception as exc:  # a malformed answer must cost one sample, not the training step
         return MathGrade(score=0.0, prediction="", error=f"{type(exc).__name__}: {exc}"[:200])
 
 
-def _grade_pair(args: tuple[str, str, int]) -> MathGrade:
+def _grade_pair(args: tuple[str, str, float]) -> MathGrade:
     return grade_math(args[0], args[1], timeout_s=args[2])
 
 
-_pool: multiprocessing.pool.Pool | None = None
+_pool: concurrent.futures.ProcessPoolExecutor | None = None
+_pool_workers = 0
 _pool_lock = threading.Lock()
 
 
-def _get_pool(num_workers: int) -> multiprocessing.pool.Pool:
-    """A persistent worker pool, forked so workers need no re-import of ``__main__`` (unlike spawn/forkserver)."""
-    global _pool
+def _get_pool(num_workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A persistent worker pool, forked so workers need no re-import of ``__main__`` (unlike spawn/forkserver).
+    Unlike ``multiprocessing.Pool``, it reports a worker that dies (BrokenProcessPool) instead of losing its task."""
+    global _pool, _pool_workers
     with _pool_lock:
-        if _pool is None or getattr(_pool, "_vespo_workers", None) != num_workers:
+        if _pool is None or _pool_workers != num_workers:
             _shutdown_pool()
-            _pool = multiprocessing.get_context("fork").Pool(num_workers)
-            _pool._vespo_workers = num_workers
+            context = multiprocessing.get_context("fork")
+            _pool = _host_call(concurrent.futures.ProcessPoolExecutor, num_workers, mp_context=context)
+            _pool_workers = num_workers
         return _pool
 
 
+def _host_call(fn, *args, **kwargs):
+    """``fn(...)`` on the worker pool, with a host failure raised as GraderHostError: workers that cannot start
+    (EMFILE, ENOMEM, EAGAIN) or one that died (killed, out of memory)."""
+    try:
+        return fn(*args, **kwargs)
+    except concurrent.futures.TimeoutError:  # an OSError since Python 3.11, but the backstop's, not the host's
+        raise
+    except (OSError, BrokenProcessPool) as exc:
+        _shutdown_pool()
+        what = "a worker process died" if isinstance(exc, BrokenProcessPool) else "cannot start worker processes"
+        raise GraderHostError(f"math grader: {what} ({exc})") from exc
+
+
 def _shutdown_pool() -> None:
+    """Stop the pool now, killing any worker still grading (one stuck outside Python would never exit)."""
     global _pool
     if _pool is not None:
-        _pool.terminate()
-        _pool.join()
+        workers = list((_pool._processes or {}).values())  # no public way to kill them before Python 3.14
+        _pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.kill()
+            worker.join()
         _pool = None
 
 
@@ -178,9 +255,10 @@ atexit.register(_shutdown_pool)
 
 
 def score_math(
-    completions: list[str], answers: list[str], *, timeout_s: int = 5, num_workers: int | None = None
+    completions: list[str], answers: list[str], *, timeout_s: float = 5, num_workers: int | None = None
 ) -> MathScores:
-    """Grade a batch. ``num_workers=0`` forces in-process grading; ``None`` picks in-process for small batches."""
+    """Grade a batch. ``num_workers=0`` forces in-process grading; ``None`` picks in-process for small batches.
+    Raises GraderHostError if the worker pool cannot start or a worker dies."""
     if len(completions) != len(answers):
         raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
     items = [(str(c), str(a), timeout_s) for c, a in zip(completions, answers, strict=True)]
@@ -194,20 +272,21 @@ def score_math(
     return MathScores(_grade_in_pool(items, num_workers, timeout_s))
 
 
-def _grade_in_pool(items: list[tuple[str, str, int]], num_workers: int, timeout_s: int) -> list[MathGrade]:
-    pool = _get_pool(num_workers)
-    pending = [pool.apply_async(_grade_pair, (item,)) for item in items]
-    # parse(gold) + parse(pred) + verify each get timeout_s; a worker past all three is stuck outside Python.
-    deadline = 3 * timeout_s + _BACKSTOP_GRACE_S
+def _grade_in_pool(items: list[tuple[str, str, float]], num_workers: int, timeout_s: float) -> list[MathGrade]:
+    # Each worker enforces its own deadline; one still running past it plus a grace is stuck outside Python.
+    backstop = timeout_s + _BACKSTOP_GRACE_S
     grades: list[MathGrade] = []
-    for i, res in enumerate(pending):
-        try:
-            grades.append(res.get(timeout=deadline))
-        except multiprocessing.TimeoutError:
-            # A worker ignored its alarm: kill the pool, count this item as a timeout and regrade the rest afresh.
-            _shutdown_pool()
-            grades.append(MathGrade(score=0.0, prediction="", timed_out=True))
-            return grades + _grade_in_pool(items[i + 1 :], num_workers, timeout_s)
+    while len(grades) < len(items):
+        pool = _get_pool(num_workers)
+        pending = [_host_call(pool.submit, _grade_pair, item) for item in items[len(grades) :]]
+        for future in pending:
+            try:
+                grades.append(_host_call(future.result, timeout=backstop))
+            except concurrent.futures.TimeoutError:
+                # A worker ignored its alarm: kill the pool, count this item as a timeout and regrade the rest afresh.
+                _shutdown_pool()
+                grades.append(MathGrade(score=0.0, prediction="", timed_out=True))
+                break
     return grades
 
 
