@@ -98,7 +98,7 @@ def test_bad_grid_and_path_is_one_line_naming_the_field_and_nothing_is_created(
 
     monkeypatch.setattr(vespo.experiments.sweep, "sweep", ran)
     monkeypatch.setattr(vespo.experiments.lab, "lab", ran)
-    monkeypatch.setattr(vespo.train.launch, "train", ran)
+    monkeypatch.setattr(vespo.train.launch, "_run", ran)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("keep")
     before = sorted(tmp_path.rglob("*"))
@@ -120,7 +120,7 @@ def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsy
             (tmp_path / "run" / CHECKPOINT).write_bytes(b"x")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vespo.train.launch, "train", interrupted)
+    monkeypatch.setattr(vespo.train.launch, "_run", interrupted)
     assert main(["train", "--run-dir", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
     assert ("--resume continues" in err) == checkpointed, err

@@ -2,7 +2,7 @@
 
 Keys follow veRL/TRL names where the concept is shared (train_batch_size, ppo_mini_batch_size, rollout_n,
 loss_agg_mode, lr, max_response_length, temperature, kl_coef, entropy_coeff). A YAML file given with `--config` sets
-defaults; command-line flags override it. `validate` checks everything that can be checked before any compute.
+defaults; command-line flags override it. `resolve` checks everything that can be checked before any compute.
 """
 
 from __future__ import annotations
@@ -270,8 +270,8 @@ _HINTS = typing.get_type_hints(TrainConfig, include_extras=False)
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:
-    """Check every field's type and range, apply the `staleness` shortcut and the default run dir, then check the
-    whole (`validate` in one pass: types are checked once)."""
+    """Check every field's type and range (`check_values`), apply the `staleness` shortcut and the default run dir,
+    then check the whole (`check_consistency`): the one validation of a run config, before any compute."""
     check_values(cfg)
     if cfg.run_dir is None:
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
@@ -408,13 +408,6 @@ def check_values(cfg: TrainConfig) -> None:
             _check_range(name, getattr(cfg, name), interval)
     for i, beta in enumerate(cfg.betas):
         _check_range(f"betas[{i}]", beta, "[0, 1)")
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Raise ConfigError naming the field and what is accepted for any configuration that cannot run, or would run
-    wrong; everything here is checked before any model or dataset is loaded."""
-    check_values(cfg)
-    check_consistency(cfg)
 
 
 def check_consistency(cfg: TrainConfig) -> None:

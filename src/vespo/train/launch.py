@@ -16,7 +16,11 @@ from vespo.train.runs import CHECKPOINT, claim_run_dir
 def train(cfg: TrainConfig) -> dict[str, float]:
     """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. Everything is
     validated before any compute."""
-    cfg = resolve(cfg)
+    return _run(resolve(cfg))
+
+
+def _run(cfg: TrainConfig) -> dict[str, float]:
+    """`train` on a resolved config (`parse_args` resolves it once)."""
     if not cfg.progress:
         quiet_hf_progress()
     if cfg.mode == "async":
@@ -43,8 +47,8 @@ def cli(argv: list[str]) -> int:
     """`vespo train [--config file.yaml] [flags]`."""
     cfg = None
     try:
-        cfg = parse_args(argv)
-        last = train(cfg)
+        cfg = parse_args(argv)  # resolved
+        last = _run(cfg)
     except ConfigError as exc:  # bad input, found before any compute
         print(f"vespo train: error: {exc}", file=sys.stderr)
         return 2
