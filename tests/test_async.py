@@ -19,7 +19,8 @@ from vespo.rollout import pack_rollout, sample
 from vespo.train import async_ as async_trainer
 from vespo.train import train
 from vespo.train.async_ import _sigterm_as_interrupt, lag_bucket
-from vespo.train.config import TrainConfig, parse_args
+from vespo.train.config import TrainConfig
+from vespo.train.config_io import parse_args
 from vespo.train.runs import read_metrics
 from vespo.train.sampler import Schedule, WeightStore, batch_seed
 

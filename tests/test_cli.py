@@ -149,7 +149,7 @@ def test_version_comes_from_the_package_metadata():
 def test_hparams_are_typed_by_the_methods_own_signature(argv, expected):
     """`--hparams` values take the registry's types: None where None is accepted (CISPO's ratio_min), floats for
     floats, and veRL's "lower_upper" thresholds stay text (a number parser reads "0.5_5" as 0.55)."""
-    from vespo.train.config import parse_args
+    from vespo.train.config_io import parse_args
 
     got = parse_args(argv).hparams
     assert got == expected and all(type(got[k]) is type(v) for k, v in expected.items())

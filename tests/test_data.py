@@ -165,7 +165,7 @@ def test_livecodebench_decoder_refuses_pickled_code():
 def test_own_dataset_is_not_held_to_the_embedded_pool(tmp_path):
     """With a user's dataset and no eval_dataset there is no held-out set, so an eval_size above the embedded task's
     pool (500) is not an error and the embedded task is not built."""
-    from vespo.train.config import parse_args
+    from vespo.train.config_io import parse_args
     from vespo.train.setup import load_data
 
     path = tmp_path / "d.jsonl"

@@ -39,7 +39,8 @@ def test_no_progress_means_no_bars_and_no_deprecation_noise(tiny):
 def test_verl_nested_and_dotted_yaml_keys(tmp_path):
     """A veRL user's YAML works as is: nested sections and dotted keys map to vespo's fields; clip ratios become
     hparams; an unknown veRL key is one clear error naming it."""
-    from vespo.train.config import ConfigError, load_yaml
+    from vespo.train.config import ConfigError
+    from vespo.train.config_io import load_yaml
 
     (tmp_path / "verl.yaml").write_text(
         "data:\n  train_batch_size: 64\n  max_response_length: 32\n"

@@ -36,7 +36,8 @@ def test_palettes_stay_readable_on_white(n):
 def test_run_plot_title_is_the_method_and_settings(tmp_path):
     import json
 
-    from vespo.train.config import TrainConfig, to_yaml
+    from vespo.train.config import TrainConfig
+    from vespo.train.config_io import to_yaml
     from vespo.train.runs import plot_run, run_title
 
     (tmp_path / "config.yaml").write_text(to_yaml(TrainConfig(method="grpo", train_batch_size=64, lr=1e-3, seed=2)))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vespo.outputs import LOCK, MARKER
-from vespo.train.config import ConfigError, TrainConfig, resolve, to_yaml
+from vespo.train.config import ConfigError, TrainConfig, resolve
+from vespo.train.config_io import to_yaml
 from vespo.train.learner import Learner, UpdateSettings
 from vespo.train.runs import (
     CHECKPOINT,

@@ -127,7 +127,7 @@ def test_lr_and_task_are_grid_axes():
 
 
 def test_chain_task_needs_room_for_its_response():
-    from vespo.train.config import parse_args
+    from vespo.train.config_io import parse_args
 
     with pytest.raises(ValueError, match=r"max_response_length >= 95"):
         parse_args(["--task", "chain", "--num-operands", "30", "--max-response-length", "40"])

@@ -21,7 +21,8 @@ from vespo.embedded.warm_start import embedded_policy_path
 from vespo.losses.core import top_share as _top_share
 from vespo.rollout import sample
 from vespo.train import train
-from vespo.train.config import ConfigError, TrainConfig, parse_args
+from vespo.train.config import ConfigError, TrainConfig
+from vespo.train.config_io import parse_args
 from vespo.train.learner import policy_log_probs
 from vespo.train.runs import read_metrics
 from vespo.train.setup import build_optimizer, load_data

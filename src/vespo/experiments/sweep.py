@@ -31,7 +31,8 @@ from vespo.experiments.grid import claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
 from vespo.plots import category_color, sequential_color
-from vespo.train.config import TrainConfig, check_output_dir, parse_args
+from vespo.train.config import TrainConfig, check_output_dir
+from vespo.train.config_io import parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
 
 Variant = tuple[str, dict, dict]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from vespo.models import quiet_hf_progress
 from vespo.rewards.batch import GraderHostError
-from vespo.train.config import ConfigError, TrainConfig, parse_args, resolve
+from vespo.train.config import ConfigError, TrainConfig, resolve
+from vespo.train.config_io import parse_args
 from vespo.train.runs import CHECKPOINT, claim_run_dir
 
 

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from vespo.outputs import OutputError, OwnedDir, claim
-from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, load_yaml, to_yaml
+from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values
+from vespo.train.config_io import load_yaml, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
@@ -356,7 +357,7 @@ def _tb_hparams(tb, cfg: TrainConfig) -> None:
     the full config.yaml as text."""
     from torch.utils.tensorboard.summary import hparams
 
-    from vespo.train.config import to_yaml
+    from vespo.train.config_io import to_yaml
 
     flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in dataclasses.asdict(cfg).items()}
     for summary in hparams(flat, {"reward/mean": 0.0, "eval/accuracy": 0.0}):
