@@ -119,3 +119,38 @@ def test_token_outside_the_learners_top_k_has_probability_zero_not_nan(tiny):
     mask = r.response_mask.bool()
     assert (logp[mask] == OUTSIDE_LOG_PROB).any() and (logp[mask] == 0).any()  # outside, and the only token kept
     assert bool(torch.isfinite(logp).all())
+
+
+def test_one_engine_for_every_loop_shares_or_casts_the_learners_weights(tiny):
+    """`build_engine`: the sync loop's HF engine is the learner itself in its own dtype (a weight sync is a no-op), a
+    cast copy otherwise, whose `load` brings it to the learner's current weights; its samples equal `sample`'s."""
+    from copy import deepcopy
+
+    from vespo.rollout import SamplingSettings, build_engine
+
+    model, tok = deepcopy(tiny[0]), tiny[1]  # its weights are moved below
+    settings = SamplingSettings(n=2, max_new_tokens=5, temperature=0.9, top_k=5)
+    shared = build_engine("hf", settings, policy_path="unused", model=model, tokenizer=tok)
+    assert shared.model is model
+    got = shared.generate(["1+2=", "3+4="], torch.Generator().manual_seed(3))
+    want = sample(model, tok, ["1+2=", "3+4="], n=2, max_new_tokens=5, temperature=0.9, top_k=5,
+                  generator=torch.Generator().manual_seed(3))  # fmt: skip
+    assert torch.equal(got.input_ids, want.input_ids) and torch.equal(got.rollout_log_prob, want.rollout_log_prob)
+    cast = build_engine("hf", SamplingSettings(dtype="bfloat16"), policy_path="unused", model=model, tokenizer=tok)
+    assert cast.model is not model and next(cast.model.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    cast.load(list(model.named_parameters()))
+    for (name, p), q in zip(model.named_parameters(), cast.model.parameters(), strict=True):
+        assert torch.equal(q, p.to(torch.bfloat16)), name
+
+
+def test_vllm_engine_is_refused_in_one_line_where_it_cannot_run():
+    """sync and async alike: without vLLM and CUDA, `--sampler-engine vllm` is refused before any compute."""
+    from vespo.train.config import ConfigError
+    from vespo.train.config_io import parse_args
+
+    for mode in ([], ["--async", "--max-staleness", "8"]):
+        with pytest.raises(ConfigError, match="sampler_engine=vllm needs vLLM installed"):
+            parse_args(["--sampler-engine", "vllm", *mode])

@@ -2,12 +2,26 @@
 (`hf`), and vLLM (`vllm`, CUDA only)."""
 
 from vespo.rollout.hf import HFEngine, decode_responses, generate_texts, response_log_probs, sample
-from vespo.rollout.types import Engine, Rollout, pack_rollout
+from vespo.rollout.types import Engine, Rollout, SamplingSettings, pack_rollout
+
+
+def build_engine(kind: str, settings: SamplingSettings, *, policy_path: str, seed: int = 0, model=None, tokenizer=None):
+    """The one way a loop gets its generation engine: "vllm" (CUDA; its own weights, loaded from `policy_path`), or
+    "hf" on the learner's `model` (shared, or a cast copy) when given, else a private copy from `policy_path`."""
+    if kind == "vllm":
+        from vespo.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(policy_path, settings, seed=seed)
+    if model is not None:
+        return HFEngine.from_model(model, tokenizer, settings)
+    return HFEngine.from_path(policy_path, settings)
 
 __all__ = [
     "Engine",
     "HFEngine",
     "Rollout",
+    "SamplingSettings",
+    "build_engine",
     "decode_responses",
     "generate_texts",
     "pack_rollout",

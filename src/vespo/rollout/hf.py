@@ -11,11 +11,12 @@ through `HFEngine`); `vespo.rollout.vllm` is the vLLM one.
 from __future__ import annotations
 
 import inspect
+from copy import deepcopy
 
 import torch
 import transformers
 
-from vespo.rollout.types import Rollout
+from vespo.rollout.types import Rollout, SamplingSettings
 
 Tensor = torch.Tensor
 
@@ -204,32 +205,48 @@ def generate_texts(
 
 
 class HFEngine:
-    """`vespo.rollout.sample` on a private copy of the policy (in `sampler_dtype`)."""
+    """`vespo.rollout.sample` on a Hugging Face model: the learner's own (`shared`: a weight sync is a no-op), or a
+    copy in `settings.dtype` (`from_model` in the sync loop, `from_path` in an async sampler process)."""
 
-    def __init__(self, policy_path: str, cfg):
+    def __init__(self, model, tokenizer, settings: SamplingSettings, *, shared: bool = False):
+        self.model, self.tokenizer, self.settings, self.shared = model, tokenizer, settings, shared
+
+    @classmethod
+    def from_path(cls, policy_path: str, settings: SamplingSettings) -> HFEngine:
+        """A private copy loaded from disk (an async sampler process)."""
         from vespo.models import load_policy
 
-        self.model, self.tokenizer = load_policy(policy_path, dtype=getattr(torch, cfg.sampler_dtype))
-        self.model.eval().requires_grad_(False)
-        self.cfg = cfg
+        model, tokenizer = load_policy(policy_path, dtype=getattr(torch, settings.dtype))
+        return cls(model.eval().requires_grad_(False), tokenizer, settings)
+
+    @classmethod
+    def from_model(cls, model, tokenizer, settings: SamplingSettings) -> HFEngine:
+        """The learner's model itself when `settings.dtype` is its own, else a cast copy synced by `load`."""
+        if getattr(torch, settings.dtype) == next(model.parameters()).dtype:
+            return cls(model, tokenizer, settings, shared=True)
+        copy = deepcopy(model).to(getattr(torch, settings.dtype)).eval().requires_grad_(False)
+        return cls(copy, tokenizer, settings)
 
     @torch.no_grad()
     def load(self, named: list[tuple[str, Tensor]]) -> None:
+        if self.shared:
+            return
         params = dict(self.model.named_parameters())
         for name, t in named:
-            params[name].copy_(t)
+            params[name].copy_(t)  # casts to the engine's dtype
 
-    def generate(self, prompts: list[str], seed: int):
-        cfg = self.cfg
+    def generate(self, prompts: list[str], generator: torch.Generator) -> Rollout:
+        s = self.settings
+        self.model.eval()
         return sample(
             self.model,
             self.tokenizer,
             prompts,
-            n=cfg.rollout_n,
-            max_new_tokens=cfg.max_response_length,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            generator=torch.Generator().manual_seed(seed),
-            logit_noise_std=cfg.rollout_logit_noise,
+            n=s.n,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            generator=generator,
+            logit_noise_std=s.logit_noise_std,
         )

@@ -38,17 +38,36 @@ class Rollout:
         return Rollout(*(t[rows] for t in fields))
 
 
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What an engine needs to sample a rollout, and nothing else (a loop builds it from its own config)."""
+
+    n: int = 8
+    """Responses per prompt (the GRPO group)."""
+    max_new_tokens: int = 64
+    """Response length cap."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """Top-k truncation (0: off)."""
+    logit_noise_std: float = 0.0
+    """A controlled train-inference mismatch: Gaussian noise on the sampler's logits (HF engine only)."""
+    dtype: str = "float32"
+    """The engine's copy of the weights: float32 | bfloat16 | float16 (a low-precision inference engine)."""
+
+
 class Engine(Protocol):
-    """A generation engine holding its own copy of the policy: HF (`vespo.rollout.hf.HFEngine`) or vLLM
-    (`vespo.rollout.vllm.VLLMEngine`)."""
+    """A generation engine: HF (`vespo.rollout.hf.HFEngine`: the learner's own model, a cast copy, or a private copy
+    in a sampler process) or vLLM (`vespo.rollout.vllm.VLLMEngine`). The sync loop and the async samplers drive it
+    the same way: `load` the learner's weights, then `generate`."""
 
     tokenizer: transformers.PreTrainedTokenizerBase
 
     def load(self, named: list[tuple[str, Tensor]]) -> None:
         """Copy the learner's named parameters into the engine's weights (a weight sync)."""
 
-    def generate(self, prompts: list[str], seed: int) -> Rollout:
-        """`n` responses per prompt with their sampler log-probs, seeded."""
+    def generate(self, prompts: list[str], generator: torch.Generator) -> Rollout:
+        """`settings.n` responses per prompt with their sampler log-probs; all randomness from `generator`."""
 
 
 def pack_rollout(prompt_ids: list[list[int]], response_ids: list[list[int]], logps: list[list[float]], *, pad_id: int):

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from vespo.models import load_tokenizer
-from vespo.rollout.types import pack_rollout
+from vespo.rollout.types import SamplingSettings, pack_rollout
 
 Tensor = torch.Tensor
 
@@ -34,35 +34,35 @@ class VLLMEngine:
     vLLM's `LLM` API with the in-process driver worker, and not run here; `pack_rollout` is tested on HF samples.
     """
 
-    def __init__(self, policy_path: str, cfg):
+    def __init__(self, policy_path: str, settings: SamplingSettings, *, seed: int = 0):
         from vllm import LLM
 
         self.tokenizer = load_tokenizer(policy_path)
         self.llm = LLM(
             model=str(policy_path),
-            dtype=cfg.sampler_dtype,
-            seed=cfg.seed,
+            dtype=settings.dtype,
+            seed=seed,
             logprobs_mode="processed_logprobs",
         )
-        self.cfg = cfg
+        self.settings = settings
 
     def load(self, named: list[tuple[str, Tensor]]) -> None:
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.model.load_weights(named)
         self.llm.reset_prefix_cache()
 
-    def generate(self, prompts: list[str], seed: int):
+    def generate(self, prompts: list[str], generator: torch.Generator):
         from vllm import SamplingParams
 
-        cfg = self.cfg
+        s = self.settings
         params = SamplingParams(
-            n=cfg.rollout_n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k or -1,  # vLLM: -1 disables
-            max_tokens=cfg.max_response_length,
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k or -1,  # vLLM: -1 disables
+            max_tokens=s.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
-            seed=seed,
+            seed=int(torch.randint(2**31 - 1, (1,), generator=generator, device=generator.device)),  # per request
         )
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         prompt_ids, response_ids, logps = [], [], []

@@ -23,6 +23,7 @@ from vespo.intervals import Interval
 from vespo.losses import available_methods, rollout_correction, validate_hparams
 from vespo.models import check_model_source, looks_local
 from vespo.rewards.batch import load_reward_fn
+from vespo.rollout.types import SamplingSettings
 
 EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -186,7 +187,8 @@ class TrainConfig:
     """async: AReaL's decoupled objective W = (pi/pi_prox)(pi_prox/mu): the learner's weights at the update are
     old_log_prob (one extra forward) and mu enters as rollout_log_prob; otherwise mu is old_log_prob itself."""
     sampler_engine: Literal["hf", "vllm"] = "hf"
-    """async: hf (the trainer's KV-cached sampler) | vllm (CUDA; weights pushed into the engine, not run on CPU)."""
+    """The generation engine, sync and async: hf (the trainer's KV-cached sampler) | vllm (CUDA; the learner's
+    weights pushed into the engine every step; not run on CPU)."""
 
     # --- embedded task and SFT warm start (used when model/dataset == "embedded")
     task: Literal["arithmetic", "chain", "scratchpad"] = "arithmetic"
@@ -261,6 +263,20 @@ class TrainConfig:
     def num_mini_batches(self) -> int:
         """The staleness ratio N = train_batch_size / ppo_mini_batch_size."""
         return self.train_batch_size // self.ppo_mini_batch_size
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """What the generation engine gets of this config (training rollouts; held-out evaluation shares all but n
+        and the logit noise)."""
+        return SamplingSettings(
+            n=self.rollout_n,
+            max_new_tokens=self.max_response_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            logit_noise_std=self.rollout_logit_noise,
+            dtype=self.sampler_dtype,
+        )
 
 
 FIELD_TYPES = typing.get_type_hints(TrainConfig, include_extras=False)
@@ -525,6 +541,13 @@ def _validate_hardware(cfg: TrainConfig) -> None:
 
 
 def _validate_async(cfg: TrainConfig) -> None:
+    if cfg.sampler_engine == "vllm":
+        import torch
+
+        if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+            raise ConfigError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
+        if cfg.rollout_logit_noise > 0:
+            raise ConfigError("rollout_logit_noise needs sampler_engine=hf (vLLM's sampler takes no logit noise)")
     if cfg.mode == "sync":
         if cfg.use_decoupled_loss:
             raise ConfigError("use_decoupled_loss needs mode=async (in sync mode old_log_prob is already pi_prox)")
@@ -535,11 +558,6 @@ def _validate_async(cfg: TrainConfig) -> None:
             f"max_staleness={cfg.max_staleness} is too small: a batch of N={cfg.num_mini_batches} mini-batches with "
             f"sync_every={cfg.sync_every} needs max_staleness >= N + sync_every - 2 = {need}"
         )
-    if cfg.sampler_engine == "vllm":
-        import torch
-
-        if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
-            raise ConfigError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
     weights = _policy_bytes(cfg.model, cfg.sampler_dtype) if cfg.sampler_engine == "hf" else 0  # vLLM: on the GPU
     per_sampler, free = _SAMPLER_PROCESS_BYTES + weights, _available_memory()
     if free is not None and cfg.num_samplers * per_sampler > free:

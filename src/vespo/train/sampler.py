@@ -130,17 +130,6 @@ class SampledBatch:
     created: float  # time.time() when put on the queue
 
 
-def build_engine(kind: str, policy_path: str, cfg):
-    """The sampler's generation engine: "hf" (`vespo.rollout.hf.HFEngine`) or "vllm" (CUDA only)."""
-    if kind == "vllm":
-        from vespo.rollout.vllm import VLLMEngine
-
-        return VLLMEngine(policy_path, cfg)
-    from vespo.rollout.hf import HFEngine
-
-    return HFEngine(policy_path, cfg)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The sampler process
 
@@ -186,12 +175,12 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
     from vespo.advantages import group_advantages
     from vespo.data import format_prompts
     from vespo.rewards.batch import grade_batch, load_reward_fn
-    from vespo.rollout import decode_responses
+    from vespo.rollout import build_engine, decode_responses
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
     reward_fn = load_reward_fn(cfg.reward_fn)
-    engine = build_engine(cfg.sampler_engine, policy_path, cfg)
+    engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=policy_path, seed=cfg.seed)
     version = store.pull(engine.load, -1)
     events.put(("ready", rank, None))
     idle_since = time.perf_counter()
@@ -206,7 +195,7 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed))
         chosen = [problems[i] for i in order[: cfg.train_batch_size].tolist()]
         prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in chosen], chat=cfg.apply_chat_template)
-        rollout = engine.generate(prompts, seed)
+        rollout = engine.generate(prompts, torch.Generator().manual_seed(seed))
         t1 = time.perf_counter()
         rewards = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)

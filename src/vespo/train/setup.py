@@ -137,16 +137,6 @@ def completion_rows(tokenizer, rollout: Rollout, rewards: torch.Tensor, advantag
     ]
 
 
-def sampling_kwargs(cfg: TrainConfig) -> dict[str, float]:
-    """The generation settings training and held-out evaluation share."""
-    return {
-        "max_new_tokens": cfg.max_response_length,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-    }
-
-
 def disable_dropout(model: torch.nn.Module) -> None:
     """Set every dropout probability to 0 (TRL's `disable_dropout`): the update's train mode and the old log-probs'
     eval mode then compute the same policy, so W == 1 exactly on the first mini-batch."""
@@ -233,6 +223,6 @@ def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[st
         chunk=cfg.micro_batch_size,
         seed=cfg.seed + 12345,
         progress=False,
-        **sampling_kwargs(cfg),
+        **{k: getattr(cfg.sampling, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k")},
     )
     return {"eval/accuracy": scores[f"eval/heldout/avg@{cfg.eval_n}"]}

@@ -9,7 +9,6 @@ The update is the learner's (`vespo.train.learner`); setup and resume are `vespo
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
@@ -18,10 +17,10 @@ from vespo.advantages import group_advantages
 from vespo.data import format_prompts
 from vespo.outputs import OwnedDir
 from vespo.rewards.batch import grade_batch
-from vespo.rollout import decode_responses, sample
+from vespo.rollout import build_engine, decode_responses
 from vespo.train.config import TrainConfig
 from vespo.train.learner import rollout_metrics, to_floats
-from vespo.train.setup import completion_rows, sampling_kwargs, setup_run, update_settings
+from vespo.train.setup import completion_rows, setup_run, update_settings
 
 
 def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
@@ -31,9 +30,9 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     state = setup_run(cfg, out, settings, num_threads=cfg.num_threads)
     run, learner, tokenizer, gen = state.run, state.learner, state.tokenizer, state.gen
     model = learner.model
-    sampler = model  # the "inference engine": the policy itself, or a low-precision copy synced every step
-    if cfg.sampler_dtype != "float32":
-        sampler = copy.deepcopy(model).to(getattr(torch, cfg.sampler_dtype)).eval().requires_grad_(False)
+    # the inference engine: the policy itself, a low-precision copy, or vLLM; its weights synced every step
+    engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=state.policy_path, seed=cfg.seed,
+                          model=model, tokenizer=tokenizer)  # fmt: skip
     run.begin()
     metrics = run.logger.last  # the checkpoint's step, should no step be left to run
     for step in range(state.start + 1, cfg.total_training_steps + 1):
@@ -42,12 +41,9 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         idx = torch.randperm(len(state.train_set))[: cfg.train_batch_size].tolist()
         batch = [state.train_set[i] for i in idx]
         prompts = format_prompts(tokenizer, [r["prompt"] for r in batch], chat=cfg.apply_chat_template)
-        # 2. generate n responses per prompt with the sampler, recording its log-probs
-        model.eval()
-        if sampler is not model:
-            sampler.load_state_dict(model.state_dict())  # weight sync to the "inference engine" (casts dtype)
-        gen_args = {"generator": gen, "logit_noise_std": cfg.rollout_logit_noise} | sampling_kwargs(cfg)
-        rollout = sample(sampler, tokenizer, prompts, n=cfg.rollout_n, **gen_args)
+        # 2. generate n responses per prompt with the engine, recording its log-probs
+        engine.load(list(model.named_parameters()))  # weight sync (a no-op when the engine is the policy itself)
+        rollout = engine.generate(prompts, gen)
         t_gen = time.perf_counter()
         # 3. rewards and group advantages
         rewards = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
