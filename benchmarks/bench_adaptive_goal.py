@@ -6,13 +6,15 @@ One command (after the grid, ~15 min of one CPU core):
 --out-dir benchmarks/results/adaptive/lab_grid && python benchmarks/bench_adaptive_goal.py`
 reads lab_grid/results.csv and mechanism.csv and writes goal.md, goal.csv and goal.png beside them: per variant
 and cell, the seed-mean final expected reward minus the best baseline's (GRPO, TOPR), collapses, and the mechanism
-metrics of the stalest mini-batch (k = N - 1) that explain a loss.
+metrics of the stalest mini-batch (k = N - 1) that explain a loss. `python benchmarks/bench_adaptive_goal.py [DIR]`
+reads another grid directory; `--smoke --out-dir DIR` runs a tiny lab grid (the same methods, T = 8, N in {1, 16},
+one seed) into DIR/lab_grid and reads that, in seconds.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -116,10 +118,29 @@ def _plot(directory: Path, gaps: np.ndarray, grid: list[tuple]) -> None:
         for j in range(gaps.shape[1]):
             ax.text(j, i, f"{gaps[i, j]:+.2f}", ha="center", va="center", fontsize=5)
     ax.set_title("final expected reward minus the best of GRPO/TOPR (lab, mean of 3 seeds)")
+    ax.set(xlabel="lab cell: length T, staleness N, lr multiple", ylabel="adaptive VESPO variant")
     fig.colorbar(im, ax=ax, fraction=0.02)
     fig.tight_layout()
     fig.savefig(directory / "goal.png", dpi=120)
 
 
+def smoke_grid(out_dir: Path) -> Path:
+    """A tiny lab grid of the same methods (v1 preset, T = 8, N in {1, 16}, lr x1, one seed) in out_dir/lab_grid."""
+    from vespo.experiments.lab import LabConfig, lab
+
+    grid = out_dir / "lab_grid"
+    lab(LabConfig(preset="v1", out_dir=str(grid), methods=(*BASELINES, *VARIANTS), length=(8,), staleness=(1, 16),
+                  lr_scale=(1.0,), seeds=(0,), optimizer_steps=16, mini_batch_size=8, rollout_n=4, eval_points=1,
+                  jobs=1))  # fmt: skip
+    return grid
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DIR)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("directory", type=Path, nargs="?", default=DIR, help="the lab grid's out_dir")
+    ap.add_argument("--smoke", action="store_true", help="run a tiny lab grid into --out-dir and read it (CI)")
+    ap.add_argument("--out-dir", type=Path, help="with --smoke: where the tiny grid and goal.* go")
+    a = ap.parse_args()
+    if a.smoke and a.out_dir is None:
+        ap.error("--smoke needs --out-dir")
+    main(smoke_grid(a.out_dir) if a.smoke else a.directory)

@@ -12,6 +12,8 @@ learner is the bottleneck and lags fill the window up to S, as on a real cluster
 pool), one learner; weights published every optimizer step. Lags are measured, not set: the tables report their
 histogram. `--sync-staleness 1 4 16` adds a sync reference on the same machine and warm start (sync/: `vespo sweep`
 at those N; mini-batch k of a rollout batch has lag k <= N - 1); the committed results were run without it (CPU).
+`--smoke --out-dir DIR`: one method, S = 1, one seed, one sampler, 2 optimizer steps of 2 prompts x 2 on a 2-step
+warm start built in DIR (CI; the sampler process start-up dominates).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from vespo.experiments.sweep import SweepConfig, sweep
+from vespo.experiments.sweep import cells as sweep_cells
 from vespo.train.runs import read_metrics
 
 RESULTS = Path(__file__).parent / "results"
@@ -32,21 +35,36 @@ OUT = RESULTS / "async_lag"
 COMMON = {"loss_agg_mode": "token-mean", "tensorboard": "False"}
 
 
+def smoke_settings(a) -> dict:
+    """SweepConfig fields of a smoke run (tiny cells, a 2-step warm start cached under the out dir); {} otherwise."""
+    if not a.smoke:
+        return {}
+    return {"ppo_mini_batch_size": 2, "rollout_n": 2, "min_rollout_steps": 1, "eval_points": 1, "eval_size": 10,
+            "eval_n": 1, "cache_dir": str(a.out_dir / "cache")}  # fmt: skip
+
+
+def smoke_extra(a) -> dict:
+    return {"sft_steps": "2", "max_response_length": "8"} if a.smoke else {}
+
+
 def sweep_config(s: int, a) -> SweepConfig:
     return SweepConfig(
-        out_dir=str(OUT / f"S{s}"),
+        out_dir=str(a.out_dir / f"S{s}"),
         methods=tuple(a.methods),
         staleness=(1,),
         seeds=tuple(a.seeds),
         optimizer_steps=a.optimizer_steps,
         jobs=1,  # each cell already runs a learner and two samplers
-        extra=COMMON | {"mode": "async", "max_staleness": str(s), "num_samplers": str(a.num_samplers)},
+        extra=COMMON | {"mode": "async", "max_staleness": str(s), "num_samplers": str(a.num_samplers)} | smoke_extra(a),
+        **smoke_settings(a),
     )
 
 
-def collect(s: int, method: str, seeds: list[int]) -> dict:
+def collect(s: int, method: str, a) -> dict:
     """Per (S, method): final reward / held-out accuracy per seed, curves, lag histogram and per-lag log W, ESS."""
-    cells = [OUT / f"S{s}" / "cells" / method / "N1" / f"seed{seed}" for seed in seeds]
+    cfg = sweep_config(s, a)
+    cells_dir = a.out_dir / f"S{s}" / "cells"
+    cells = [cells_dir / c.name for c in sweep_cells(cfg) if c.variant == method]  # <method>/N1/seed<s>/<settings key>
     summaries = [json.loads((c / "summary.json").read_text()) for c in cells]
     asyncs = [json.loads((c / "async_summary.json").read_text()) for c in cells]
     hist: dict[int, int] = {}
@@ -86,24 +104,25 @@ def collect(s: int, method: str, seeds: list[int]) -> dict:
 
 def sync_config(a) -> SweepConfig:
     return SweepConfig(
-        out_dir=str(OUT / "sync"),
+        out_dir=str(a.out_dir / "sync"),
         methods=tuple(a.methods),
         staleness=tuple(a.sync_staleness),
         seeds=tuple(a.seeds),
         optimizer_steps=a.optimizer_steps,
         jobs=2,
-        extra=COMMON,
+        extra=COMMON | smoke_extra(a),
+        **smoke_settings(a),
     )
 
 
-def sync_reference(methods: list[str]) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
+def sync_reference(a) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
     """(method, N) -> (final train rewards, final held-out accuracies) of the sync reference sweep."""
-    path = OUT / "sync" / "results.csv"
+    path = a.out_dir / "sync" / "results.csv"
     if not path.is_file():
         return {}
     out: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
     for row in csv.DictReader(path.open()):
-        if row["variant"] in methods:
+        if row["variant"] in a.methods:
             key = (row["variant"], int(row["N"]))
             out.setdefault(key, ([], []))
             out[key][0].append(float(row["final_train_reward"]))
@@ -116,7 +135,7 @@ def fmt(vals: list[float]) -> str:
 
 
 def write_summary(rows: list[dict], a) -> None:
-    sync = sync_reference(a.methods)
+    sync = sync_reference(a)
     lines = [
         "# VESPO vs GRPO vs TOPR under real asynchronous lag",
         "",
@@ -159,34 +178,29 @@ def write_summary(rows: list[dict], a) -> None:
                 f"{m.get('weight_ess', float('nan')):.3f} |"
             )
     lines.append(f"\nWarm-start held-out accuracy: {rows[0]['initial_eval_acc']:.3f}.")
-    (OUT / "summary.md").write_text("\n".join(lines) + "\n")
-    (OUT / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (a.out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    (a.out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def plot(rows: list[dict], a) -> None:
-    import matplotlib
+    from vespo.plots import Panel, Series, panel_figure, save_figure, sequential_color
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, len(a.methods), figsize=(4 * len(a.methods), 6), squeeze=False)
-    for j, method in enumerate(a.methods):
-        for r in (r for r in rows if r["method"] == method):
-            color = plt.cm.viridis(a.staleness.index(r["S"]) / max(1, len(a.staleness) - 1))
-            for i, key in enumerate(("reward/mean", "eval/accuracy")):
+    grid = []
+    for key, label in (("reward/mean", "training reward"), ("eval/accuracy", "held-out accuracy")):
+        row = []
+        for method in a.methods:
+            panel = Panel(method, "optimizer step", label, bounds=(0.0, 1.0))
+            for r in (r for r in rows if r["method"] == method):
+                color = sequential_color(a.staleness.index(r["S"]), len(a.staleness))
                 c = r["curves"][key]
-                axes[i][j].plot(c["step"], c["mean"], color=color, marker="o" if i else None, ms=3, label=f"S={r['S']}")
-        axes[0][j].set_title(method)
-        axes[1][j].set_xlabel("optimizer step")
-    axes[0][0].set_ylabel("training reward")
-    axes[1][0].set_ylabel("held-out accuracy")
-    for ax in axes.flat:
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"async, mean of {len(a.seeds)} seeds", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(OUT / "curves.png", dpi=110)
-    plt.close(fig)
+                style = {"color": color, "marker": "o" if key.startswith("eval/") else None, "ms": 3}
+                panel.series[f"S={r['S']}"] = Series(c["step"], c["mean"], style=style)
+            row.append(panel)
+        grid.append(row)
+    title = f"async, mean of {len(a.seeds)} seeds"
+    save_figure(panel_figure(grid, title=title, panel_size=(4, 3)), a.out_dir / "curves.png")
+
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(a.staleness), figsize=(4 * len(a.staleness), 3), squeeze=False)
     for ax, s in zip(axes[0], a.staleness, strict=True):
@@ -198,7 +212,7 @@ def plot(rows: list[dict], a) -> None:
         ax.set(title=f"max_staleness = {s}", xlabel="lag (optimizer steps)", ylabel="mini-batches trained")
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(OUT / "lag.png", dpi=110)
+    fig.savefig(a.out_dir / "lag.png", dpi=110)
     plt.close(fig)
 
 
@@ -210,15 +224,20 @@ def main() -> None:
     parser.add_argument("--optimizer-steps", type=int, default=192)
     parser.add_argument("--num-samplers", type=int, default=2)
     parser.add_argument("--sync-staleness", nargs="*", type=int, default=[], help="N of an optional sync reference")
+    parser.add_argument("--out-dir", type=Path, default=OUT, help="where it all goes (benchmarks/results/async_lag)")
+    parser.add_argument("--smoke", action="store_true", help="one tiny async cell, in seconds (CI)")
     a = parser.parse_args()
+    if a.smoke:
+        a.methods, a.staleness, a.seeds, a.optimizer_steps, a.num_samplers = ["vespo"], [1], [0], 2, 1
     for s in a.staleness:
         sweep(sweep_config(s, a))
     if a.sync_staleness:
         sweep(sync_config(a))
-    rows = [collect(s, m, a.seeds) for s in a.staleness for m in a.methods]
+    rows = [collect(s, m, a) for s in a.staleness for m in a.methods]
+    a.out_dir.mkdir(parents=True, exist_ok=True)
     write_summary(rows, a)
     plot(rows, a)
-    print((OUT / "summary.md").read_text())
+    print((a.out_dir / "summary.md").read_text())
 
 
 if __name__ == "__main__":

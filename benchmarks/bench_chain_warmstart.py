@@ -5,7 +5,8 @@ Per number of steps K (responses of 3K + 5 tokens) on one torch thread: the seco
 after 2 of warm-up) and the projected cost of the default SFT; for every K whose warm start is already in the cache
 (`vespo train --task chain --num-operands K` builds it; `--build` builds it here), its held-out accuracy as the
 trainer measures it (one sample per prompt at temperature 1, 200 prompts) and the teacher-forced accuracy of the
-chain's digits (greedy next token given a correct prefix).
+chain's digits (greedy next token given a correct prefix). `--smoke --out-dir DIR`: K = 5, 2 timed steps, a 2-step
+warm start built in DIR, 10 held-out prompts (seconds; CI).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import torch
 from vespo.embedded.task import build_tiny_model, build_tokenizer, chain_response_tokens, embedded_split, solution_text
 from vespo.embedded.warm_start import SFT_STEPS, WarmStartSpec, embedded_policy_path, sft_cache_key, sft_warm_start
 from vespo.models import load_policy
-from vespo.train.config import TrainConfig
+from vespo.train.config import TrainConfig, resolve
 from vespo.train.setup import evaluate, load_data
 
 OUT = Path(__file__).parent / "results"
 
 
-def chain_config(k: int) -> TrainConfig:
-    return TrainConfig(task="chain", num_operands=k, max_response_length=chain_response_tokens(k), eval_size=200)
+def chain_config(k: int, **overrides) -> TrainConfig:
+    settings = {"task": "chain", "num_operands": k, "max_response_length": chain_response_tokens(k), "eval_size": 200}
+    return resolve(TrainConfig(**(settings | overrides)))  # defaults filled in, as `vespo train` runs it
 
 
 def seconds_per_step(k: int, steps: int = 10) -> float:
@@ -66,14 +68,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[5, 20, 41, 84], help="chain steps K")
     parser.add_argument("--build", action="store_true", help="build missing warm starts (default SFT; slow)")
+    parser.add_argument("--out-dir", type=Path, default=OUT, help="where chain_warmstart.{json,md} go")
+    parser.add_argument("--smoke", action="store_true", help="K = 5, a 2-step warm start built in --out-dir (CI)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    out = args.out_dir
+    smoke = {"sft_steps": 2, "eval_size": 10, "cache_dir": str(out / "cache")} if args.smoke else {}
+    if args.smoke:
+        args.steps, args.build = [5], True
     rows = []
     for k in args.steps:
-        cfg = chain_config(k)
-        row = {"K": k, "response_tokens": chain_response_tokens(k), "sft_steps": SFT_STEPS["chain"]}
-        row["s_per_sft_step"] = seconds_per_step(k)
-        row["projected_sft_minutes"] = row["s_per_sft_step"] * SFT_STEPS["chain"] / 60
+        cfg = chain_config(k, **smoke)
+        sft_steps = cfg.sft_steps or SFT_STEPS["chain"]
+        row = {"K": k, "response_tokens": chain_response_tokens(k), "sft_steps": sft_steps}
+        row["s_per_sft_step"] = seconds_per_step(k, steps=2 if args.smoke else 10)
+        row["projected_sft_minutes"] = row["s_per_sft_step"] * sft_steps / 60
         spec = WarmStartSpec.of(cfg)
         cached = (Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(spec)}" / "config.json").is_file()
         if cached or args.build:
@@ -86,8 +95,8 @@ def main() -> None:
             row["teacher_forced_digit_accuracy"] = teacher_forced_digit_accuracy(model, tok, eval_set[:50])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "chain_warmstart.json").write_text(json.dumps(rows, indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "chain_warmstart.json").write_text(json.dumps(rows, indent=1))
     lines = [
         "# Chain task warm start by length (one torch thread; chance accuracy 0.10)",
         "",
@@ -101,7 +110,7 @@ def main() -> None:
             f"| {r['K']} | {r['response_tokens']} | {r['s_per_sft_step']:.3f} | {r['projected_sft_minutes']:.1f} "
             f"| {acc} | {tf} |"
         )
-    (OUT / "chain_warmstart.md").write_text("\n".join(lines) + "\n")
+    (out / "chain_warmstart.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

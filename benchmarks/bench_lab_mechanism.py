@@ -3,11 +3,13 @@
 One command: `python benchmarks/bench_lab_mechanism.py` writes benchmarks/results/lab_mechanism.{json,md,png}.
 Per mini-batch index k (k optimizer steps stale) it reports the gradient norm before clipping, the parameter update
 norm, the ESS of W and the share of the gradient carried by the top 1% of sequences, for VESPO and REINFORCE (no
-reshaping: phi = W), at T = 1024, N = 16, 3x the lab's base lr (docs/results.md, "Mechanism").
+reshaping: phi = W), at T = 1024, N = 16, 3x the lab's base lr (docs/results.md, "Mechanism"). `--smoke --out-dir
+DIR`: the same arms and methods at T = 8, one seed, 16 optimizer steps of 8 sequences (seconds; CI).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,17 +27,48 @@ ARMS = {  # name -> (optimizer, base lr, adam_eps); cells run at 3x the base lr
 METHODS = ("vespo", "reinforce", "grpo")
 
 
-def main(seeds: tuple[int, ...] = (0, 1)) -> None:
+def plot(rows: list[dict], path: Path) -> None:
+    """lab_mechanism.png: per mini-batch index k, a row per optimiser arm, a column per metric, a line per method."""
+    from vespo.plots import Panel, Series, panel_figure, save_figure
+
+    keys = (  # (metric, axis label, range, scale)
+        ("grad_norm", "gradient norm", None, "log"),
+        ("update_norm", "update norm", None, "log"),
+        ("ess", "normalised ESS of W", (0.0, 1.0), None),
+        ("top1_share", "gradient share of top 1%", (0.0, 1.0), None),
+        ("log_w_mean", "mean sequence log W", None, None),
+    )
+    grid = []
+    for arm in ARMS:
+        row = []
+        for key, label, bounds, scale in keys:
+            panel = Panel(f"{arm}: {label}", "mini-batch index k", label, bounds=bounds, yscale=scale)
+            for method in METHODS:
+                runs = [r["per_k"][key] for r in rows if (r["arm"], r["method"]) == (arm, method)]
+                curve = np.mean(runs, axis=0)
+                panel.series[method] = Series(np.arange(len(curve)), curve)
+            row.append(panel)
+        grid.append(row)
+    save_figure(panel_figure(grid), path, dpi=100)
+
+
+def main(seeds: tuple[int, ...] = (0, 1), out: Path = OUT, smoke: bool = False) -> None:
     rows = []
+    size = (
+        dict(optimizer_steps=16, mini_batch_size=8, rollout_n=4)
+        if smoke
+        else dict(optimizer_steps=64, mini_batch_size=64)
+    )
+    length = 8 if smoke else 1024
     for arm, (opt, lr, eps) in ARMS.items():
-        cfg = LabConfig(optim=opt, lr=lr, adam_epsilon=eps, optimizer_steps=64, mini_batch_size=64, eval_points=2)
+        cfg = LabConfig(optim=opt, lr=lr, adam_epsilon=eps, eval_points=2, **size)
         for method in METHODS:
             for seed in seeds:
-                r = run_cell(cfg, LabCell(method, 1024, 16, 3.0, seed))
+                r = run_cell(cfg, LabCell(method, length, 16, 3.0, seed))
                 rows.append({"arm": arm, "method": method, "seed": seed} | r["summary"] | {"per_k": r["per_k"]})
                 print(arm, method, seed, f"final E[R] {r['summary']['final_reward']:.3f}", file=sys.stderr)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "lab_mechanism.json").write_text(json.dumps(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lab_mechanism.json").write_text(json.dumps(rows))
     lines = [
         "# Lab mechanism: T=1024, N=16, lr x3 (mean over seeds)",
         "",
@@ -67,30 +100,15 @@ def main(seeds: tuple[int, ...] = (0, 1)) -> None:
         g = mean(arm, "vespo", "grad_norm", late) / mean(arm, "reinforce", "grad_norm", late)
         u = mean(arm, "vespo", "update_norm", late) / mean(arm, "reinforce", "update_norm", late)
         lines.append(f"| {arm} | {g:.3f} | {u:.3f} |")
-    (OUT / "lab_mechanism.md").write_text("\n".join(lines) + "\n")
+    (out / "lab_mechanism.md").write_text("\n".join(lines) + "\n")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = ("grad_norm", "update_norm", "ess", "top1_share", "log_w_mean")
-    fig, axes = plt.subplots(len(ARMS), len(keys), figsize=(3.3 * len(keys), 2.6 * len(ARMS)), squeeze=False)
-    for i, arm in enumerate(ARMS):
-        for j, key in enumerate(keys):
-            ax = axes[i][j]
-            for method in METHODS:
-                runs = [r["per_k"][key] for r in rows if (r["arm"], r["method"]) == (arm, method)]
-                ax.plot(np.mean(runs, axis=0), label=method)
-            ax.set_title(f"{arm}: {key}", fontsize=9)
-            ax.set_xlabel("mini-batch index k")
-            if key in ("grad_norm", "update_norm"):
-                ax.set_yscale("log")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(OUT / "lab_mechanism.png", dpi=100)
-    print((OUT / "lab_mechanism.md").read_text())
+    plot(rows, out / "lab_mechanism.png")
+    print((out / "lab_mechanism.md").read_text())
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", type=Path, default=OUT, help="where lab_mechanism.{json,md,png} go")
+    ap.add_argument("--smoke", action="store_true", help="tiny cells, one seed, in seconds (CI)")
+    a = ap.parse_args()
+    main((0,) if a.smoke else (0, 1), a.out_dir, a.smoke)

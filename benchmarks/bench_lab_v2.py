@@ -7,7 +7,8 @@ finished cells). Methods vespo grpo gspo sapo cispo topr reinforce, plus vespo w
 (`length_norm="linear"`, the paper's length-normalisation ablation), Adam steps of 64 sequences (groups of 8), the
 lab's defaults otherwise. The defaults give every cell >= 8 rollout steps and a step size at which on-policy
 REINFORCE still learns. Every number is mean ± 95% CI over seeds; a difference is bold only when Welch's test,
-Holm-corrected over the table's comparisons, gives p < 0.05.
+Holm-corrected over the table's comparisons, gives p < 0.05. `--smoke --out DIR`: every arm on a tiny chain (V = 16,
+T = 8), N in {1, 2}, one seed, 2 Adam steps of 8 sequences (seconds; CI).
 """
 
 from __future__ import annotations
@@ -38,11 +39,19 @@ ARMS = {  # arm name -> (registered method, hyperparameters)
 STALENESS = (1, 16, 64)  # the default grid; tables and plots read N from the cells
 
 
-def _run(job: tuple[str, int, int, int, float, int, float]) -> dict:
-    arm, length, n, seed, lr, steps, eps = job
+SMOKE_LAB = {"mini_batch_size": 8, "rollout_n": 4, "eval_points": 1}
+SMOKE_CHAIN = {"vocab": 16, "rank": 4, "eval_samples": 16}
+"""`--smoke`: the lab and chain settings of a tiny cell."""
+
+
+def _run(job: tuple[str, int, int, int, float, int, float, bool]) -> dict:
+    arm, length, n, seed, lr, steps, eps, smoke = job
     method, hp = ARMS[arm]
-    cfg = LabConfig(optimizer_steps=steps, lr=lr, adam_epsilon=eps, eval_points=4)
-    out = run_chain_cell(cfg, LabCell(method, length, n, 1.0, seed, hp), ChainSpec())
+    cfg = LabConfig(
+        optimizer_steps=steps, lr=lr, adam_epsilon=eps, **({"eval_points": 4} | (SMOKE_LAB if smoke else {}))
+    )
+    spec = ChainSpec(**SMOKE_CHAIN) if smoke else ChainSpec()
+    out = run_chain_cell(cfg, LabCell(method, length, n, 1.0, seed, hp), spec)
     out["summary"]["arm"] = arm
     return out
 
@@ -213,30 +222,26 @@ def tables(rows: list[dict], results: list[dict], length: int, args: argparse.Na
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    """lab_v2.png: final E[R], mean length and token accuracy vs N per arm, mean and 95% CI over seeds; every CI
+    clipped to its metric's range (E[R] and accuracy in [0, 1], length in [0, T])."""
+    from vespo.plots import Panel, Series, panel_figure, save_figure
 
     staleness = _staleness(rows)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for ax, key, title in zip(
-        axes,
-        ("final_reward", "final_length_mean", "final_token_accuracy"),
-        ("final E[R]", "final mean length", "final token accuracy"),
-        strict=True,
+    longest = max(r["length"] for r in rows)  # T: no response is longer
+    panels = []
+    for key, label, bounds in (
+        ("final_reward", "final E[R]", (0.0, 1.0)),
+        ("final_length_mean", "final mean length (tokens)", (0.0, float(longest))),
+        ("final_token_accuracy", "final token accuracy", (0.0, 1.0)),
     ):
+        panel = Panel(label, "staleness N", label, bounds=bounds, xscale="log2", xticks=staleness)
         for arm in ARMS:
             stats = [mean_ci(_values(rows, arm, n, key)) for n in staleness]
-            ax.errorbar(staleness, [s[0] for s in stats], yerr=[s[1] for s in stats], marker="o", capsize=2, label=arm)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("staleness N")
-        ax.set_title(title)
-    axes[0].axhline(rows[0]["initial_reward"], color="grey", ls=":", lw=1)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+            panel.series[arm] = Series(staleness, [s[0] for s in stats], yerr=[s[1] for s in stats])
+        panels.append(panel)
+    panels[0].hline = rows[0]["initial_reward"]
+    title = "mean and 95% CI over seeds; dotted: the initial policy's E[R]"
+    save_figure(panel_figure([panels], title=title, panel_size=(4.2, 3.2)), path, dpi=100)
 
 
 def main() -> None:
@@ -248,17 +253,21 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT, help="output directory (default benchmarks/results/lab_v2)")
+    ap.add_argument("--out", "--out-dir", type=Path, default=OUT, help="output directory (benchmarks/results/lab_v2)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny chain, N in {1, 2}, one seed, in seconds (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.length, args.optimizer_steps, args.staleness, args.seeds, args.jobs = 8, 2, [1, 2], [0], 1
     out = args.out
     staleness = sorted(set(args.staleness))
     if 1 not in staleness or any(args.optimizer_steps % n for n in staleness):
         ap.error("--staleness must include 1 and divide --optimizer-steps")
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
-    settings = (args.lr, args.optimizer_steps, args.adam_epsilon)
+    settings = (args.lr, args.optimizer_steps, args.adam_epsilon, args.smoke)
     jobs = [(arm, args.length, n, s, *settings) for s in args.seeds for n in staleness[::-1] for arm in ARMS]
     eps = "" if args.adam_epsilon == 1e-8 else f"_eps{args.adam_epsilon:g}"  # default cells keep their names
+    eps += "_smoke" if args.smoke else ""
     path = {j: cells_dir / f"{j[0]}_T{j[1]}_N{j[2]}_seed{j[3]}_lr{j[4]:g}_steps{j[5]}{eps}.json" for j in jobs}
     todo = [j for j in jobs if not path[j].is_file()]
     with ProcessPoolExecutor(args.jobs) as pool:

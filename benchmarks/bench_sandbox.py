@@ -8,6 +8,7 @@ program, results in a JSON file, assertion tests inside the child), read from gi
 Both run the same programs with ``num_workers`` threads, in paired rounds (old, new, new, old) so machine noise hits
 both alike; the ratio is the median of the per-round ratios. Workloads: stdin/stdout (a+b, 4 cases), function call
 (4 cases) and assertion tests (HumanEval-style ``check(candidate)``, which now also starts the trusted checker).
+`--smoke --out-dir DIR`: 2 programs, one paired round, one worker (seconds; CI).
 """
 
 from __future__ import annotations
@@ -82,13 +83,18 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=40, help="programs per timed batch")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds (old, new, new, old) per workload")
     parser.add_argument("--workers", type=int, default=2, help="sandboxes at once (the machine has 2 cores)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where sandbox.{json,md} go")
+    parser.add_argument("--smoke", action="store_true", help="2 programs, one round, in seconds (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.programs, args.rounds, args.workers = 2, 1, 1
+    warm = min(4, args.programs)
     with tempfile.TemporaryDirectory() as tmp:
         old_run = load_baseline(Path(tmp))
         rows = []
         for name in workloads(old=False):
             old_w, new_w = workloads(old=True)[name], workloads(old=False)[name]
-            runs_per_s(old_run, old_w, 4, args.workers), runs_per_s(run_in_sandbox, new_w, 4, args.workers)  # warm
+            runs_per_s(old_run, old_w, warm, args.workers), runs_per_s(run_in_sandbox, new_w, warm, args.workers)
             old, new = [], []
             for _ in range(args.rounds):
                 a = runs_per_s(old_run, old_w, args.programs, args.workers)
@@ -121,15 +127,15 @@ def main() -> None:
         "workers": args.workers,
         "baseline": BASELINE_COMMIT,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sandbox.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "sandbox.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["| workload | old runs/s | new runs/s | slowdown (median of paired ratios) |", "|---|---|---|---|"]
     lines += [
         f"| {r['workload']} | {r['old_runs_per_s']:.1f} | {r['new_runs_per_s']:.1f} | "
         f"x{r['slowdown_median_of_ratios']:.2f} |"
         for r in rows
     ]
-    (RESULTS / "sandbox.md").write_text(
+    (args.out_dir / "sandbox.md").write_text(
         f"Sandbox throughput, {meta['workers']} workers, {meta['programs']} programs x {2 * meta['rounds']} "
         f"batches per side, root={meta['root']}, {meta['machine']}\n\n" + "\n".join(lines) + "\n"
     )

@@ -7,6 +7,8 @@ norm. It writes benchmarks/results/step_controls/{results.md,comparison.md,contr
 and N the held-out accuracy (mean ± 95% CI over seeds) and the mean update norm per optimizer step, and for each
 control the plain-VESPO learning rate whose mean update norm is closest (the matched-step-size control), compared
 by Welch's t-test with Holm's correction over all comparisons. Beyond the paper; reported whichever way it goes.
+`--smoke --out-dir DIR`: one lr and one control (mean_phi) at N = 2, one seed, 2 optimizer steps of 2 prompts x 2 on
+a 2-step warm start built in DIR (CI; each cell is a `vespo train` process).
 """
 
 from __future__ import annotations
@@ -31,26 +33,35 @@ def _update_norm(cell_dir: Path) -> float:
     return float(np.mean([r["actor/update_norm"] for r in rows if "actor/update_norm" in r]))
 
 
-def run(seeds: list[int], jobs: int) -> list[dict]:
-    """The plain-VESPO lr grid and the two controls at the high lr, as sweeps under OUT/grid_*."""
+SMOKE = {"staleness": (2,), "eval_size": 10, "eval_n": 1, "eval_points": 1, "optimizer_steps": 2,
+         "min_rollout_steps": 1, "ppo_mini_batch_size": 2, "rollout_n": 2}  # fmt: skip
+"""`--smoke`: SweepConfig fields of a tiny cell."""
+
+
+def run(seeds: list[int], jobs: int, root: Path = OUT, smoke: bool = False) -> list[dict]:
+    """The plain-VESPO lr grid and the two controls at the high lr, as sweeps under root/grid_*."""
     common = dict(staleness=(8, 32), seeds=tuple(seeds), eval_size=500, eval_n=4, jobs=jobs)
+    lrs_plain, controls, tiny = LRS, CONTROLS, {}
+    if smoke:  # one plain lr, one control; a 2-step warm start cached under root, not in the user's cache
+        common, lrs_plain = common | SMOKE | {"cache_dir": str(root / "cache")}, LRS[:1]
+        controls, tiny = dict(list(CONTROLS.items())[:1]), {"sft_steps": "2", "max_response_length": "8"}
     rows = []
-    runs = {"plain": (("vespo",), LRS, {})} | {name: (("vespo",), (LRS[0],), s) for name, s in CONTROLS.items()}
+    runs = {"plain": (("vespo",), lrs_plain, {})} | {name: (("vespo",), (LRS[0],), s) for name, s in controls.items()}
     for name, (methods, lrs, settings) in runs.items():
-        out = OUT / f"grid_{name}"
-        extra = {"log_update_norm": "True", "tensorboard": "False"} | settings
+        out = root / f"grid_{name}"
+        extra = {"log_update_norm": "True", "tensorboard": "False"} | settings | tiny
         cfg = SweepConfig(out_dir=str(out), methods=methods, lr=lrs, extra=extra, **common)
         for c, s in zip(cells(cfg), sweep(cfg), strict=True):  # summaries come back in grid order
-            label = s["variant"] if name == "plain" else name  # plain rows are vespo@lr<value>
+            label = f"vespo@lr{c.lr:g}" if name == "plain" else name  # plain rows are vespo@lr<value>
             cell = out / "cells" / c.name
             rows.append({"variant": label, "N": s["N"], "seed": s["seed"], "final_eval_acc": s["final_eval_acc"],
                          "best_eval_acc": s["best_eval_acc"], "update_norm": _update_norm(cell)})  # fmt: skip
     return rows
 
 
-def report(rows: list[dict]) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    with (OUT / "controls.csv").open("w", newline="") as f:
+def report(rows: list[dict], out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "controls.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -93,36 +104,32 @@ def report(rows: list[dict]) -> None:
     for (n, control, match, diff, _), q in zip(tests, adjusted, strict=True):
         line = f"N={n}: {control} − {match} = {diff:+.3f}, adjusted p = {q:.3g}"
         text.append(f"- **{line}**" if q < 0.05 else f"- {line}")
-    (OUT / "results.md").write_text("\n".join(text) + "\n")
-    _plot(rows, variants, ns)
+    (out / "results.md").write_text("\n".join(text) + "\n")
+    _plot(rows, variants, ns, out)
 
 
-def _plot(rows, variants, ns) -> None:
-    import matplotlib
+def _plot(rows, variants, ns, out: Path) -> None:
+    from vespo.plots import Panel, Series, panel_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(ns), figsize=(5 * len(ns), 3.8), squeeze=False)
-    for ax, n in zip(axes[0], ns, strict=True):
+    panels = []
+    for n in ns:
+        panel = Panel(f"N = {n}", "mean update norm per optimizer step", "final held-out accuracy", bounds=(0.0, 1.0))
+        panel.xscale = "log"
         for i, v in enumerate(variants):
             rs = [r for r in rows if r["variant"] == v and r["N"] == n]
             if rs:
                 x, y = [r["update_norm"] for r in rs], [r["final_eval_acc"] for r in rs]
-                ax.scatter(x, y, label=v, color=f"C{i}", s=18)
-        ax.set(xscale="log", xlabel="mean update norm per optimizer step", ylabel="final held-out accuracy",
-               title=f"N = {n}")  # fmt: skip
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(OUT / "controls.png", dpi=110)
-    plt.close(fig)
+                panel.series[v] = Series(x, y, style={"color": f"C{i}", "ls": "none", "marker": "o", "ms": 4})
+        panels.append(panel)
+    save_figure(panel_figure([panels], panel_size=(5, 3.8)), out / "controls.png")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--out-dir", type=Path, default=OUT, help="where the sweeps and results go")
+    p.add_argument("--smoke", action="store_true", help="three tiny cells, in seconds (CI)")
     args = p.parse_args()
-    report(run(args.seeds, args.jobs))
-    print((OUT / "results.md").read_text())
+    report(run([0] if args.smoke else args.seeds, args.jobs, args.out_dir, args.smoke), args.out_dir)
+    print((args.out_dir / "results.md").read_text())

@@ -1,7 +1,8 @@
 """Throughput of `vespo train` vs TRL's `GRPOTrainer(loss_type="vespo")`, side by side in one CPU run.
 
 Run: `.venv/bin/python benchmarks/bench_trl_throughput.py` (about 2 minutes on 2 shared cores); writes
-benchmarks/results/trl_throughput.{json,csv,png} and prints a summary table.
+benchmarks/results/trl_throughput.{json,csv,png} and prints a summary table. `--smoke --out-dir DIR` runs every arm
+through the same code in seconds (a 2-step warm start, no warm-up run, 2 rollout steps of 4 prompts x 2, 1 repeat).
 
 Both trainers get the same SFT-warm-started embedded model (the embedded task's tiny Llama + character tokenizer,
 copied to a temp dir and loaded from there by both), the same embedded arithmetic train split, the same reward
@@ -140,8 +141,8 @@ def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str, variant: str 
 
 
 def run_vespo(b: Bench, *, steps: int, seed: int, tag: str, variant: str = "sync") -> dict:
+    from vespo.train import train  # the `vespo train` entry: sync or async per cfg.mode
     from vespo.train.runs import read_metrics
-    from vespo.train.sync import train
 
     run_dir = Path(b.work_dir) / f"vespo-{variant}-{tag}"
     cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir), variant=variant)
@@ -319,12 +320,14 @@ def summarise(b: Bench, *, loop_s, gen_s, reward_s, e2e_s, opt_steps, rewards, s
     }
 
 
-def prepare_model(work_dir: Path) -> str:
-    """The SFT-warm-started embedded model + tokenizer (built once by vespo and cached), copied to a temp dir."""
-    from vespo.embedded.warm_start import embedded_policy_path
+def prepare_model(work_dir: Path, *, smoke: bool = False) -> str:
+    """The SFT-warm-started embedded model + tokenizer (built once by vespo and cached), copied to a temp dir. In a
+    smoke run, a 2-step warm start built in `work_dir` (nothing written to the user's cache)."""
+    from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
     from vespo.train.config import TrainConfig
 
-    src = embedded_policy_path(TrainConfig())
+    spec = WarmStartSpec(sft_steps=2, cache_dir=str(work_dir / "cache")) if smoke else WarmStartSpec.of(TrainConfig())
+    src = embedded_policy_path(spec)
     dst = work_dir / "model"
     shutil.copytree(src, dst)
     return str(dst)
@@ -345,7 +348,7 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=4, help="N: optimizer steps per rollout batch")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50, help="rollout steps per timed run")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="rollout steps of the untimed warm-up runs")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="rollout steps of the untimed warm-ups (0: none)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per trainer, alternated")
     parser.add_argument("--first-seed", type=int, default=0, help="repeat i uses seed first_seed + i")
     parser.add_argument("--reward-window", type=int, default=10, help="last rollout steps averaged for the reward")
@@ -357,9 +360,14 @@ def main() -> None:
     parser.add_argument(
         "--async-max-staleness", type=int, default=None, help="async arm: lag bound (default N - 1, sync's own)"
     )
-    parser.add_argument("--out", default="trl_throughput", help="results file stem under benchmarks/results/")
-    parser.add_argument("--no-save", action="store_true", help="print only; do not write benchmarks/results/")
+    parser.add_argument("--out", default="trl_throughput", help="results file stem under --out-dir")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the results go (benchmarks/results)")
+    parser.add_argument("--no-save", action="store_true", help="print only; do not write the results")
+    parser.add_argument("--smoke", action="store_true", help="every arm in a tiny setting, in seconds (CI)")
     a = parser.parse_args()
+    if a.smoke:  # the same code path on a tiny geometry; every arm
+        a.prompts, a.n, a.staleness, a.max_new_tokens, a.steps, a.warmup_steps = 4, 2, 2, 4, 2, 0
+        a.repeats, a.reward_window, a.arms = 1, 1, list(ARMS)
     if a.prompts % a.staleness:
         parser.error("--staleness must divide --prompts")
     if "trl" not in a.arms:
@@ -387,7 +395,7 @@ def main() -> None:
             lr=a.lr if a.lr is not None else TrainConfig().lr,
             threads=a.threads,
             reward_window=min(a.reward_window, a.steps),
-            model_dir=prepare_model(Path(tmp)),
+            model_dir=prepare_model(Path(tmp), smoke=a.smoke),
             work_dir=tmp,
             async_prompts=a.async_prompts or a.prompts // 2,
             async_max_staleness=a.async_max_staleness if a.async_max_staleness is not None else a.staleness - 1,
@@ -400,7 +408,7 @@ def main() -> None:
         }
         runners = {name: runners[name] for name in a.arms}
         t_start = time.perf_counter()
-        for name, run in runners.items():  # untimed warm-up: imports, allocator, kernels
+        for name, run in runners.items() if a.warmup_steps else ():  # untimed warm-up: imports, allocator, kernels
             t = time.perf_counter()
             run(b, steps=a.warmup_steps, seed=1000, tag="warmup")
             print(f"warm-up {name}: {time.perf_counter() - t:.1f}s", flush=True)
@@ -430,7 +438,11 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
         name: {m: statistics.stdev(r[m] for r in rs) if len(rs) > 1 else 0.0 for m in METRICS}
         for name, rs in runs.items()
     }
-    ratio = {name: {m: mean[name][m] / mean["trl"][m] for m in METRICS} for name in runs if name != "trl"}
+    ratio = {  # None where TRL's value is 0 (a reward of 0 in a smoke run)
+        name: {m: mean[name][m] / mean["trl"][m] if mean["trl"][m] else None for m in METRICS}
+        for name in runs
+        if name != "trl"
+    }
     summary = {
         "command": " ".join(["python", "benchmarks/bench_trl_throughput.py", *sys.argv[1:]]),
         "setup": {
@@ -468,15 +480,18 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
         "benchmark_wall_s": round(total_s, 1),
         "mean": {name: {m: round(v, 4) for m, v in ms.items()} for name, ms in mean.items()},
         "sd_over_repeats": {name: {m: round(v, 4) for m, v in ms.items()} for name, ms in sd.items()},
-        "ratio_over_trl": {name: {m: round(v, 3) for m, v in rs.items()} for name, rs in ratio.items()},
+        "ratio_over_trl": {
+            name: {m: None if v is None else round(v, 3) for m, v in rs.items()} for name, rs in ratio.items()
+        },
         "runs": runs,
     }
     print_table(summary)
     if a.no_save:
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{a.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    with open(RESULTS / f"{a.out}.csv", "w", newline="") as fh:
+    out_dir = a.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{a.out}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with open(out_dir / f"{a.out}.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["trainer", "repeat", *METRICS, "samples", "tokens", "opt_steps"])
         for name, rs in runs.items():
@@ -487,9 +502,10 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
             writer.writerow([name, "mean", *(round(mean[name][m], 4) for m in METRICS), "", "", ""])
             writer.writerow([name, "sd", *(round(sd[name][m], 4) for m in METRICS), "", "", ""])
         for name, rs in ratio.items():
-            writer.writerow([f"{name}/trl", "ratio", *(round(rs[m], 3) for m in METRICS), "", "", ""])
-    plot(summary, RESULTS / f"{a.out}.png")
-    print(f"wrote {RESULTS}/{a.out}.{{json,csv,png}}")
+            cells = ("" if rs[m] is None else round(rs[m], 3) for m in METRICS)
+            writer.writerow([f"{name}/trl", "ratio", *cells, "", "", ""])
+    plot(summary, out_dir / f"{a.out}.png")
+    print(f"wrote {out_dir}/{a.out}.{{json,csv,png}}")
 
 
 def vespo_source() -> dict:
@@ -530,7 +546,7 @@ def print_table(s: dict) -> None:
         cells = []
         for n in names:
             cell = f"{s['mean'][n][key]:{fmt}} ({s['sd_over_repeats'][n][key]:{fmt}})"
-            if n != "trl" and key != "reward" and key != "reward_start":
+            if n != "trl" and key != "reward" and key != "reward_start" and s["ratio_over_trl"][n][key] is not None:
                 cell += f" {s['ratio_over_trl'][n][key]:.2f}x"
             cells.append(f"{cell:>22s}")
         print(f"{label:36s} " + " ".join(cells))
@@ -555,8 +571,8 @@ def plot(s: dict, out: Path) -> None:
         for i, n in enumerate(names):
             pts = [r[key] for r in s["runs"][n]]
             ax.plot([i] * len(pts), pts, "k.", ms=5)
-        ax.set_xticks(range(len(names)), names, fontsize=8)
-        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(len(names)), names, fontsize=8, rotation=30, ha="right")
+        ax.set(title=title, xlabel="arm", ylabel=title)
         ax.grid(axis="y", alpha=0.3)
     ax = axes[-1]
     for n in names:  # training reward vs samples, mean over repeats
@@ -568,8 +584,8 @@ def plot(s: dict, out: Path) -> None:
             color=ARMS[n][1],
             label=n,
         )
-    ax.set(xlabel="samples", title="training reward (mean over repeats)")
-    ax.legend(fontsize=7)
+    ax.set(xlabel="samples", ylabel="training reward", title="training reward (mean over repeats)", ylim=(0, 1))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)  # beside the data
     ax.grid(alpha=0.3)
     st = s["setup"]
     fig.suptitle(
@@ -579,7 +595,7 @@ def plot(s: dict, out: Path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

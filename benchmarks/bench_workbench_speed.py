@@ -5,7 +5,9 @@ One command: `python benchmarks/bench_workbench_speed.py [--before REV] [--repea
 it: a fresh `vespo train` process) with the code at REV and with this checkout, alternating, and reports the wall
 time of each and the ratio. (2) Times 100 SFT steps of the chain (K = 20, 65 tokens) and scratchpad (K = 4) warm
 starts on 2 threads and extrapolates to their default step counts. (3) Profiles one cell (cProfile, top entries).
-Writes benchmarks/results/workbench_speed.{json,md}.
+Writes benchmarks/results/workbench_speed.{json,md}. The code at REV is read with `git archive` into a temp dir (the
+repository is not touched). `--smoke --out-dir DIR`: REV = HEAD, a 2-step cell on a 2-step warm start, one repeat,
+no untimed warm-up, 1 SFT step per rate (CI).
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ CELL = ["--num-operands", "3", "--train-batch-size", "4", "--ppo-mini-batch-size
         "--no-progress", "--no-tensorboard", "--save-every", "8"]  # fmt: skip
 
 
+SMOKE_CELL = ["--num-operands", "3", "--train-batch-size", "2", "--ppo-mini-batch-size", "2", "--rollout-n", "2",
+              "--total-training-steps", "2", "--eval-every", "1", "--eval-size", "10", "--num-threads", "1",
+              "--no-progress", "--no-tensorboard", "--save-every", "2", "--sft-steps", "2",
+              "--max-response-length", "8"]  # fmt: skip
+
+
 def _cell_s(src: Path, cache: Path, run_dir: Path) -> float:
     argv = ["train", *CELL, "--cache-dir", str(cache), "--run-dir", str(run_dir)]
     code = f"import sys; from vespo.cli import main; sys.exit(main({argv!r}))"
@@ -39,6 +47,13 @@ def _cell_s(src: Path, cache: Path, run_dir: Path) -> float:
     if done.returncode:
         raise SystemExit(f"cell failed with {src}:\n{done.stderr[-2000:]}")
     return time.perf_counter() - t0
+
+
+def _checkout(rev: str, dest: Path) -> None:
+    """The tree at `rev` extracted into `dest` (`git archive`: reads the repository, changes nothing in it)."""
+    dest.mkdir(parents=True)
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar.stdout, check=True)
 
 
 def _sft_rate(task: str, num_operands: int, steps: int = 100, threads: int = 2) -> float:
@@ -72,22 +87,27 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--before", default="e783b64", help="git revision to compare the cell against")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out-dir", type=Path, default=OUT, help="where workbench_speed.{json,md} go")
+    p.add_argument("--smoke", action="store_true", help="REV = HEAD, tiny cells, one repeat (CI)")
     args = p.parse_args()
-    tmp = Path(tempfile.mkdtemp())
+    global CELL
+    if args.smoke:
+        args.before, args.repeats, CELL = "HEAD", 1, SMOKE_CELL
+    if args.smoke:  # everything, the temp dir included, under --out-dir
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=args.out_dir if args.smoke else None))
     cache = tmp / "cache"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tmp / "before"), args.before],
-                   check=True)  # fmt: skip
-    try:
-        for name, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):  # warm starts, untimed
+    _checkout(args.before, tmp / "before")
+    if not args.smoke:  # warm starts, untimed (a smoke run's tiny warm start is built inside its one timed cell)
+        for name, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):
             _cell_s(src, cache / name, tmp / f"warm_{name}")
-        cells = {"before": [], "after": []}
-        for i in range(args.repeats):
-            for name, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):
-                cells[name].append(_cell_s(src, cache / name, tmp / f"{name}{i}"))
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "before")], check=False)
+    cells = {"before": [], "after": []}
+    for i in range(args.repeats):
+        for name, src in (("before", tmp / "before" / "src"), ("after", ROOT / "src")):
+            cells[name].append(_cell_s(src, cache / name, tmp / f"{name}{i}"))
     best = {k: min(v) for k, v in cells.items()}
-    chain_rate, scratch_rate = _sft_rate("chain", 20), _sft_rate("scratchpad", 4)
+    steps = 1 if args.smoke else 100
+    chain_rate, scratch_rate = _sft_rate("chain", 20, steps), _sft_rate("scratchpad", 4, steps)
     result = {
         "cell_s": cells,
         "cell_ratio_after_before": best["after"] / best["before"],
@@ -98,8 +118,9 @@ def main() -> int:
         "load": os.getloadavg(),
     }
     profile = _profile(cache / "after", tmp / "profiled")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "workbench_speed.json").write_text(json.dumps(result, indent=2))
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "workbench_speed.json").write_text(json.dumps(result, indent=2))
     md = [
         f"Workbench speed (`python benchmarks/bench_workbench_speed.py --before {args.before}`), cells on 1 thread "
         f"(as `vespo sweep` runs them), warm starts on 2, "
@@ -125,7 +146,7 @@ def main() -> int:
         profile.strip()[:6000],
         "```",
     ]
-    (OUT / "workbench_speed.md").write_text("\n".join(md) + "\n")
+    (out / "workbench_speed.md").write_text("\n".join(md) + "\n")
     print("\n".join(md[:9]))
     return 0
 

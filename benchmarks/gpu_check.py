@@ -6,6 +6,8 @@ to `--cpu-steps` rollout steps, enough for a rate), and records samples/s (respo
 CUDA peak memory, and whether the training reward rose (mean of the last third of steps vs the first third). Writes
 benchmarks/results/gpu/{results.json,results.md}. No network: the models are built locally (random init, the
 embedded character tokenizer), so the larger model learns only what RL alone can teach it in `--steps` steps.
+`--smoke --out-dir DIR`: every case for one rollout step of 2 prompts x 2 on a tiny "larger" model and a 2-step warm
+start built in DIR (seconds); without CUDA it prints "skipped: no CUDA" and exits 0 (CI).
 """
 
 from __future__ import annotations
@@ -63,17 +65,34 @@ def _run(args: list[str], run_dir: Path, device: str) -> dict:
     }
 
 
+SMOKE = ["--train-batch-size", "2", "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--sft-steps", "2",
+         "--eval-size", "10"]  # fmt: skip
+"""`--smoke`: flags of every case (a tiny batch and warm start)."""
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20, help="rollout steps per CUDA run")
     p.add_argument("--cpu-steps", type=int, default=3, help="rollout steps per CPU run (a rate, not a curve)")
+    p.add_argument("--out-dir", type=Path, default=OUT, help="where results.{json,md} go (benchmarks/results/gpu)")
+    p.add_argument("--smoke", action="store_true", help="every case, one tiny step; exits 0 without CUDA (CI)")
     args = p.parse_args()
     if not torch.cuda.is_available():
+        if args.smoke:
+            print("gpu_check: skipped: no CUDA")
+            return 0
         print("gpu_check: no CUDA device on this machine: nothing was run (see docs/training.md)")
         return 1
-    tmp = Path(tempfile.mkdtemp())
-    n_params = _larger_model(tmp / "larger", layers=8, hidden=768)
+    smoke = [*SMOKE, "--cache-dir", str(args.out_dir / "cache")] if args.smoke else []
+    if args.smoke:
+        args.steps = args.cpu_steps = 1
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=args.out_dir if args.smoke else None))
+    layers, hidden = (1, 128) if args.smoke else (8, 768)
+    n_params = _larger_model(tmp / "larger", layers=layers, hidden=hidden)
     chain = ["--model", str(tmp / "larger"), "--task", "chain", "--num-operands", "20", "--max-response-length", "65"]
+    if args.smoke:
+        chain[-3:] = ["5", "--max-response-length", "20"]
     cases = {
         "default": [],
         "default-bf16": ["--bf16"],
@@ -85,16 +104,18 @@ def main() -> int:
     for name, extra in cases.items():
         per = {}
         for device, steps in (("cuda", args.steps), ("cpu", args.cpu_steps)):
-            run = _run([*extra, "--total-training-steps", str(steps), "--eval-every", "0"], tmp / name / device, device)
-            responses = run["steps"] * 16 * 8  # default train_batch_size x rollout_n
+            flags = [*extra, *smoke, "--total-training-steps", str(steps), "--eval-every", "0"]
+            run = _run(flags, tmp / name / device, device)
+            responses = run["steps"] * (2 * 2 if args.smoke else 16 * 8)  # train_batch_size x rollout_n
             run["samples_per_s"] = responses / max(run["loop_s"], 1e-9)
             per[device] = run
         per["speedup"] = per["cuda"]["samples_per_s"] / per["cpu"]["samples_per_s"]
         per["reward_rose"] = per["cuda"]["reward_last_third"] > per["cuda"]["reward_first_third"]
         results["cases"][name] = per
         print(name, json.dumps(per))
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [f"GPU check on {results['device']} (torch {results['torch']}); `python benchmarks/gpu_check.py`", "",
              "| case | CUDA samples/s | CPU samples/s | speedup | peak GiB | reward first→last third |",
              "|---|---|---|---|---|---|"]  # fmt: skip
@@ -104,7 +125,7 @@ def main() -> int:
             f"| {name} | {g['samples_per_s']:.1f} | {c['samples_per_s']:.1f} | {per['speedup']:.1f}x | "
             f"{g['peak_mem_gib']:.2f} | {g['reward_first_third']:.3f} → {g['reward_last_third']:.3f} |"
         )
-    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -4,14 +4,15 @@ One command per sweep: `python benchmarks/robustness_mechanism.py benchmarks/res
 writes mechanism.csv and mechanism.md beside its results.md. For the stalest mini-batch of every rollout step (the last
 one; the first is fresh) it reports the mean log W, the ESS of W, the share of sum W on the top 1% of sequences,
 the gradient norm before clipping and the update norm, next to the fresh mini-batch's gradient and update norms and
-the cell's final held-out accuracy (docs/results.md, the trainer grid).
+the cell's final held-out accuracy (docs/results.md, the trainer grid). `--smoke --out-dir DIR`: a one-cell sweep
+(vespo, N = 2, one seed, 2 optimizer steps of 2 prompts x 2 on a 2-step warm start) into DIR, then this on it (CI).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -63,5 +64,25 @@ def main(sweep_dir: Path) -> None:
     print("\n".join(lines))
 
 
+def smoke_sweep(out_dir: Path) -> Path:
+    """A one-cell `vespo sweep` (N = 2, so the first and last mini-batch differ) into out_dir/sweep."""
+    from vespo.experiments.sweep import SweepConfig, sweep
+
+    cfg = SweepConfig(out_dir=str(out_dir / "sweep"), methods=("vespo",), staleness=(2,), seeds=(0,),
+                      optimizer_steps=2, min_rollout_steps=1, ppo_mini_batch_size=2, rollout_n=2, eval_points=1,
+                      eval_size=10, eval_n=1, jobs=1, cache_dir=str(out_dir / "cache"),
+                      extra={"sft_steps": "2", "max_response_length": "8", "log_update_norm": "True",
+                             "tensorboard": "False"})  # fmt: skip
+    sweep(cfg)
+    return Path(cfg.out_dir)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep_dir", type=Path, nargs="?", help="a finished `vespo sweep` out_dir")
+    ap.add_argument("--smoke", action="store_true", help="run a one-cell sweep into --out-dir and read it (CI)")
+    ap.add_argument("--out-dir", type=Path, help="with --smoke: where the sweep and mechanism.* go")
+    a = ap.parse_args()
+    if a.smoke != (a.sweep_dir is None) or (a.smoke and a.out_dir is None):
+        ap.error("give a sweep_dir, or --smoke --out-dir DIR")
+    main(smoke_sweep(a.out_dir) if a.smoke else a.sweep_dir)

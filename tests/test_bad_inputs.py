@@ -95,7 +95,7 @@ _TRAIN = [
     ("reward_fn no such function", ["--reward-fn", "vespo.rewards:nope"], "reward_fn"),
     ("reward_fn no such module", ["--reward-fn", "no_such_module:f"], "reward_fn"),
     ("reward_fn not a reward", ["--reward-fn", "os:getcwd"], "reward_fn"),
-    ("model missing dir", ["--model", "/nonexistent"], "model: no such directory"),
+    ("model missing dir", ["--model", "/nonexistent"], "model: no such file or directory"),
     ("model not a model dir", ["--model", "{root}/notamodel"], "model:"),
     ("dataset x.json is a local file", ["--dataset", "x.json"], "dataset: file not found: x.json"),
     ("config missing file", ["--config", "{root}/nope.yaml"], "--config"),
@@ -167,7 +167,7 @@ _EVAL = [
     ("eval limit 0", ["--model", "{root}/model", "--limit", "0"], "--limit"),
     ("eval k 0", ["--model", "{root}/model", "--k", "0"], "--k"),
     ("eval temperature nan", ["--model", "{root}/model", "--temperature", "nan"], "--temperature"),
-    ("eval missing model", ["--model", "/nonexistent"], "model: no such directory"),
+    ("eval missing model", ["--model", "/nonexistent"], "model: no such file or directory"),
     ("eval unknown benchmark", ["--model", "{root}/model", "--benchmarks", "gsm9k"], "gsm9k"),
     ("eval missing file", ["--model", "{root}/model", "--benchmarks", "{root}/none.jsonl"], "none.jsonl"),
 ]

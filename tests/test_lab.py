@@ -184,10 +184,22 @@ def test_lab_tables_carry_cis_and_significance_marks(tmp_path):
             ("same", 0.52 - 0.01 * seed),
         ):
             summary = {"method": method, "length": 64, "staleness": 4, "lr_scale": 1.0, "seed": seed,
-                       "initial_reward": 0.3, "final_reward": value, "collapsed": 0}  # fmt: skip
+                       "initial_reward": 0.3, "final_reward": value, "collapsed": 0,
+                       "grad_clipped_frac": 0.25, "momentum_share_stalest": 0.5}  # fmt: skip
             results.append({"summary": summary, "per_k": {"log_w_mean": [0.0] * 4}})
     write_tables(tmp_path, results)
     text = (tmp_path / "results.md").read_text()
-    row = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    row = {}
+    for line in text.splitlines():  # the comparison table's rows (the diagnostics table repeats the names below)
+        if line.startswith("| "):
+            row.setdefault(line.split("|")[1].strip(), line)
     assert "±" in row["vespo"] and "**+0.300" in row["better"] and "**" not in row["same"]
     assert "Holm-corrected over 2 comparisons" in text
+    # seeds share the initial policy and random streams: paired t, stated with its reason
+    assert "runs sharing seeds are paired" in text and "[t]" in row["better"]
+    assert "regime diagnostics" in text and "clip 0.25 · g-share 0.5" in text
+    # a collapsed seed makes the outcome bimodal: Fisher's exact test on collapse counts instead
+    results[0]["summary"]["collapsed"] = 1
+    write_tables(tmp_path, results)
+    text = (tmp_path / "results.md").read_text()
+    assert "Fisher's exact test on collapsed seeds [F]" in text and "✗ 0/5 vs 1/5" in text

@@ -64,7 +64,12 @@ def test_summary_and_collapse_flag():
     ]
     rows[-1]["eval/accuracy"] = 0.1
     rows[4]["eval/accuracy"] = 0.6
+    rows[1] |= {"is/kl_mu_pi/last_mini_batch": 0.02, "actor/momentum_share/last_mini_batch": 0.1}
+    rows[2] |= {"is/kl_mu_pi/last_mini_batch": 0.04, "actor/momentum_share/last_mini_batch": 0.3}
     s = summarize(Cell("grpo", "grpo", {}, 4, 0), rows, collapse_ratio=0.5)
+    # the regime diagnostics at the stalest mini-batch: means over rollout steps; None where never logged (no phi)
+    assert s["kl_mu_pi_stalest"] == pytest.approx(0.03) and s["momentum_share_stalest"] == pytest.approx(0.2)
+    assert s["mean_phi_stalest"] is None
     assert s["final_train_reward"] == pytest.approx(0.2)  # last quarter = last 2 steps
     assert (s["initial_eval_acc"], s["final_eval_acc"], s["collapsed"]) == (0.4, 0.1, True)
     assert s["best_eval_acc"] == 0.6 and s["loss_agg_mode"] == "token-mean" and s["rollout_steps"] == 8
@@ -184,7 +189,7 @@ def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
     def ran(*args, **kwargs):
         raise RuntimeError("the cell ran")
 
-    monkeypatch.setattr(subprocess, "run", ran)
+    monkeypatch.setattr(subprocess, "Popen", ran)  # a cell's `vespo train` process (stoppable: `_Cells`)
     from vespo.experiments.sweep import run_cell
 
     (cell,) = cells(base)

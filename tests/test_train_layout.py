@@ -28,7 +28,12 @@ NEW = (
     "is/ess/first_mini_batch",
     "is/ess/last_mini_batch",
     "rollout_is/ess",
-)
+    # issue 29's regime diagnostics (vespo.diagnostics), per mini-batch and at the first / last (stalest) one
+    *(f"{key}{at}" for key in ("is/kl_mu_pi", "is/log_w_std", "actor/momentum_share")
+      for at in ("", "/first_mini_batch", "/last_mini_batch")),
+    "vespo/Z/first_mini_batch",
+    "vespo/Z/last_mini_batch",
+)  # fmt: skip
 SKIP = ("time/", "async/queue", "async/learner_util", "async/sampler_util")
 
 

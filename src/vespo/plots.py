@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -88,9 +89,114 @@ def luminance(color) -> float:
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
+@dataclass
+class Series:
+    """One named line of a panel: y over x, optionally with a band (`low`..`high`, e.g. a 95% CI) or error bars
+    (`yerr`: half-widths), and matplotlib line options (`style`: color, ls, marker, ...)."""
+
+    x: Sequence[float]
+    y: Sequence[float]
+    low: Sequence[float] | None = None
+    high: Sequence[float] | None = None
+    yerr: Sequence[float] | None = None
+    style: dict = field(default_factory=dict)
+
+
+@dataclass
+class Panel:
+    """One axes of a `panel_figure`: labelled axes, its series by legend name, and the metric's range `bounds`
+    (bands and error bars are clipped to it: a CI never runs past what the metric can take, such as a reward above
+    1 or a negative length)."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    series: dict[str, Series] = field(default_factory=dict)
+    bounds: tuple[float, float] | None = None
+    xscale: str | None = None
+    """A matplotlib scale ("log", ...), or "log2" (a log axis in powers of 2, for N)."""
+    yscale: str | None = None
+    hline: float | None = None
+    """A grey dotted reference level (e.g. the warm start's accuracy)."""
+    xticks: Sequence[float] | None = None
+    """Ticks to show (and only those, as plain numbers): N = 1, 4, 16 on a log axis without crowding."""
+
+
+def panel_figure(rows: list[list[Panel]], *, title: str | None = None, panel_size: tuple[float, float] = (3.4, 2.6)):
+    """A grid of panels (`rows` of `Panel`) with one legend for the whole figure, right of the panels, so it never
+    covers data. Save it with `save_figure` (which keeps the legend in the picture)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    width = max(len(r) for r in rows)
+    fig, axes = plt.subplots(
+        len(rows), width, figsize=(panel_size[0] * width, panel_size[1] * len(rows)), squeeze=False
+    )
+    legend: dict[str, object] = {}
+    for r, row in enumerate(rows):
+        for c in range(width):
+            ax = axes[r][c]
+            if c >= len(row):
+                ax.set_visible(False)
+                continue
+            panel = row[c]
+            lo, hi = panel.bounds if panel.bounds is not None else (-np.inf, np.inf)
+            for name, line in panel.series.items():
+                x, y = np.asarray(line.x, float), np.asarray(line.y, float)
+                if line.yerr is not None:
+                    err = np.asarray(line.yerr, float)
+                    below, above = np.minimum(err, y - lo), np.minimum(err, hi - y)  # clipped to the range
+                    handle = ax.errorbar(x, y, yerr=[np.maximum(below, 0), np.maximum(above, 0)], capsize=2,
+                                         **{"marker": "o", "ms": 3} | line.style)  # fmt: skip
+                else:
+                    (handle,) = ax.plot(x, y, **line.style)
+                if line.low is not None and line.high is not None:
+                    band = np.clip(np.asarray(line.low, float), lo, hi), np.clip(np.asarray(line.high, float), lo, hi)
+                    color = handle.get_color() if hasattr(handle, "get_color") else handle.lines[0].get_color()
+                    ax.fill_between(x, *band, color=color, alpha=0.15, lw=0)
+                legend.setdefault(name, handle)
+            if panel.hline is not None:
+                ax.axhline(panel.hline, color="grey", ls=":", lw=1)
+            if panel.xscale:
+                scale, options = ("log", {"base": 2}) if panel.xscale == "log2" else (panel.xscale, {})
+                ax.set_xscale(scale, **options)
+            if panel.yscale:
+                ax.set_yscale(panel.yscale)
+            if panel.xticks is not None:
+                ax.set_xticks(list(panel.xticks), [f"{t:g}" for t in panel.xticks])
+                ax.minorticks_off()
+            if panel.bounds is not None and not panel.yscale:
+                pad = 0.03 * (hi - lo) if np.isfinite(hi - lo) else 0
+                ax.set_ylim(lo - pad if np.isfinite(lo) else None, hi + pad if np.isfinite(hi) else None)
+            ax.set_title(panel.title, fontsize=9)
+            ax.set_xlabel(panel.xlabel, fontsize=8)
+            ax.set_ylabel(panel.ylabel, fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+                   frameon=False)  # fmt: skip
+    return fig
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Save `fig` with everything drawn outside its panels (the legend) included, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
 def kernel_figure(w_max: float = 3.0):
-    """The kernels figure: phi(w) and f(w) for both advantage signs, each column with its own legend (the A < 0
-    column draws VESPO at (c1, c2) = (3, 2))."""
+    """The kernels figure: phi(w) and f(w) for both advantage signs, each column with its own legend below it (the
+    A < 0 column draws VESPO at (c1, c2) = (3, 2))."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,7 +219,7 @@ def kernel_figure(w_max: float = 3.0):
         axes[0, col].set_xlabel("importance ratio w")
         axes[0, col].set_ylabel("f(w) - f(1) + 1")
         axes[1, col].set_ylabel("phi(w)")
-        axes[1, col].legend(fontsize=8, loc="upper right")
+        axes[1, col].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
         for ax in axes[:, col]:
             ax.axvline(1.0, color="grey", lw=0.6, ls=":")
             ax.grid(alpha=0.3)
@@ -126,15 +232,10 @@ def kernel_figure(w_max: float = 3.0):
 
 def plot_kernels(out_dir: str | Path, w_max: float = 3.0) -> Path:
     """Draw `kernel_figure` into `out_dir`/kernels.png; return the path."""
-    import matplotlib.pyplot as plt
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fig = kernel_figure(w_max)
-    path = out / "kernels.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(kernel_figure(w_max), out / "kernels.png", dpi=120)
 
 
 def kernels_cli(argv: list[str]) -> int:

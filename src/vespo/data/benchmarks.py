@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vespo.data.prompts import CODE_INSTRUCTION, math_prompt
+from vespo.data.reasoning_gym import is_reasoning_gym, load_reasoning_gym, parse_spec
 from vespo.data.records import check_records, load_jsonl, record_kind
 
 # DAPO-Math-17k wraps each question in its own "Answer: $Answer" instructions; the paper swaps them for PROMPT_SUFFIX.
@@ -312,15 +313,21 @@ def load_records(
     """Training or held-out records by name: the paper's sets (DAPO-Math-17k deduplicated, aime24, math500, ...),
     a local ``.json``/``.jsonl`` file (never a Hub id), or any Hub dataset through `datasets.load_dataset`."""
     keys = {"prompt_key": prompt_key, "answer_key": answer_key}
+    if is_reasoning_gym(source):  # the held-out split of a task spec for any split but "train"
+        return load_reasoning_gym(source, held_out=split != "train")
     named = load_named_math(source)
     if named is not None:
         return named
     if source in BENCHMARKS:
         return BENCHMARKS[source].load()
     path = Path(source).expanduser()
-    if source.endswith((".json", ".jsonl")) or path.is_file():
+    if source.endswith((".json", ".jsonl", ".parquet")) or path.is_file():
         if not path.is_file():
             raise ValueError(f"data file not found: {source}")
+        if path.suffix == ".parquet":  # veRL's data format
+            from vespo.data.records import load_parquet
+
+            return load_parquet(path, skip_bad=skip_bad, **keys)
         return load_jsonl(path, skip_bad=skip_bad, **keys)
     rows = _load_hub(source, split)
     missing = [k for k in (prompt_key,) if k not in rows.column_names]
@@ -376,7 +383,11 @@ offline ones read from installed packages (``champ``, ``gsm8k-symbolic``, ``huma
 
 
 def resolve_benchmark(name: str, *, k: int | None = None) -> Benchmark:
-    """A named benchmark, or a local ``.jsonl`` file (kind from its keys; avg@4 for math, pass@10 for code)."""
+    """A named benchmark, a reasoning-gym spec (its held-out split, avg@4) or a local ``.jsonl`` file (kind from its
+    keys; avg@4 for math, pass@10 for code)."""
+    if is_reasoning_gym(name):
+        parse_spec(name)  # one line for a bad task or config, before any model loads
+        return Benchmark(name, "task", k or 4, "avg", lambda: load_reasoning_gym(name, held_out=True))
     if name in BENCHMARKS:
         bench = BENCHMARKS[name]
         if bench.locate is not None:
@@ -386,4 +397,6 @@ def resolve_benchmark(name: str, *, k: int | None = None) -> Benchmark:
         kind = record_kind(load_jsonl(name)[0])
         default_k, metric = (4, "avg") if kind == "math" else (10, "pass")
         return Benchmark(Path(name).stem, kind, k or default_k, metric, lambda: load_jsonl(name))
-    raise ValueError(f"unknown benchmark {name!r}: choose from {sorted(BENCHMARKS)} or give a .json/.jsonl path")
+    raise ValueError(
+        f"unknown benchmark {name!r}: choose from {sorted(BENCHMARKS)}, a .json/.jsonl path or reasoning-gym:<task>"
+    )

@@ -19,8 +19,9 @@ Record = dict
 
 
 def record_kind(record: dict) -> str:
-    """``"math"`` or ``"code"``: the one place the kind of a record is decided (by its keys)."""
-    return "code" if "tests" in record else "math"
+    """``"math"``, ``"code"`` or ``"task"`` (a reasoning-gym item, graded by its task's verifier): the one place the
+    kind of a record is decided (by its keys)."""
+    return "code" if "tests" in record else "task" if "rg_item" in record else "math"
 
 
 def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_key: str = "answer") -> dict:
@@ -28,12 +29,19 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
     ValueError starting with ``where``. Numbers are answers ("6"); null, lists, booleans and empty strings are not."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or 'tests'")
+    row = _from_verl_layout(row, where, prompt_key=prompt_key, answer_key=answer_key)
     prompt = row.get(prompt_key)
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"{where}: '{prompt_key}' must be a non-empty string, got {prompt!r}")
+        hint = f" (no '{prompt_key}' field; the record's fields are {_fields(row)}: set --prompt-key)"
+        raise ValueError(
+            f"{where}: '{prompt_key}' must be a non-empty string, got {_short(prompt)}" + hint * (prompt_key not in row)
+        )
     has_answer, has_tests = answer_key in row, "tests" in row
     if has_answer == has_tests:
-        raise ValueError(f"{where}: need exactly one of '{answer_key}' (math) or 'tests' (code)")
+        raise ValueError(
+            f"{where}: need exactly one of '{answer_key}' (math) or 'tests' (code); the record's fields are "
+            f"{_fields(row)} (set --answer-key)"
+        )
     record = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)} | {"prompt": prompt}
     if has_answer:
         answer = row[answer_key]
@@ -49,6 +57,37 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
         except (ValueError, TypeError, RecursionError) as exc:
             raise ValueError(f"{where}: 'tests' cannot be graded: {' '.join(str(exc).split())[:200]}") from None
     return record
+
+
+def _fields(row: dict) -> list:
+    names = [str(k) for k in row]
+    return names if len(names) <= 12 else [*names[:12], "..."]
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _from_verl_layout(row: dict, where: str, *, prompt_key: str, answer_key: str) -> dict:
+    """veRL's data layout (its parquet files: `prompt` a list of chat messages, the answer in
+    `reward_model.ground_truth`) as vespo's: the user message's text is the prompt (`--apply-chat-template` wraps it
+    in the model's template, as veRL does), the ground truth the answer. Other rows are returned as they are."""
+    prompt = row.get(prompt_key)
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
+        roles = [m.get("role") for m in prompt]
+        if roles != ["user"]:
+            raise ValueError(
+                f"{where}: '{prompt_key}' is a chat of {len(prompt)} messages ({', '.join(map(str, roles))}); vespo "
+                "trains on one user turn: keep only the user message (the chat template is applied with "
+                "--apply-chat-template)"
+            )
+        row = row | {prompt_key: prompt[0]["content"]}
+    reward_model = row.get("reward_model")
+    if answer_key not in row and "tests" not in row and isinstance(reward_model, dict):
+        if "ground_truth" in reward_model:
+            row = row | {answer_key: reward_model["ground_truth"]}
+    return row
 
 
 def check_records(
@@ -71,6 +110,19 @@ def check_records(
     if len({record_kind(r) for r in records}) != 1:
         raise ValueError(f"{source}: mixes math ('answer') and code ('tests') records")
     return records
+
+
+def load_parquet(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list[dict]:
+    """Local records from a Parquet file (veRL's data format: `prompt` as a chat message list or a string, the answer
+    in `answer` or `reward_model.ground_truth`; `check_record`), read with pyarrow (a dependency of `datasets`).
+    Errors name the file and row."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
+        raise ValueError(f"{path}: cannot read as Parquet ({' '.join(str(exc).split())[:200]})") from None
+    return check_records(rows, str(path), where=lambda i: f"{path} row {i}", skip_bad=skip_bad, **keys)
 
 
 MAX_JSON_DEPTH = 64

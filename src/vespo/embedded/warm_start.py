@@ -3,12 +3,17 @@ solves some but not all problems and RL has a signal to sharpen; cached on disk 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -76,13 +81,23 @@ def sft_cache_key(cfg: WarmStartSpec) -> str:
 
 def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
     """Build (once) and cache the SFT-warm-started tiny model + tokenizer; return its directory. Building says so on
-    stderr at once (it takes from seconds to minutes), with a progress bar when `progress`."""
-    path = Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}"
+    stderr at once, and when it will take over `ANNOUNCE_S` it says how long, measured from its first steps.
+
+    Cache: the finished policy is the directory `embedded-<key>` (`sft_cache_key`), published by an atomic rename
+    once every step has run, and the only thing ever read as a warm start. An unfinished one (Ctrl-C, a crash) leaves
+    `embedded-<key>.partial.pt` (`PARTIAL`: step, weights, optimizer and RNG state, saved every `SAVE_EVERY_S` and on
+    Ctrl-C); the next build with the same settings continues from it, bit for bit as if uninterrupted, and deletes it
+    once the policy is published."""
+    key = sft_cache_key(cfg)
+    path, partial = cache_paths(cfg)
     if (path / "config.json").is_file():
         return path
+    steps = sft_steps_of(cfg)
+    state = load_partial(partial, key, steps)
+    resumed = f", resuming at step {state['step']} from {partial}" if state else ""
     print(
-        f"vespo: building the embedded {cfg.task} policy: {sft_steps_of(cfg)} SFT steps, cached in {path} "
-        "(once per warm-start setting)",
+        f"vespo: building the embedded {cfg.task} policy: {steps} SFT steps, cached in {path} "
+        f"(once per warm-start setting){resumed}",
         file=sys.stderr,
         flush=True,
     )
@@ -91,18 +106,22 @@ def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
     tokenizer = build_tokenizer()
     positions = max(256, 2 * (4 * cfg.num_operands + 16))  # the chain task's prompt + response grow with it
     model = build_tiny_model(tokenizer, seed=cfg.sft_seed, max_position_embeddings=positions)
-    with torch.random.fork_rng(devices=[]):
-        sft_warm_start(
-            model,
-            tokenizer,
-            train_set,
-            steps=sft_steps_of(cfg),
-            lr=cfg.sft_lr,
-            batch_size=cfg.sft_batch_size,
-            seed=cfg.sft_seed,
-            label_noise=cfg.sft_label_noise,
-            progress=progress,
+
+    def announce(seconds: float, measured: int) -> None:
+        print(
+            f"vespo: the warm start will take about {_duration(seconds)} more on this machine ({steps} SFT steps, "
+            f"time measured over {measured}); it is cached in {path} and built once per warm-start setting, and "
+            f"Ctrl-C keeps its progress in {partial.name} for the next run to resume",
+            file=sys.stderr,
+            flush=True,
         )
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the cached weights must not depend on the caller's thread count (nor on its load)
+    try:
+        _build(model, tokenizer, train_set, cfg, steps, progress, state, partial, key, announce)
+    finally:
+        torch.set_num_threads(threads)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -110,7 +129,82 @@ def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
         tmp.rename(path)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+    partial.unlink(missing_ok=True)  # ours (a concurrent build of the same key would have written the same)
     return path
+
+
+def _build(model, tokenizer, train_set, cfg, steps, progress, state, partial, key, announce) -> None:
+    """The SFT run of `embedded_policy_path`, saving its progress to `partial` (RNG streams forked: the caller's are
+    left as they were)."""
+    with torch.random.fork_rng(devices=[]):
+        sft_warm_start(
+            model,
+            tokenizer,
+            train_set,
+            steps=steps,
+            lr=cfg.sft_lr,
+            batch_size=cfg.sft_batch_size,
+            seed=cfg.sft_seed,
+            label_noise=cfg.sft_label_noise,
+            progress=progress,
+            state=state,
+            save=lambda snapshot: save_partial(partial, snapshot | {"key": key, "steps": steps}),
+            announce=announce,
+        )
+
+
+def cache_paths(cfg: WarmStartSpec) -> tuple[Path, Path]:
+    """(the finished warm start's directory, the file an unfinished one is kept in) for these settings."""
+    path = Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}"
+    return path, path.with_name(path.name + PARTIAL)
+
+
+def unfinished(cfg: WarmStartSpec) -> Path | None:
+    """The kept state of an unfinished warm start of these settings, if there is one and no finished one."""
+    path, partial = cache_paths(cfg)
+    return partial if partial.is_file() and not (path / "config.json").is_file() else None
+
+
+PARTIAL = ".partial.pt"
+"""Suffix of an unfinished warm start's state beside the cache entry it will become (`embedded_policy_path`)."""
+SAVE_EVERY_S = 30.0
+"""An unfinished warm start is saved at most this often (and on Ctrl-C): a crash loses at most this much work."""
+ANNOUNCE_S = 30.0
+"""A warm start estimated to take longer than this says so, with its estimate, after its first steps."""
+_PROBE_S = 2.0
+"""Wall time over which the first steps are timed for the estimate (the first step, slower, is left out)."""
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def save_partial(path: Path, snapshot: dict) -> None:
+    """Write an unfinished warm start's state atomically (a temporary file, then a rename): a reader sees the old
+    state or the new one, never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(snapshot, tmp)
+    os.replace(tmp, path)
+
+
+def load_partial(path: Path, key: str, steps: int) -> dict | None:
+    """The unfinished warm start saved at `path` when it is one of exactly these settings (`key`, `steps`) and
+    stopped before its last step; None otherwise (no file, another setting, damaged: the build starts over)."""
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception:  # truncated or foreign: never trusted, rebuilt from step 0
+        return None
+    ok = isinstance(state, dict) and state.get("key") == key and state.get("steps") == steps
+    ok = ok and isinstance(state.get("step"), int) and 0 < state["step"] < steps
+    ok = ok and all(name in state for name in ("model", "optimizer", "rng", "losses"))
+    return state if ok else None
 
 
 def sft_warm_start(
@@ -124,51 +218,114 @@ def sft_warm_start(
     seed: int,
     label_noise: float = 0.0,
     progress: bool = False,
+    state: dict | None = None,
+    save: Callable[[dict], None] | None = None,
+    announce: Callable[[float, int], None] | None = None,
 ) -> list[float]:
     """Supervised fine-tuning on `solution_text` targets (loss on response tokens + <eos> only); returns the losses.
 
     With probability `label_noise` a demonstration's boxed answer is off by 1-3 (its partial sums stay right), so the
     warm-started policy is uncertain about the final answer: it solves some but not all problems, and RL has a
     verifiable signal to sharpen (docs/training.md).
+
+    Interruptible: Ctrl-C stops the loop at the end of the running step and raises KeyboardInterrupt; `save(snapshot)`
+    receives the state to continue from (step, weights, optimizer, RNG streams, losses) then and every `SAVE_EVERY_S`;
+    `state`, such a snapshot, continues the run with the same result as an uninterrupted one.
+    `announce(seconds_left, steps_timed)` is called once when the steps left are estimated, from the pace of the
+    first steps, to take over `ANNOUNCE_S`.
     """
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses: list[float] = []
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        rng.setstate(state["rng"]["python"])
+        torch.set_rng_state(state["rng"]["torch"])
+        start, losses = state["step"], list(state["losses"])
     model.train()
-    losses = []
+
+    def snapshot(step: int) -> dict:
+        rngs = {"python": rng.getstate(), "torch": torch.get_rng_state()}
+        return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "rng": rngs, "losses": losses}
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=steps, desc="SFT warm start", unit="step", mininterval=1.0)
-    for _ in range(steps):
-        batch = rng.choices(problems, k=batch_size)
-        prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
-        texts = []
-        for p in batch:
-            if p.prompt.startswith(SCRATCHPAD):  # all, half or none of the running sums; less work, more errors
-                keep = rng.choice((0.0, 0.5, 1.0))
-                noisy = rng.random() < scratchpad_noise(label_noise, keep)
-                texts.append(solution_text(p, noisy_rng=rng if noisy else None, keep=keep, step_rng=rng))
-            else:
-                texts.append(solution_text(p, noisy_rng=rng if rng.random() < label_noise else None))
-        target_ids = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
-        width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
-        ids = torch.full((batch_size, width), tokenizer.pad_token_id)
-        labels = torch.full((batch_size, width), -100)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, (a, b) in enumerate(zip(prompt_ids, target_ids, strict=True)):  # right padding is fine for training
-            ids[i, : len(a) + len(b)] = torch.tensor(a + b)
-            labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
-            mask[i, : len(a) + len(b)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        bar = tqdm(total=steps, initial=start, desc="SFT warm start", unit="step", mininterval=1.0)
+    t_probe = t_saved = time.perf_counter()
+    probing = announce is not None
+    try:
+        with _sigint_between_steps() as stop:
+            for step in range(start, steps):
+                _sft_step(model, tokenizer, problems, opt, rng, batch_size, label_noise, losses)
+                if stop.is_set():  # Ctrl-C: the step that was running has finished; keep the work, then stop
+                    if save is not None and step + 1 < steps:
+                        save(snapshot(step + 1))
+                    raise KeyboardInterrupt
+                now = time.perf_counter()
+                if step == start:
+                    t_probe = now  # the first step (allocation, warm-up) is not timed
+                elif probing and now - t_probe >= _PROBE_S:
+                    probing = False
+                    left = (steps - step - 1) * (now - t_probe) / (step - start)
+                    if left > ANNOUNCE_S:
+                        announce(left, step - start)
+                if save is not None and now - t_saved >= SAVE_EVERY_S and step + 1 < steps:
+                    save(snapshot(step + 1))
+                    t_saved = now
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    finally:
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-    if bar is not None:
-        bar.close()
+            bar.close()
     model.eval()
     return losses
+
+
+@contextlib.contextmanager
+def _sigint_between_steps():
+    """While the SFT loop runs in the main thread, Ctrl-C (SIGINT) sets the returned event instead of raising inside
+    a step (which could leave an optimizer step half applied); the loop stops at the end of the step. Elsewhere (a
+    worker thread cannot set handlers) the event stays unset and Ctrl-C raises as usual."""
+    stop = threading.Event()
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    except ValueError:  # not the main thread
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _sft_step(model, tokenizer, problems, opt, rng, batch_size, label_noise, losses) -> None:
+    """One SFT step on a batch drawn from `rng`; appends its loss to `losses` after the optimizer step."""
+    batch = rng.choices(problems, k=batch_size)
+    prompt_ids = [tokenizer(p.prompt).input_ids for p in batch]
+    texts = []
+    for p in batch:
+        if p.prompt.startswith(SCRATCHPAD):  # all, half or none of the running sums; less work, more errors
+            keep = rng.choice((0.0, 0.5, 1.0))
+            noisy = rng.random() < scratchpad_noise(label_noise, keep)
+            texts.append(solution_text(p, noisy_rng=rng if noisy else None, keep=keep, step_rng=rng))
+        else:
+            texts.append(solution_text(p, noisy_rng=rng if rng.random() < label_noise else None))
+    target_ids = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
+    width = max(len(a) + len(b) for a, b in zip(prompt_ids, target_ids, strict=True))
+    ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+    labels = torch.full((batch_size, width), -100)
+    mask = torch.zeros((batch_size, width), dtype=torch.long)
+    for i, (a, b) in enumerate(zip(prompt_ids, target_ids, strict=True)):  # right padding is fine for training
+        ids[i, : len(a) + len(b)] = torch.tensor(a + b)
+        labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
+        mask[i, : len(a) + len(b)] = 1
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())

@@ -42,6 +42,10 @@ def claim_grid_dir(
     return out
 
 
+class GridInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a grid after it stopped its workers; the message says what was kept."""
+
+
 def grid_cli(prog: str, config: type[C], argv: list[str], description: str, plan: Callable, run: Callable) -> int:
     """Parse `config` from argv, let `plan` refuse bad settings, and `run` refuse an output directory it may not write
     (ValueError -> one line, exit 2), both before any compute; then `run` the grid."""
@@ -56,4 +60,8 @@ def grid_cli(prog: str, config: type[C], argv: list[str], description: str, plan
     except OutputError as exc:  # raised by the claim, before the grid's first cell
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # one line, exit 130 (128 + SIGINT), as `vespo train`
+        kept = str(exc) if isinstance(exc, GridInterrupted) else "finished cells are kept; the same command continues"
+        print(f"{prog}: interrupted; {kept}", file=sys.stderr)
+        return 130
     return 0

@@ -20,8 +20,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -31,10 +32,12 @@ import torch
 import tyro
 
 from vespo.advantages import group_advantages
+from vespo.experiments.compare import diagnostics_markdown
 from vespo.experiments.compare import markdown as compare_markdown
-from vespo.experiments.grid import claim_grid_dir, grid_cli, settings_key
+from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.lab_model import LAB_STEP_METRICS, ChainSpec, cell_result, lab_step, run_chain_cell
 from vespo.losses import available_methods, validate_hparams
+from vespo.outputs import write_atomic
 from vespo.train.config import check_output_dir
 
 Tensor = torch.Tensor
@@ -315,11 +318,13 @@ def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 def write_tables(out: Path, results: list[dict], preset: str = "v2") -> None:
     """results.csv (one row per cell), results.md (per T and lr: mean ± 95% CI over seeds and each method against
-    vespo, Welch's test Holm-corrected within the table, bold = significant), mechanism.csv (per mini-batch index);
-    `preset` says whether E[R] is exact (v1) or estimated on v2's evaluation sample."""
+    vespo, with the test the design calls for (`vespo.experiments.stats.choose_test`: paired t over the shared seeds,
+    Fisher's exact test on collapsed seeds where one collapsed), Holm-corrected within the table, bold =
+    significant; then the regime diagnostics per method and N), mechanism.csv (per mini-batch index); `preset` says
+    whether E[R] is exact (v1) or estimated on v2's evaluation sample."""
     rows = [r["summary"] for r in results]
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    with open(out / "results.csv", "w", newline="") as f:  # cells from before a column existed leave it empty
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
         writer.writeheader()
         writer.writerows(rows)
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -328,11 +333,17 @@ def write_tables(out: Path, results: list[dict], preset: str = "v2") -> None:
     lines = [f"# vespo lab: final {what}", ""]
     for t in sorted({r["length"] for r in rows}):
         for s in sorted({r["lr_scale"] for r in rows}):
-            groups = {(g["method"], g["staleness"]): {} for g in rows if (g["length"], g["lr_scale"]) == (t, s)}
-            for g in rows:
-                if (g["length"], g["lr_scale"]) == (t, s):
-                    groups[(g["method"], g["staleness"])][g["seed"]] = g["final_reward"]
-            lines.append(compare_markdown(groups, baseline, "welch", f"T = {t}, lr x {s:g}"))
+            table = [g for g in rows if (g["length"], g["lr_scale"]) == (t, s)]
+            groups = {(g["method"], g["staleness"]): {} for g in table}
+            collapsed = {key: {} for key in groups}
+            cells = {key: [] for key in groups}
+            for g in table:
+                groups[(g["method"], g["staleness"])][g["seed"]] = g["final_reward"]
+                collapsed[(g["method"], g["staleness"])][g["seed"]] = bool(g["collapsed"])
+                cells[(g["method"], g["staleness"])].append(g)
+            title = f"T = {t}, lr x {s:g}"
+            lines.append(compare_markdown(groups, baseline, "auto", title, collapsed=collapsed))
+            lines.append(diagnostics_markdown(cells, title, first="method"))
     collapsed = sorted({(r["method"], r["length"], r["lr_scale"], r["staleness"]) for r in rows if r["collapsed"]})
     lines.append(
         "Collapsed (a seed below collapse_ratio of the start): "
@@ -354,38 +365,41 @@ def write_tables(out: Path, results: list[dict], preset: str = "v2") -> None:
 
 
 def plot(out: Path, results: list[dict]) -> None:
-    """lab_reward.png: final expected reward vs N per (T, lr); lab_mechanism.png: per-k metrics at the largest N."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """lab_reward.png: final expected reward vs N per (T, lr), mean and 95% CI over seeds (clipped to [0, 1]);
+    lab_mechanism.png: per-k metrics at the largest N."""
+    from vespo.experiments.stats import mean_ci
+    from vespo.plots import Panel, Series, panel_figure, save_figure
 
     rows = [r["summary"] for r in results]
     lengths, scales = sorted({r["length"] for r in rows}), sorted({r["lr_scale"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
     groups = _group(rows)
-    fig, axes = plt.subplots(len(lengths), len(scales), figsize=(4 * len(scales), 3 * len(lengths)), squeeze=False)
-    for i, t in enumerate(lengths):
-        for j, s in enumerate(scales):
-            ax = axes[i][j]
+    grid = []
+    for t in lengths:
+        row = []
+        for s in scales:
+            panel = Panel(f"T={t}, lr x {s:.3g}", "staleness N", "final E[R]", bounds=(0.0, 1.0), xscale="log2")
             for method in methods:
                 ns = sorted(n for (m_, t_, s_, n) in groups if (m_, t_, s_) == (method, t, s))
-                means = [np.mean([g["final_reward"] for g in groups[(method, t, s, n)]]) for n in ns]
-                ax.plot(ns, means, marker="o", label=method)
-            ax.set_xscale("log", base=2)
-            ax.set_ylim(0, 1.02)
-            ax.set_title(f"T={t}, lr x {s:g}")
-            ax.set_xlabel("staleness N")
-            ax.set_ylabel("final E[R]")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "lab_reward.png", dpi=110)
-    plt.close(fig)
+                stats = [mean_ci([g["final_reward"] for g in groups[(method, t, s, n)]]) for n in ns]
+                if ns:
+                    panel.series[method] = Series(ns, [m for m, _ in stats], yerr=[h for _, h in stats])
+                    panel.xticks = ns
+            row.append(panel)
+        grid.append(row)
+    save_figure(panel_figure(grid, title="mean and 95% CI over seeds"), out / "lab_reward.png")
 
     n_max, t_max, s_max = max(r["staleness"] for r in rows), max(lengths), max(scales)
-    keys = ("log_w_mean", "ess", "top1_share", "grad_norm", "update_norm")
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3))
-    for ax, key in zip(axes, keys, strict=True):
+    keys = (  # (metric, axis label, range, scale)
+        ("log_w_mean", "mean sequence log W", None, None),
+        ("ess", "normalised ESS of W", (0.0, 1.0), None),
+        ("top1_share", "gradient share of top 1%", (0.0, 1.0), None),
+        ("grad_norm", "gradient norm", None, "log"),
+        ("update_norm", "update norm", None, "log"),
+    )
+    panels = []
+    for key, label, bounds, scale in keys:
+        panel = Panel(label, "mini-batch index k", label, bounds=bounds, yscale=scale)
         for method in methods:
             runs = [
                 r["per_k"][key]
@@ -394,16 +408,11 @@ def plot(out: Path, results: list[dict]) -> None:
                 == (method, t_max, n_max, s_max)
             ]
             if runs:
-                ax.plot(np.mean(runs, axis=0), label=method)
-        ax.set_title(key)
-        ax.set_xlabel("mini-batch index k")
-        if key in ("grad_norm", "update_norm"):
-            ax.set_yscale("log")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"per mini-batch index, T={t_max}, N={n_max}, lr x {s_max:g}")
-    fig.tight_layout()
-    fig.savefig(out / "lab_mechanism.png", dpi=110)
-    plt.close(fig)
+                mean = np.mean(runs, axis=0)
+                panel.series[method] = Series(np.arange(len(mean)), mean)
+        panels.append(panel)
+    title = f"per mini-batch index, T={t_max}, N={n_max}, lr x {s_max:.3g}"
+    save_figure(panel_figure([panels], title=title), out / "lab_mechanism.png")
 
 
 _GRID_ONLY = ("out_dir", "overwrite_output_dir", "jobs", "methods", "length", "staleness", "lr_scale", "seeds")
@@ -442,17 +451,39 @@ def _run_grid(cfg: LabConfig, grid: list[LabCell]) -> list[dict]:
     done = out / "cells"  # one JSON per finished cell: an interrupted grid resumes where it stopped
     done.mkdir(exist_ok=True)
     todo = [c for c in grid if not (done / cell_file(cfg, c)).is_file()]
-    with ProcessPoolExecutor(cfg.jobs) as pool:
-        results = pool.map(run_cell if cfg.preset == "v1" else _run_chain, [cfg] * len(todo), todo)
-        for cell, result in tqdm(
-            zip(todo, results, strict=True), total=len(grid), initial=len(grid) - len(todo), desc="vespo lab"
-        ):
-            (done / cell_file(cfg, cell)).write_text(json.dumps(result))
+    pool = ProcessPoolExecutor(cfg.jobs, initializer=_worker_ignores_sigint)
+    try:
+        futures = {pool.submit(run_cell if cfg.preset == "v1" else _run_chain, cfg, cell): cell for cell in todo}
+        for fut in tqdm(as_completed(futures), total=len(grid), initial=len(grid) - len(todo), desc="vespo lab"):
+            write_atomic(done / cell_file(cfg, futures[fut]), json.dumps(fut.result()))  # kept as soon as finished
+    except KeyboardInterrupt:
+        _stop_workers(pool)
+        finished = sum((done / cell_file(cfg, c)).is_file() for c in grid)
+        raise GridInterrupted(
+            f"{finished} of {len(grid)} cells finished and kept in {done}; the same command continues the grid"
+        ) from None
+    pool.shutdown()
     results = [json.loads((done / cell_file(cfg, c)).read_text()) for c in grid]
     write_tables(out, results, cfg.preset)
     plot(out, results)
     print(f"{len(grid)} cells in {time.perf_counter() - t0:.0f} s -> {out}/results.md")
     return results
+
+
+def _worker_ignores_sigint() -> None:
+    """A cell process leaves Ctrl-C to the grid, which stops every worker at once (`_stop_workers`): no traceback
+    per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel the cells not started and end the running ones now (a cell is kept only once finished)."""
+    processes = list(getattr(pool, "_processes", {}).values())  # the executor's own workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        proc.join(timeout=5)
 
 
 def cli(argv: list[str]) -> int:

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vespo import diagnostics
 from vespo.advantages import group_advantages
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
+from vespo.losses.core import seq_log_ratio, top_share
 
 Tensor = torch.Tensor
 EOS = 0
@@ -279,14 +281,20 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     return cell_result(cfg, cell, n, start["reward"], final["reward"], curve, per_k, finite, sampler_kl=0.0, **extra)
 
 
-LAB_STEP_METRICS = ("log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share", "bound_holds")
+LAB_STEP_METRICS = (
+    "log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share", "bound_holds",
+    "grad_clipped", "kl_mu_pi", "log_w_std", "mean_phi", "momentum_share",
+)  # fmt: skip
 
 
 def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) -> dict[str, Tensor]:
     """One optimizer step of a lab cell (either preset) on mini-batch k of N through `compute_policy_loss`, and what
-    explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu, its ESS, the gradient norm before clipping,
-    the update's size, the top-1% share of the per-sequence score coefficient |sum_t dL/dlog pi_t|, and whether VESPO's
-    variance bound (Prop. 3.1) held on this mini-batch (nan for other methods)."""
+    explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu (exact: no per-token guard), its ESS, the
+    gradient norm before clipping, the update's size, the top-1% share of the per-sequence score coefficient
+    |sum_t dL/dlog pi_t|, whether VESPO's variance bound (Prop. 3.1) held on this mini-batch (nan for other methods),
+    and the regime diagnostics the learner logs too (`vespo.diagnostics`): whether grad_clip cut the step, KL(mu || pi)
+    and the std of log W, mean phi (nan without phi) and the momentum share of the step. ESS and top-share are the
+    losses' functions (`effective_sample_size`, `top_share`)."""
     lp.retain_grad()
     context = BatchContext(mini_batch_index=k, num_mini_batches=cell.staleness)
     loss, metrics = compute_policy_loss(
@@ -305,12 +313,13 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    momentum_share = diagnostics.momentum_share(opt)  # the state before the step, the clipped gradient
     before = [p.detach().clone() for p in params]
     opt.step()
     with torch.no_grad():
-        log_w = ((lp.detach() - old_lp) * mask).sum(-1)  # (M,)
-        coef = (lp.grad * mask).sum(-1).abs()
-        share = coef / coef.sum().clamp_min(1e-300)
+        log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,)
+        coef = (lp.grad * mask).sum(-1).abs()  # (M,) per-sequence score coefficient
+        drift = diagnostics.stale_drift(lp.detach(), old_lp, mask)
         bound = (
             (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
             if "vespo/phi_sq_mean" in metrics
@@ -323,18 +332,32 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
             "ess": effective_sample_size(log_w),
             "grad_norm": grad_norm,
             "update_norm": update,
-            "top1_share": share.topk(max(1, math.ceil(0.01 * lp.shape[0]))).values.sum(),
+            "top1_share": top_share(coef.log()),  # log 0 = -inf: no share
             "bound_holds": bound,
+            "grad_clipped": diagnostics.clip_bound(grad_norm, cfg.grad_clip),
+            "kl_mu_pi": drift["kl_mu_pi"],
+            "log_w_std": drift["log_w_std"],
+            "mean_phi": diagnostics.mean_phi(metrics),
+            "momentum_share": momentum_share,
         }
+
+
+STALEST = ("kl_mu_pi", "log_w_std", "mean_phi", "momentum_share")
+"""Regime diagnostics a lab summary reports at the stalest mini-batch (k = N - 1) as `<name>_stalest`."""
 
 
 def cell_result(cfg, cell, n: int, start: float, final: float, curve: list, per_k: dict, finite: bool, **extra) -> dict:
     """One lab cell's record, either preset: its summary row (collapse = final reward below `collapse_ratio` of the
-    start, or non-finite weights; train reward over the last quarter of rollout steps), curve and per-k means."""
+    start, or non-finite weights; train reward over the last quarter of rollout steps; the regime diagnostics: share
+    of optimizer steps cut by grad_clip, and `STALEST` at the stalest mini-batch, averaged over rollout steps, None
+    where undefined), curve and per-k means."""
     tail = [c[2] for c in curve[1:]][-max(1, len(curve[1:]) // 4) :] if len(curve) > 1 else [float("nan")]
     summary = {"method": cell.method, "length": cell.length, "staleness": n, "lr_scale": cell.lr_scale}
     summary |= {"seed": cell.seed, "initial_reward": start, "final_reward": final}
     summary |= {"train_reward_last_quarter": float(np.mean(tail))}
     summary |= {"collapsed": int(final < cfg.collapse_ratio * start or not finite), "finite": int(finite)}
+    summary |= {"grad_clipped_frac": diagnostics.clip_fraction(per_k["grad_clipped"]).item()}
+    stalest = {f"{key}_stalest": per_k[key][-1].item() for key in STALEST}
+    summary |= {key: None if math.isnan(v) else v for key, v in stalest.items()}  # None: no phi (not VESPO)
     per_k = {key: v.tolist() for key, v in per_k.items()}
     return {"name": cell.name, "summary": summary | extra, "curve": curve, "per_k": per_k}

@@ -1,5 +1,12 @@
-"""Statistics over seeds for the harness's tables: mean ± 95% CI, Welch's t-test, a paired bootstrap over seeds,
-Holm's correction for many comparisons, and the binomial noise floor of a held-out evaluation.
+"""Statistics over seeds for the harness's tables: mean ± 95% CI; paired tests (paired t, Wilcoxon signed-rank, a
+paired bootstrap p-value and CI) for the harness's paired design; Fisher's exact test on collapse counts; Welch's
+t-test for unpaired designs; Holm's correction for many comparisons; the binomial noise floor of an evaluation.
+
+The harness's design is paired: a seed fixes the initial policy (the lab's `init_seed`, the sweep's shared warm
+start) and the random streams of every method, so two methods' runs with the same seed are a pair (at N = 1 methods
+that take the same step give identical runs). A paired test removes the seed effect that an unpaired one counts as
+noise. Outcomes that are bimodal (a seed either collapses or learns) are compared on their collapse counts with
+Fisher's exact test, never with a t-test. `choose_test` states the rule; `compare` applies it per comparison.
 
 Pure functions of plain lists; a difference is called significant only by `compare`, with the test and the number
 of comparisons stated.
@@ -52,17 +59,117 @@ def welch(a: list[float], b: list[float]) -> float:
     return float(2 * _st.t.sf(abs(t), df))
 
 
+def _differences(a: list[float], b: list[float]) -> np.ndarray:
+    """d = a - b per pair (a[i] and b[i] share seed i); ValueError when the lengths differ."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired samples need equal lengths, got {a.size} and {b.size}")
+    return a - b
+
+
+def paired_t(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of the paired t-test (scipy's ttest_rel): t = mean(d) / (sd(d) / sqrt(n)), n - 1 degrees
+    of freedom, d = a - b. 1.0 when undefined (fewer than 2 pairs); with every difference equal, 1.0 if they are 0
+    and 0.0 otherwise (a constant nonzero shift, as `welch` treats two constant sides)."""
+    d = _differences(a, b)
+    if d.size < 2:
+        return 1.0
+    sd = d.std(ddof=1)
+    if sd == 0:
+        return 1.0 if d.mean() == 0 else 0.0
+    t = d.mean() / (sd / math.sqrt(d.size))
+    return float(2 * _st.t.sf(abs(t), d.size - 1))
+
+
+WILCOXON_EXACT_MAX = 200
+"""Largest number of nonzero differences for which `wilcoxon` computes its exact null distribution."""
+
+
+def wilcoxon(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of the Wilcoxon signed-rank test of d = a - b against a distribution symmetric about 0.
+
+    Differences are rounded to 12 decimals first, so that float noise in a - b neither breaks a tie nor makes a zero
+    nonzero. Zero differences are dropped (Wilcoxon's convention, scipy's `zero_method="wilcox"`); |d| is ranked
+    with ties given their mean rank; the statistic is T+ = the sum of the ranks of the positive differences. Exact
+    for up to `WILCOXON_EXACT_MAX` nonzero differences, ties included: under the null each sign is + or - with
+    probability 1/2 independently, so the distribution of T+ given the (mid)ranks is computed exactly by dynamic
+    programming over the doubled ranks (integers), and p = min(1, 2 min(P(T+ <= t), P(T+ >= t))). Beyond that,
+    the normal approximation with the tie-corrected variance n(n+1)(2n+1)/24 - sum(t^3 - t)/48 and no continuity
+    correction (scipy's `method="approx"`). 1.0 when every difference is 0.
+
+    With n pairs the smallest attainable p is 2 / 2^n: 0.0625 for 5 seeds, so the test cannot reach 0.05 below 6.
+    """
+    d = np.round(_differences(a, b), 12)  # float noise of a - b (1e-17) must not break a tie or a zero
+    d = d[d != 0]
+    n = d.size
+    if n == 0:
+        return 1.0
+    ranks = _st.rankdata(np.abs(d))  # midranks for ties
+    t_plus = ranks[d > 0].sum()
+    if n > WILCOXON_EXACT_MAX:
+        _, counts = np.unique(np.abs(d), return_counts=True)
+        var = n * (n + 1) * (2 * n + 1) / 24 - (counts**3 - counts).sum() / 48
+        z = (t_plus - n * (n + 1) / 4) / math.sqrt(var)
+        return float(2 * _st.norm.sf(abs(z)))
+    doubled = np.rint(2 * ranks).astype(int)  # midranks are multiples of 1/2
+    dist = np.zeros(doubled.sum() + 1)
+    dist[0] = 1.0
+    for r in doubled:  # rank r (>= 2 doubled) with sign + (adds r) or - (adds 0), probability 1/2 each
+        shifted = np.zeros_like(dist)
+        shifted[r:] = dist[:-r]
+        dist = 0.5 * (dist + shifted)
+    t = int(round(2 * t_plus))
+    low, high = dist[: t + 1].sum(), dist[t:].sum()
+    return float(min(1.0, 2 * min(low, high)))
+
+
+def _bootstrap_means(d: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """Means of `n_boot` resamples of d with replacement (seeded)."""
+    rng = np.random.default_rng(seed)
+    return d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(1)
+
+
 def paired_bootstrap(a: list[float], b: list[float], *, n_boot: int = 10_000, seed: int = 0) -> float:
     """Two-sided p-value of the paired bootstrap over seeds for mean(a - b) (a[i], b[i] share seed i): resample the
     differences, centre them (the null), and count resampled means at least as far from 0 as the observed one."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    d = _differences(a, b)
     if d.size < 2:
         return 1.0
     observed = d.mean()
-    centred = d - observed
-    rng = np.random.default_rng(seed)
-    means = centred[rng.integers(0, d.size, size=(n_boot, d.size))].mean(1)
+    means = _bootstrap_means(d - observed, n_boot, seed)
     return float((np.sum(np.abs(means) >= abs(observed) - 1e-15) + 1) / (n_boot + 1))
+
+
+def paired_bootstrap_ci(
+    a: list[float], b: list[float], level: float = LEVEL, *, n_boot: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean(a - b), low, high): the percentile bootstrap confidence interval of the mean paired difference, from
+    `n_boot` seeded resamples of the differences (scipy's `bootstrap(..., method="percentile")` up to resampling
+    noise). With fewer than 2 pairs the interval is (nan, nan)."""
+    d = _differences(a, b)
+    if d.size == 0:
+        return math.nan, math.nan, math.nan
+    if d.size < 2:
+        return float(d.mean()), math.nan, math.nan
+    means = _bootstrap_means(d, n_boot, seed)
+    low, high = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+    return float(d.mean()), float(low), float(high)
+
+
+def fisher_exact(events_a: int, n_a: int, events_b: int, n_b: int) -> float:
+    """Two-sided p-value of Fisher's exact test on the 2x2 table [[events_a, n_a - events_a], [events_b, n_b -
+    events_b]] (e.g. collapsed seeds out of seeds per method): under the null, with the margins fixed, events_a is
+    hypergeometric; p sums the probabilities of every table no more likely than the observed one (relative slack
+    1e-7, scipy's convention). 1.0 when a side is empty. Example: 0/5 vs 3/5 collapsed gives p = 0.167."""
+    if not (0 <= events_a <= n_a and 0 <= events_b <= n_b):
+        raise ValueError(f"need 0 <= events <= n on both sides, got {events_a}/{n_a} and {events_b}/{n_b}")
+    if n_a == 0 or n_b == 0:
+        return 1.0
+    total, events = n_a + n_b, events_a + events_b
+    support = np.arange(max(0, events - n_b), min(events, n_a) + 1)
+    pmf = _st.hypergeom.pmf(support, total, events, n_a)
+    observed = _st.hypergeom.pmf(events_a, total, events, n_a)
+    return float(min(1.0, pmf[pmf <= observed * (1 + 1e-7)].sum()))
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -90,6 +197,38 @@ def markdown_grid(
     return lines + [f"| {r} | " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
 
 
+TESTS = ("auto", "paired_t", "wilcoxon", "bootstrap", "welch", "fisher")
+"""`compare`'s tests: "auto" picks one per comparison (`choose_test`)."""
+TEST_NAMES = {
+    "paired_t": "paired t-test over seeds",
+    "wilcoxon": "Wilcoxon signed-rank test over seeds (exact)",
+    "bootstrap": "paired bootstrap over seeds (10,000 resamples)",
+    "welch": "Welch's t-test (unpaired)",
+    "fisher": "Fisher's exact test on collapsed seeds",
+}
+
+
+def choose_test(
+    a: dict[int, float],
+    b: dict[int, float],
+    collapsed_a: dict[int, bool] | None = None,
+    collapsed_b: dict[int, bool] | None = None,
+) -> str:
+    """The test that fits one comparison of `{seed: value}` samples:
+
+    - "fisher" when collapse flags are given and a seed of either side collapsed: the outcome is then bimodal (a
+      collapsed seed sits near 0, the others near their ceiling), a t-test's normal model does not hold, and what
+      differs is how often a method collapses;
+    - else "paired_t" when both sides ran the same seeds (at least 2): a seed fixes the initial policy and the random
+      streams of every method, so the design is paired;
+    - else "welch" (unpaired: the seeds differ)."""
+    if collapsed_a is not None and collapsed_b is not None and (any(collapsed_a.values()) or any(collapsed_b.values())):
+        return "fisher"
+    if set(a) == set(b) and len(a) >= 2:
+        return "paired_t"
+    return "welch"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One method against the baseline in one column (e.g. one staleness N)."""
@@ -100,31 +239,49 @@ class Comparison:
     p: float  # raw p-value of the test
     p_adjusted: float  # Holm-adjusted over every comparison of the table
     n: tuple[int, int]  # seeds per side
+    test: str = "welch"  # the test that gave p (a key of TEST_NAMES)
+    collapsed: tuple[int, int] | None = None  # collapsed seeds per side, when collapse flags were given
 
     def significant(self, alpha: float = 0.05) -> bool:
         return self.p_adjusted < alpha
 
 
 def compare(
-    groups: dict[tuple[str, object], dict[int, float]], baseline: str, *, test: str = "welch"
+    groups: dict[tuple[str, object], dict[int, float]],
+    baseline: str,
+    *,
+    test: str = "auto",
+    collapsed: dict[tuple[str, object], dict[int, bool]] | None = None,
 ) -> list[Comparison]:
-    """Every method against `baseline` in every column: `groups[(method, column)] = {seed: value}`. `test` is
-    "welch" (unpaired) or "bootstrap" (paired over the seeds both sides share). p-values are Holm-adjusted over all
-    the comparisons returned."""
-    if test not in ("welch", "bootstrap"):
-        raise ValueError(f"test must be 'welch' or 'bootstrap', got {test!r}")
+    """Every method against `baseline` in every column: `groups[(method, column)] = {seed: value}`, and optionally
+    `collapsed[(method, column)] = {seed: collapsed?}`. `test` is one of `TESTS`: "auto" (per comparison, the test
+    `choose_test` picks), "paired_t", "wilcoxon" or "bootstrap" (paired over the seeds both sides share), "welch"
+    (unpaired) or "fisher" (collapse counts; needs `collapsed`). p-values are Holm-adjusted over all the comparisons
+    returned."""
+    if test not in TESTS:
+        raise ValueError(f"test must be one of {list(TESTS)}, got {test!r}")
+    paired = {"paired_t": paired_t, "wilcoxon": wilcoxon, "bootstrap": paired_bootstrap}
     raw = []
     for (method, column), values in groups.items():
         base = groups.get((baseline, column))
         if method == baseline or base is None:
             continue
-        if test == "welch":
-            a, b = list(values.values()), list(base.values())
-            p = welch(a, b)
-        else:
+        flags = [None if collapsed is None else collapsed.get((m, column)) for m in (method, baseline)]
+        kind = choose_test(values, base, *flags) if test == "auto" else test
+        counts = None if None in flags else (sum(map(bool, flags[0].values())), sum(map(bool, flags[1].values())))
+        if kind in paired:
             seeds = sorted(set(values) & set(base))
             a, b = [values[s] for s in seeds], [base[s] for s in seeds]
-            p = paired_bootstrap(a, b)
-        raw.append((column, method, float(np.mean(a) - np.mean(b)) if a and b else math.nan, p, (len(a), len(b))))
+            p = paired[kind](a, b)
+        else:
+            a, b = list(values.values()), list(base.values())
+            if kind == "welch":
+                p = welch(a, b)
+            elif counts is None:
+                raise ValueError(f"Fisher's test needs collapse flags for {method!r} and {baseline!r} at {column}")
+            else:
+                p = fisher_exact(counts[0], len(flags[0]), counts[1], len(flags[1]))
+        diff = float(np.mean(a) - np.mean(b)) if a and b else math.nan
+        raw.append((column, method, diff, p, (len(a), len(b)), kind, counts))
     adjusted = holm([r[3] for r in raw]) if raw else []
-    return [Comparison(c, m, d, p, q, n) for (c, m, d, p, n), q in zip(raw, adjusted, strict=True)]
+    return [Comparison(c, m, d, p, q, n, k, x) for (c, m, d, p, n, k, x), q in zip(raw, adjusted, strict=True)]

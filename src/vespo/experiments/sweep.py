@@ -11,11 +11,14 @@ in the style of the paper's Figures 3 and 4.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,12 +28,14 @@ from typing import Annotated
 import numpy as np
 import tyro
 
+from vespo.diagnostics import MEAN_PHI
 from vespo.embedded.task import chain_response_tokens, scratchpad_response_tokens
-from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
-from vespo.experiments.grid import claim_grid_dir, grid_cli, settings_key
+from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path, unfinished
+from vespo.experiments.compare import diagnostics_markdown
+from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
-from vespo.plots import category_color, sequential_color
+from vespo.plots import Panel, Series, category_color, panel_figure, save_figure, sequential_color
 from vespo.train.config import TrainConfig, check_output_dir
 from vespo.train.config_io import parse_args
 from vespo.train.runs import CHECKPOINT, read_metrics
@@ -62,14 +67,14 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "vespo-targetkl": ("vespo", {}, {"target_kl": 0.02}),
     },
 }
-FIG4_COLUMNS = (
-    ("reward/mean", "training reward"),
-    ("eval/accuracy", "held-out accuracy"),
-    ("response/length_mean", "response length"),
-    ("response/clip_frac", "share cut at max length"),
-    ("is/approx_kl", "KL(mu || pi)"),
-    ("actor/entropy", "entropy"),
-    ("loss/pg", "pg loss"),
+FIG4_COLUMNS = (  # (metric, axis label, the metric's range: bands and limits stay inside it)
+    ("reward/mean", "training reward", (0.0, 1.0)),
+    ("eval/accuracy", "held-out accuracy", (0.0, 1.0)),
+    ("response/length_mean", "response length (tokens)", (0.0, float("inf"))),
+    ("response/clip_frac", "share cut at max length", (0.0, 1.0)),
+    ("is/approx_kl", "KL(mu || pi)", (0.0, float("inf"))),
+    ("actor/entropy", "entropy (nats)", (0.0, float("inf"))),
+    ("loss/pg", "pg loss", None),
 )
 
 
@@ -296,18 +301,80 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     t0 = time.perf_counter()
     with log.open("a") as f:
         argv = [sys.executable, "-m", "vespo", "train", *cell_flags(cfg, cell), *(["--resume"] if resume else [])]
-        proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"cell {cell.name} failed (exit {proc.returncode}); see {log}")
+        returncode = _CELLS.run(argv, stdout=f, stderr=subprocess.STDOUT)
+    if returncode is None:  # the sweep is stopping: the cell was never started, or stopped
+        return {}
+    if returncode != 0:
+        raise RuntimeError(f"cell {cell.name} failed (exit {returncode}); see {log}")
     summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": time.perf_counter() - t0}
     done.write_text(json.dumps(summary))
     return summary
 
 
+class _Cells:
+    """The `vespo train` processes of the running cells: started only while the sweep is not stopping, and all
+    stopped at once by `stop` (Ctrl-C), whichever thread runs them."""
+
+    STOP_WAIT_S = 10.0
+    """How long a cell may take to exit after its SIGINT before it is killed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def run(self, argv: list[str], **popen) -> int | None:
+        """Run `argv` to the end and return its exit code; None when the sweep is stopping."""
+        with self._lock:
+            if self.stopping:
+                return None
+            proc = subprocess.Popen(argv, **popen)
+            self._procs.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+        return None if self.stopping else code
+
+    def stop(self) -> int:
+        """Start no more cells; SIGINT every running one (its last checkpoint stays), kill any still alive after
+        `STOP_WAIT_S`. Returns how many were running."""
+        with self._lock:
+            self.stopping = True
+            procs = list(self._procs)
+        deadline = time.monotonic() + 1.0  # a terminal's Ctrl-C reached them too: let them stop on their own first
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            if proc.poll() is None:  # only the sweep was signalled (kill -INT): pass it on
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + self.STOP_WAIT_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return len(procs)
+
+
+_CELLS = _Cells()
+
+
 def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
     (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the share of
-    optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps."""
+    optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps;
+    the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps (None where
+    not logged: mean phi of a method without phi, or metrics that predate them)."""
+
+    def stalest(key: str) -> float | None:
+        values = [r[f"{key}/last_mini_batch"] for r in rows if f"{key}/last_mini_batch" in r]
+        return float(np.mean(values)) if values else None
+
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
@@ -329,6 +396,10 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "grad_clipped_frac": float(np.mean(clipped)) if clipped else float("nan"),
         "initial_length": float(np.mean(lengths[: max(1, len(lengths) // 5)])) if lengths else float("nan"),
         "final_length": float(np.mean(lengths[-max(1, len(lengths) // 5) :])) if lengths else float("nan"),
+        "kl_mu_pi_stalest": stalest("is/kl_mu_pi"),
+        "log_w_std_stalest": stalest("is/log_w_std"),
+        "mean_phi_stalest": stalest(MEAN_PHI),
+        "momentum_share_stalest": stalest("actor/momentum_share"),
     }
 
 
@@ -336,9 +407,9 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
     """results.csv (per cell) and results.md: mean ± 95% CI over seeds, one row per variant (its method and
     aggregation said), one column per N, and the evaluation noise floor beside the held-out tables. Differences are
     not marked here: `vespo compare results.csv` tests them."""
-    keys = list(summaries[0])
+    keys = list(dict.fromkeys(k for s in summaries for k in s))  # a cell summarised before a column existed: empty
     with (out_dir / "results.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
+        w = csv.DictWriter(f, fieldnames=keys, restval="")
         w.writeheader()
         w.writerows(summaries)
     ns = sorted({s["N"] for s in summaries})
@@ -365,6 +436,9 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
         lines.append("")
         if "eval" in metric:
             lines += [_noise_floor(summaries, eval_prompts), ""]
+        if metric == "best_eval_acc":  # the regime the accuracies were measured in, beside them
+            cells = {(v, n): [s for s in summaries if s["variant"] == v and s["N"] == n] for v in names for n in ns}
+            lines += [diagnostics_markdown(cells, "Held-out accuracy"), ""]
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -411,12 +485,8 @@ def _seed_mean(out_dir: Path, group: list[Cell], key: str) -> tuple[np.ndarray, 
 
 
 def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
-    """fig3_training_reward.png (a panel per method, a curve per N) and fig4_dynamics.png (rows N, metric columns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """fig3_training_reward.png (a panel per method, a curve per N) and fig4_dynamics.png (rows N, metric columns);
+    every axis labelled, one legend beside the panels."""
     out_dir = Path(cfg.out_dir)
     names = list(dict.fromkeys(c.variant for c in grid))
     colors = {v: category_color(i) for i, v in enumerate(names)}
@@ -426,83 +496,90 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
     def group(v, n):
         return [c for c in grid if c.variant == v and c.n == n]
 
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3), sharey=True, squeeze=False)
-    for ax, v in zip(axes[0], names, strict=True):
+    def series(v, n, key, style) -> dict[str, Series]:
+        xy = _seed_mean(out_dir, group(v, n), key)
+        return {} if xy is None else {"": Series(*xy, style=style)}
+
+    fig3 = []
+    for v in names:
+        panel = Panel(v, "optimizer step", "training reward (mean over seeds)", bounds=(0.0, 1.0))
         for i, n in enumerate(ns):
-            xy = _seed_mean(out_dir, group(v, n), "reward/mean")
-            if xy is not None:
-                ax.plot(*xy, color=sequential_color(i, len(ns)), label=f"N={n}")
-        ax.set(title=v, xlabel="optimizer step")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("training reward")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "fig3_training_reward.png", dpi=110)
-    plt.close(fig)
+            for line in series(v, n, "reward/mean", {"color": sequential_color(i, len(ns))}).values():
+                panel.series[f"N={n}"] = line
+        fig3.append(panel)
+    save_figure(panel_figure([fig3]), out_dir / "fig3_training_reward.png")
 
     if len(cfg.lr) > 1:
         plot_lr_robustness(cfg, grid)
 
-    fig, axes = plt.subplots(len(ns), len(FIG4_COLUMNS), figsize=(3 * len(FIG4_COLUMNS), 2.2 * len(ns)), squeeze=False)
-    for r, n in enumerate(ns):
-        for c, (key, title) in enumerate(FIG4_COLUMNS):
-            ax = axes[r][c]
+    fig4 = []
+    for n in ns:
+        row = []
+        for key, label, bounds in FIG4_COLUMNS:
+            panel = Panel(f"{label}, N={n}", "optimizer step", label, bounds=bounds)
             for v in names:
-                xy = _seed_mean(out_dir, group(v, n), key)
-                if xy is not None:
-                    marker = "o" if key.startswith("eval/") else None
-                    ax.plot(*xy, color=colors[v], ls=styles[v], label=v, marker=marker, ms=3)
-            if r == 0:
-                ax.set_title(title)
-            if c == 0:
-                ax.set_ylabel(f"N={n}")
-            if r == len(ns) - 1:
-                ax.set_xlabel("optimizer step")
-            ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "fig4_dynamics.png", dpi=100)
-    plt.close(fig)
+                style = {"color": colors[v], "ls": styles[v], "marker": "o" if key.startswith("eval/") else None,
+                         "ms": 3}  # fmt: skip
+                for line in series(v, n, key, style).values():
+                    panel.series[v] = line
+            row.append(panel)
+        fig4.append(row)
+    save_figure(panel_figure(fig4, title="mean over seeds", panel_size=(3.0, 2.3)), out_dir / "fig4_dynamics.png", 100)
 
 
 def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
     """fig_lr_robustness.png: final held-out accuracy (mean and min over seeds) vs N, a line per learning rate, a
     panel per method (columns) and task (rows); the dotted line is the warm start's accuracy."""
-    import matplotlib.pyplot as plt
-
     out_dir = Path(cfg.out_dir)
     paths = {c.name: out_dir / "cells" / c.name / "summary.json" for c in grid}
-    done = {name: json.loads(p.read_text()) for name, p in paths.items() if p.is_file()}
-    bases = list(dict.fromkeys(c.variant.split("@")[0] for c in grid))
-    fig, axes = plt.subplots(
-        len(cfg.task), len(bases), figsize=(3 * len(bases), 2.6 * len(cfg.task)), squeeze=False, sharey="row"
-    )
-    for r, task in enumerate(cfg.task):
-        for col, base in enumerate(bases):
-            ax = axes[r][col]
-            for i, lr in enumerate(cfg.lr):
+    summaries = [
+        json.loads(p.read_text()) | {"lr": c.lr, "variant": c.variant, "task": c.task, "N": c.n}
+        for c in grid
+        if (p := paths[c.name]).is_file()
+    ]
+    save_figure(lr_robustness_figure(summaries, list(cfg.staleness)), out_dir / "fig_lr_robustness.png")
+
+
+def _lr_of(summary: dict) -> float:
+    """A cell's learning rate: its `lr`, or the `@lr<value>` of its variant name (results.csv's rows)."""
+    if "lr" in summary:
+        return float(summary["lr"])
+    tag = next((t for t in summary["variant"].split("@")[1:] if t.startswith("lr")), None)
+    return float(tag[2:]) if tag else float("nan")
+
+
+def lr_robustness_figure(summaries: list[dict], staleness: list[int]):
+    """The lr-robustness figure from per-cell summaries (`summarize`'s rows with their `lr`; results.csv's rows give
+    the same): a panel per method and task, final held-out accuracy vs N, mean (solid) and worst seed (dashed) per
+    learning rate."""
+    summaries = [s | {"lr": _lr_of(s), "base": s["variant"].split("@")[0]} for s in summaries]
+    tasks = list(dict.fromkeys(s["task"] for s in summaries))
+    bases = list(dict.fromkeys(s["base"] for s in summaries))
+    lrs = sorted({s["lr"] for s in summaries})
+    rows = []
+    for task in tasks:
+        row = []
+        starts = [float(s["initial_eval_acc"]) for s in summaries if s["task"] == task]
+        for base in bases:
+            start = float(np.mean(starts)) if starts else None
+            panel = Panel(f"{base} ({task})", "staleness N", "final held-out accuracy", bounds=(0.0, 1.0),
+                          xscale="log2", xticks=staleness, hline=start)  # fmt: skip
+            for i, lr in enumerate(lrs):
                 pts = []
-                for n in cfg.staleness:
-                    sel = [c for c in grid if (c.task, c.lr, c.n, c.variant.split("@")[0]) == (task, lr, n, base)]
-                    accs = [done[c.name]["final_eval_acc"] for c in sel if c.name in done]
+                for n in staleness:
+                    cell = (task, base, lr, n)
+                    accs = [float(s["final_eval_acc"]) for s in summaries
+                            if (s["task"], s["base"], s["lr"], int(s["N"])) == cell]  # fmt: skip
                     if accs:
                         pts.append((n, np.mean(accs), np.min(accs)))
                 if pts:
                     x, mean, low = zip(*pts, strict=True)
-                    color = sequential_color(i, len(cfg.lr))
-                    ax.plot(x, mean, marker="o", color=color, label=f"lr {lr:g}")
-                    ax.plot(x, low, ls="--", lw=0.8, color=color)
-            starts = [s["initial_eval_acc"] for c, s in ((c, done.get(c.name)) for c in grid) if s and c.task == task]
-            if starts:
-                ax.axhline(np.mean(starts), ls=":", color="gray")
-            ax.set(xscale="log", title=f"{base} ({task})", xlabel="N")
-            ax.set_xticks(list(cfg.staleness), [str(n) for n in cfg.staleness])
-            ax.grid(alpha=0.3)
-        axes[r][0].set_ylabel("held-out accuracy (-- min seed)")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "fig_lr_robustness.png", dpi=110)
-    plt.close(fig)
+                    color = sequential_color(i, len(lrs))
+                    panel.series[f"lr {lr:g} (mean)"] = Series(x, mean, style={"color": color, "marker": "o"})
+                    panel.series[f"lr {lr:g} (worst seed)"] = Series(x, low, style={"color": color, "ls": "--"})
+            row.append(panel)
+        rows.append(row)
+    return panel_figure(rows, title="dotted: the warm start's accuracy")
 
 
 SWEEP_OUTPUTS = ("cells", "results.csv", "results.md", "fig3_training_reward.png", "fig4_dynamics.png",
@@ -521,19 +598,45 @@ def sweep(cfg: SweepConfig) -> list[dict]:
 
 def _run_grid(cfg: SweepConfig, grid: list[Cell]) -> list[dict]:
     out_dir = Path(cfg.out_dir)
-    for task in cfg.task:  # warm start once per task, before the parallel cells race for it
-        embedded_policy_path(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
     from tqdm.auto import tqdm
 
-    with ThreadPoolExecutor(max_workers=cfg.jobs) as pool, tqdm(total=len(grid), desc="vespo sweep") as bar:
-        futures = [pool.submit(run_cell, cfg, c) for c in grid]
-        summaries = []
-        for fut in futures:
-            summaries.append(fut.result())
-            bar.update(1)
+    global _CELLS
+    _CELLS = _Cells()  # a fresh set per sweep (an API caller may run several)
+    pool = ThreadPoolExecutor(max_workers=cfg.jobs)
+    try:
+        for task in cfg.task:  # warm start once per task, before the parallel cells race for it
+            embedded_policy_path(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
+        with tqdm(total=len(grid), desc="vespo sweep") as bar:
+            futures = [pool.submit(run_cell, cfg, c) for c in grid]
+            summaries = []
+            for fut in futures:
+                summaries.append(fut.result())
+                bar.update(1)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        running = _CELLS.stop()
+        pool.shutdown(wait=True)
+        raise GridInterrupted(_kept(cfg, grid, running)) from None
+    pool.shutdown()
     write_tables(out_dir, summaries, eval_prompts=cfg.eval_size * cfg.eval_n)
     plot(cfg, grid)
     return summaries
+
+
+def _kept(cfg: SweepConfig, grid: list[Cell], running: int) -> str:
+    """What an interrupted sweep leaves, in one phrase."""
+    done = sum((Path(cfg.out_dir) / "cells" / c.name / "summary.json").is_file() for c in grid)
+    text = f"{done} of {len(grid)} cells finished and kept in {Path(cfg.out_dir) / 'cells'}"
+    if running:
+        text += f"; the {running} running cell(s) stopped at their last checkpoint"
+    partial = [p for task in cfg.task if (p := _unfinished_warm_start(cfg, grid, task)) is not None]
+    if partial:
+        text += f"; the warm start's progress is kept in {partial[0]}"
+    return text + "; the same command continues the sweep"
+
+
+def _unfinished_warm_start(cfg: SweepConfig, grid: list[Cell], task: str) -> Path | None:
+    return unfinished(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
 
 
 def cli(argv: list[str]) -> int:

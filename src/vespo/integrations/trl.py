@@ -8,6 +8,7 @@ normalised so that the micro-batches of one optimizer step add up to the loss of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -107,6 +108,31 @@ class VespoGRPOConfig(GRPOConfig):
         validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
 
 
+def _check_hub_model(model: object) -> None:
+    """A Hub id given as `model` loads in seconds or fails in one line: when the Hub cannot be used (offline mode, or
+    unreachable) the cached copy is read without retries, and without one a ValueError says so before TRL starts."""
+    if not isinstance(model, str) or Path(model).expanduser().exists():
+        return
+    from vespo.models import hub_offline_reason
+
+    reason = hub_offline_reason()
+    if reason is None:
+        return
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    try:
+        cached = huggingface_hub.try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a valid Hub id
+        cached = None
+    if not isinstance(cached, str):
+        raise ValueError(
+            f"model {model!r}: the Hugging Face Hub cannot be used ({reason}) and there is no cached copy; pass a "
+            "local model directory or a loaded model"
+        ) from None
+    huggingface_hub.constants.HF_HUB_OFFLINE = True  # read the cache, no retries
+
+
 def _loss_mask(inputs: dict[str, Any]) -> Tensor:
     """(B, T) the completion tokens the loss sees (TRL's completion mask, times its tool mask if any)."""
     mask = inputs["completion_mask"]
@@ -125,6 +151,7 @@ class VespoGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _check_hub_model(kwargs["model"] if "model" in kwargs else args[0] if args else None)
         super().__init__(*args, **kwargs)
         self._vespo_pending: dict[str, list[tuple[tuple[str, ...], Tensor]]] = {"train": [], "eval": []}
         if not isinstance(self.args, VespoGRPOConfig):

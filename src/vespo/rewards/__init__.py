@@ -1,8 +1,10 @@
-"""Verifiable rewards: Math-Verify grading for math, sandboxed execution for code (TRL reward signature)."""
+"""Verifiable rewards: Math-Verify grading for math, sandboxed execution for code, reasoning-gym's own verifiers for its
+tasks (TRL reward signature)."""
 
 from vespo.rewards.batch import GraderHostError
 from vespo.rewards.code import CodeGrade, CodeScores, code_reward, grade_code, score_code
 from vespo.rewards.math import PROMPT_SUFFIX, MathGrade, MathScores, grade_math, math_reward, score_math
+from vespo.rewards.reasoning_gym import TaskGrade, TaskScores, grade_task, reasoning_gym_reward, score_tasks
 from vespo.rewards.sandbox import SandboxLimits, SandboxRun, run_in_sandbox
 
 __all__ = [
@@ -14,11 +16,16 @@ __all__ = [
     "MathScores",
     "SandboxLimits",
     "SandboxRun",
+    "TaskGrade",
+    "TaskScores",
     "code_reward",
     "grade_code",
     "grade_math",
+    "grade_task",
     "math_reward",
+    "reasoning_gym_reward",
     "run_in_sandbox",
     "score_code",
     "score_math",
+    "score_tasks",
 ]

@@ -103,6 +103,13 @@ def _content(text: str, span: tuple[int, int]) -> str:
     return text[span[0] : span[1]].strip()
 
 
+def boxed_answer(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in the last `TAIL_CHARS` characters of ``text``, or None."""
+    text = text[-TAIL_CHARS:]
+    spans = _boxed(text)
+    return _content(text, spans[-1]) if spans else None
+
+
 def _top_level_values(expr: str) -> int:
     """How many comma/semicolon/"and"-separated values an answer lists outside brackets (1,000 is one value)."""
     expr = _THOUSANDS.sub("0", re.sub(r"\\(text|mathrm)\{\s*and\s*\}|\band\b", ",", expr))
@@ -153,7 +160,7 @@ def _integer_grade(completion: str, answer: str) -> MathGrade | None:
 
 
 @contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
+def deadline(seconds: float) -> Iterator[None]:
     """Raise Math-Verify's TimeoutException (a BaseException, so no ``except Exception`` in sympy swallows it) in
     this main thread once ``seconds`` have passed."""
 
@@ -180,7 +187,7 @@ def grade_math(completion: str, answer: str, *, timeout_s: float = 5) -> MathGra
     if threading.current_thread() is not threading.main_thread():
         raise ValueError("grade_math needs the main thread (SIGALRM deadline); use score_math from other threads")
     try:
-        with _deadline(timeout_s):
+        with deadline(timeout_s):
             return _grade(str(completion)[-TAIL_CHARS:], str(answer))
     except TimeoutException:
         return MathGrade(score=0.0, prediction="", timed_out=True)

@@ -16,6 +16,7 @@ def build_engine(kind: str, settings: SamplingSettings, *, policy_path: str, see
         return HFEngine.from_model(model, tokenizer, settings)
     return HFEngine.from_path(policy_path, settings)
 
+
 __all__ = [
     "Engine",
     "HFEngine",

@@ -15,6 +15,7 @@ from copy import deepcopy
 
 import torch
 import transformers
+from torch.utils.checkpoint import checkpoint
 
 from vespo.rollout.types import Rollout, SamplingSettings
 
@@ -123,6 +124,118 @@ def sample(
     return Rollout(full_ids, full_mask, response_mask, torch.stack(log_probs, 1).float())
 
 
+LOG_PROB_CHUNK_BYTES = 64 * 2**20
+"""Size of one chunk's fp32 logits in `response_log_probs`: (rows x positions) per chunk = this / (4 V), e.g. 341
+response positions at SmolLM2's V = 49,152, one chunk for the embedded model's small vocabulary."""
+
+_PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {
+        "deepseek_v3", "gemma", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "mixtral", "olmo",
+        "olmo2", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "stablelm", "starcoder2",
+    }
+)  # fmt: skip
+"""`config.model_type`s whose `*ForCausalLM.forward` computes logits = lm_head(last hidden state), then only the
+optional `final_logit_softcapping` (gemma2, gemma3_text), as read in transformers 5.x. Other models (a logit scale:
+cohere, granite; a bias; remote code) keep the full-logits path, whose values are right by construction."""
+
+
+def _split_head(model) -> tuple[torch.nn.Module, torch.nn.Module, float | None] | None:
+    """(decoder body, lm_head, final logit softcap or None) of an HF causal LM whose logits are exactly
+    softcap(lm_head(body(...).last_hidden_state)), or None when that cannot be vouched for (then the caller
+    materialises the full logits as the model's own forward does). A LoRA/peft model is unwrapped to the base model
+    its adapters were injected into; prompt-learning peft methods, which add virtual tokens in their forward, are
+    not split."""
+    peft_config = getattr(model, "active_peft_config", None)
+    if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
+        return None
+    if not type(base).__name__.endswith("ForCausalLM") or not hasattr(base, "get_decoder"):
+        return None
+    head = base.get_output_embeddings()
+    body = base.get_decoder()
+    if head is None or body is None or body is base:
+        return None
+    return body, head, getattr(config, "final_logit_softcapping", None)
+
+
+def _token_log_probs(
+    logits: Tensor, targets: Tensor, temperature: float, top_p: float, top_k: int, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(target) under `processed_logits` of `logits` (N, V) as logit - logsumexp (no (N, V) log-softmax
+    kept), with the OUTSIDE_LOG_PROB floor, and the entropy of the processed distribution (0 log 0 = 0) if asked.
+    Returns ((N,), (N,) or None)."""
+    logits = processed_logits(logits.float(), temperature, top_p, top_k)  # (N, V), -inf outside top-k / top-p
+    lse = logits.logsumexp(-1)  # (N,)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse  # (N,)
+    if top_p < 1.0 or top_k > 0:  # outside the set: probability 0, a finite floor without gradient
+        logp = torch.where(torch.isinf(logp), OUTSIDE_LOG_PROB, logp)
+    if not with_entropy:
+        return logp, None
+    logp_all = logits - lse[:, None]  # (N, V)
+    probs = logp_all.exp()
+    # 0 log 0 = 0; the -inf entries are zeroed *before* the product so that its backward is 0, not 0 * inf = nan
+    entropy = -(probs * logp_all.masked_fill(probs == 0, 0.0)).sum(-1)  # (N,)
+    return logp, entropy
+
+
+def _chunked_log_probs(
+    hidden: Tensor,
+    targets: Tensor,
+    head: torch.nn.Module,
+    softcap: float | None,
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    with_entropy: bool,
+    chunk: int,
+) -> tuple[Tensor, Tensor | None]:
+    """`_token_log_probs` of head(hidden) (N, H) -> (N,), `chunk` rows at a time: at most one chunk's (chunk, V)
+    logits exist at once. Under grad each chunk is checkpointed (recomputed in the backward), so the backward does
+    not keep every chunk's logits either; a batch that fits one chunk is not (nothing to save, a recompute to lose).
+    """
+
+    def one(h: Tensor, t: Tensor) -> tuple[Tensor, ...]:
+        logits = head(h)  # (c, V) in the head's (autocast) dtype, as the model's forward computes it
+        if softcap is not None:  # the model's final logit soft-capping, in its own dtype, as its forward does
+            logits = torch.tanh(logits / softcap) * softcap
+        logp, ent = _token_log_probs(logits, t, temperature, top_p, top_k, with_entropy)
+        return (logp,) if ent is None else (logp, ent)
+
+    grad = torch.is_grad_enabled() and hidden.shape[0] > chunk
+    outs = [
+        checkpoint(one, hidden[i : i + chunk], targets[i : i + chunk], use_reentrant=False)
+        if grad
+        else one(hidden[i : i + chunk], targets[i : i + chunk])
+        for i in range(0, hidden.shape[0], chunk)
+    ]
+    logp = torch.cat([o[0] for o in outs])  # (N,)
+    return logp, torch.cat([o[1] for o in outs]) if with_entropy else None
+
+
+def _full_logits_log_probs(
+    model, rollout: Rollout, *, temperature: float, top_p: float, top_k: int, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The straightforward path: the model's whole forward, (B, P + T, V) logits, then `_token_log_probs` on the
+    response positions. For models `_split_head` cannot split, and the baseline of benchmarks/bench_logprob_memory.py.
+    """
+    p = rollout.prompt_len
+    logits = model(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        position_ids=_position_ids(rollout.attention_mask),
+    ).logits  # (B, P + T, V)
+    logits = logits[:, p - 1 : -1]  # (B, T, V): position t predicts response token t
+    b, t, v = logits.shape
+    logp, ent = _token_log_probs(
+        logits.reshape(b * t, v), rollout.response_ids.reshape(-1), temperature, top_p, top_k, with_entropy
+    )
+    return logp.view(b, t), None if ent is None else ent.view(b, t)
+
+
 def response_log_probs(
     model: transformers.PreTrainedModel,
     rollout: Rollout,
@@ -138,24 +251,43 @@ def response_log_probs(
     the result equals the sampler's log-probs up to numerics. A token outside this model's top-k / top-p set has
     probability 0: its log-prob is `OUTSIDE_LOG_PROB` (finite, no gradient), so its token ratio is clamped to e^-20.
     Returns ((B, T) log-probs, (B, T) entropy of the processed distribution or None); 0 on padding.
+
+    The (B, T, V) logits are never materialised (TRL's selective log-softmax, Liger's chunked loss): the decoder body
+    gives the last hidden states, and the lm_head, the sampling transform and logit - logsumexp run on the response
+    positions only, `LOG_PROB_CHUNK_BYTES` of fp32 logits at a time, each chunk checkpointed under grad; peak memory
+    no longer grows with B x T x V (benchmarks/results/logprob_memory.md). Models whose logits are not plainly
+    lm_head(hidden) (`_split_head`) take the full-logits path, with the same values.
     """
-    p = rollout.prompt_len
-    logits = model(
-        input_ids=rollout.input_ids,
-        attention_mask=rollout.attention_mask,
-        position_ids=_position_ids(rollout.attention_mask),
-    ).logits  # (B, P + T, V)
-    logits = logits[:, p - 1 : -1].float()  # (B, T, V): position t predicts response token t
-    logp_all = processed_logits(logits, temperature, top_p, top_k).log_softmax(-1)
-    logp = logp_all.gather(-1, rollout.response_ids[..., None]).squeeze(-1)  # (B, T)
-    if top_p < 1.0 or top_k > 0:  # outside the set: probability 0, a finite floor without gradient
-        logp = torch.where(torch.isinf(logp), OUTSIDE_LOG_PROB, logp)
+    split = _split_head(model)
+    if split is None:
+        logp, entropy = _full_logits_log_probs(
+            model, rollout, temperature=temperature, top_p=top_p, top_k=top_k, with_entropy=with_entropy
+        )
+    else:
+        body, head, softcap = split
+        p, (b, t) = rollout.prompt_len, rollout.response_mask.shape
+        hidden = body(
+            input_ids=rollout.input_ids,
+            attention_mask=rollout.attention_mask,
+            position_ids=_position_ids(rollout.attention_mask),
+            use_cache=False,
+        )[0]  # (B, P + T, H): the last hidden state
+        hidden = hidden[:, p - 1 : -1].reshape(b * t, -1)  # (B T, H): position t predicts response token t
+        chunk = max(1, LOG_PROB_CHUNK_BYTES // (4 * head.weight.shape[0]))
+        logp, entropy = _chunked_log_probs(
+            hidden,
+            rollout.response_ids.reshape(-1),
+            head,
+            softcap,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            with_entropy=with_entropy,
+            chunk=chunk,
+        )
+        logp, entropy = logp.view(b, t), None if entropy is None else entropy.view(b, t)
     logp = logp * rollout.response_mask
-    entropy = None
-    if with_entropy:
-        probs = logp_all.exp()
-        entropy = -torch.where(probs > 0, probs * logp_all, 0.0).sum(-1) * rollout.response_mask  # 0 log 0 = 0
-    return logp, entropy
+    return logp, None if entropy is None else entropy * rollout.response_mask
 
 
 def decode_responses(tokenizer: transformers.PreTrainedTokenizerBase, rollout: Rollout) -> list[str]:

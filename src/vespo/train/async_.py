@@ -298,14 +298,14 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     """Run asynchronous RL training per a resolved `cfg` (mode == "async") in the claimed run dir `out`; returns the
     last step's metrics."""
     settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
-    threads = cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1))
-    state = setup_run(cfg, out, settings, num_threads=threads)
+    state = setup_run(cfg, out, settings)  # the thread count, chosen there for the learner and every sampler
     run, learner, tokenizer = state.run, state.learner, state.tokenizer
     model = learner.model
     next_batch = state.loop["async"]["next_batch"] if "async" in state.loop else 0
     n_mini = cfg.num_mini_batches
     opt_step = state.start * n_mini  # = the policy version of the learner's current weights
-    pool = SamplerPool(cfg, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
+    sampling = dataclasses.replace(cfg, num_threads=state.threads)
+    pool = SamplerPool(sampling, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
     stats, metrics = LagStats(), run.logger.last
     t_loop, dropped_total = time.perf_counter(), 0
     with _sigterm_as_interrupt(), contextlib.closing(pool):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vespo.data.reasoning_gym import is_reasoning_gym, parse_spec
 from vespo.intervals import Interval
 from vespo.losses import available_methods, rollout_correction, validate_hparams
 from vespo.models import check_model_source, looks_local
@@ -40,10 +41,12 @@ class TrainConfig:
     """Hub id or local path of a causal LM; "embedded" builds the tiny local model with an SFT warm start."""
     dataset: str = EMBEDDED
     """Training records: a local .json/.jsonl file ({"prompt", "answer"} math or {"prompt", "tests"} code), a Hub id,
-    or a set vespo knows by name (DAPO-Math-17k's Hub id); "embedded" is the built-in arithmetic task."""
+    a set vespo knows by name (DAPO-Math-17k's Hub id), or reasoning-gym tasks
+    (``reasoning-gym:<task>[:key=value...][,<task>...]``, docs/models.md); "embedded" is the built-in arithmetic
+    task."""
     eval_dataset: str | None = None
     """Held-out records (as `dataset`, or a benchmark name such as math500); None uses the embedded task's held-out
-    split, or no evaluation otherwise."""
+    split, the held-out split of a reasoning-gym `dataset`, or no evaluation otherwise."""
     dataset_split: str = "train"
     """Split of a Hub dataset."""
     prompt_key: str = "prompt"
@@ -55,9 +58,10 @@ class TrainConfig:
     failing on the first one with its file and line."""
     apply_chat_template: bool = False
     """Wrap prompts in the tokenizer's chat template (instruct models); plain text otherwise."""
-    reward_fn: str = "vespo.rewards:math_reward"
+    reward_fn: str | None = None
     """`module:function` with TRL's reward signature fn(completions, **columns) -> list[float]; the record's other
-    fields arrive as keyword lists (math: `answer`; code: `tests`, with `vespo.rewards:code_reward`)."""
+    fields arrive as keyword lists (math: `answer`; code: `tests`, with `vespo.rewards:code_reward`). None: the
+    task's own verifier for reasoning-gym datasets, Math-Verify (`vespo.rewards:math_reward`) otherwise."""
 
     # --- algorithm
     method: str = "vespo"
@@ -244,7 +248,8 @@ class TrainConfig:
     """Samples per held-out prompt: the logged eval/accuracy is avg@eval_n, whose binomial SD is about
     sqrt(p (1 - p) / (eval_size * eval_n)) (0.011 at 500 prompts x 4 and p = 0.5; 0.035 at 200 x 1)."""
     num_threads: int | None = None
-    """torch CPU threads (None = torch's default)."""
+    """torch CPU threads per process; None chooses them at start (`default_num_threads`: 1 for the embedded model,
+    else the free cores, at most 4 for a model under 400 MB) and says so on stderr."""
     tensorboard: bool = True
     """Write TensorBoard events to run_dir/tb."""
     wandb_project: str | None = None
@@ -282,12 +287,24 @@ class TrainConfig:
 FIELD_TYPES = typing.get_type_hints(TrainConfig, include_extras=False)
 
 
+def default_reward_fn(dataset: str) -> str:
+    """The reward `reward_fn: null` stands for: the task's own verifier for reasoning-gym, Math-Verify otherwise."""
+    return f"vespo.rewards:{'reasoning_gym' if is_reasoning_gym(dataset) else 'math'}_reward"
+
+
+def reward_spec(cfg: TrainConfig) -> str:
+    """The `module:function` reward of a run (`reward_fn`, or the dataset's default when it is null)."""
+    return cfg.reward_fn or default_reward_fn(cfg.dataset)
+
+
 def resolve(cfg: TrainConfig) -> TrainConfig:
     """Check every field's type and range (`check_values`), apply the `staleness` shortcut and the default run dir,
     then check the whole (`check_consistency`): the one validation of a run config, before any compute."""
     check_values(cfg)
     if cfg.run_dir is None:
         cfg = dataclasses.replace(cfg, run_dir=f"runs/{cfg.method}")
+    if cfg.reward_fn is None:
+        cfg = dataclasses.replace(cfg, reward_fn=default_reward_fn(cfg.dataset))
     if cfg.staleness is not None:
         _check_range("staleness", cfg.staleness, "[1, inf)")
         implied = cfg.staleness * cfg.ppo_mini_batch_size
@@ -376,6 +393,37 @@ def _usable_cores() -> int:
         return cores
 
 
+SMALL_MODEL_BYTES = 400 << 20
+"""Weights below this size (about 100M float32 parameters) gain little from more than `SMALL_MODEL_THREADS` threads:
+their matrices are too small to split, and every extra thread contends with the other jobs on the machine."""
+SMALL_MODEL_THREADS = 4
+
+
+def default_num_threads(cfg: TrainConfig) -> tuple[int, str]:
+    """torch threads per process when `num_threads` is None, and why (one phrase for the start-up line).
+
+    The embedded model (~0.15M parameters) runs fastest on one thread: its matrices are 64 wide, so more threads only
+    add synchronisation, and on a busy machine each one waits for a core (`vespo train --total-training-steps 10
+    --eval-every 0` on 2 cores at load 5-6: 21-25 s wall on one thread, 63-67 s on torch's default of two). Other
+    models get the free cores (usable cores minus the 1-minute load average, at least 1), at most
+    `SMALL_MODEL_THREADS` below `SMALL_MODEL_BYTES` of weights, shared between the learner and the async samplers."""
+    if cfg.model == EMBEDDED:
+        return 1, "1 torch thread (the embedded model runs fastest on one)"
+    usable = _usable_cores()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        load = 0.0
+    free = max(1, usable - round(load))
+    processes = 1 + (cfg.num_samplers if cfg.mode == "async" else 0)
+    size = _policy_bytes(cfg.model, "float32")
+    cap = SMALL_MODEL_THREADS if 0 < size < SMALL_MODEL_BYTES else usable
+    threads = max(1, min(free // processes, cap))
+    where = f"{free} of {usable} usable cores free at load {load:.1f}" + (f", {processes} processes" * (processes > 1))
+    small = f", a {size / 2**20:.0f} MB model" if cap == SMALL_MODEL_THREADS else ""
+    return threads, f"{threads} torch thread{'s' * (threads > 1)} per process ({where}{small})"
+
+
 # accepted interval (`vespo.intervals.Interval`, or (interval, reason) where the bound is not the obvious one) ->
 # the fields it applies to; None values are skipped. Reasons and measurements: docs/training.md, "Configuration".
 # fmt: off
@@ -458,7 +506,7 @@ def check_consistency(cfg: TrainConfig) -> None:
     for name in ("dataset", "eval_dataset"):
         check_dataset(name, getattr(cfg, name))
     try:
-        load_reward_fn(cfg.reward_fn)
+        load_reward_fn(reward_spec(cfg))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -488,10 +536,17 @@ def check_model(value: str) -> None:
 
 
 def check_dataset(name: str, value: str | None) -> None:
-    """A local data file (.json / .jsonl, or any existing path) must exist; other names are Hub ids or named sets."""
+    """A local data file (.json / .jsonl / .parquet, or any existing path) must exist; other names are Hub ids or
+    named sets; a reasoning-gym spec must name installed tasks and their config fields."""
     if value is None or value == EMBEDDED:
         return
-    if value.endswith((".json", ".jsonl")) or looks_local(value):
+    if is_reasoning_gym(value):
+        try:
+            parse_spec(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        return
+    if value.endswith((".json", ".jsonl", ".parquet")) or looks_local(value):
         if not Path(value).expanduser().is_file():
             raise ConfigError(f"{name}: file not found: {value}")
 
@@ -536,6 +591,12 @@ def _validate_hardware(cfg: TrainConfig) -> None:
         raise ConfigError("bf16 and fp16 are exclusive: choose one autocast dtype")
     if cfg.use_peft and importlib.util.find_spec("peft") is None:
         raise ConfigError("use_peft needs peft installed (pip install peft)")
+    for name, package in (("wandb_project", "wandb"), ("trackio_project", "trackio")):
+        if getattr(cfg, name) and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"{name} needs {package} installed (pip install {package}); without it, drop --{name.replace('_', '-')}"
+                " (metrics.jsonl and TensorBoard are always written)"
+            )
     if cfg.use_peft and cfg.mode == "async":
         raise ConfigError("use_peft is not supported with mode=async yet (samplers load full weights): use mode=sync")
 

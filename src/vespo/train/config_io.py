@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import re
+import sys
 import typing
 from pathlib import Path
 
@@ -121,6 +123,7 @@ VERL_KEYS = {
     "actor_rollout_ref.actor.entropy_coeff": "entropy_coeff",
     "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
     "actor_rollout_ref.actor.grad_clip": "grad_clip",
+    "actor_rollout_ref.actor.optim.clip_grad": "grad_clip",
     "actor_rollout_ref.actor.shuffle": "shuffle",
     "actor_rollout_ref.actor.optim.lr": "lr",
     "actor_rollout_ref.actor.optim.weight_decay": "weight_decay",
@@ -130,6 +133,7 @@ VERL_KEYS = {
     "actor_rollout_ref.rollout.n": "rollout_n",
     "actor_rollout_ref.rollout.temperature": "temperature",
     "actor_rollout_ref.rollout.top_p": "top_p",
+    "actor_rollout_ref.rollout.top_k": "top_k",
     "actor_rollout_ref.rollout.response_length": "max_response_length",
     "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std",
     "trainer.total_training_steps": "total_training_steps",
@@ -138,17 +142,78 @@ VERL_KEYS = {
     "trainer.default_local_dir": "run_dir",
 }
 VERL_HPARAMS = {f"actor_rollout_ref.actor.{k}": k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
-_VERL_ROOTS = ("data", "actor_rollout_ref", "algorithm", "trainer")
+_VERL_ROOTS = ("data", "actor_rollout_ref", "algorithm", "trainer", "critic", "reward_model", "reward",
+               "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler", "transfer_queue")  # fmt: skip
+VERL_IGNORED = (
+    # cluster, parallelism, memory, kernels, logging and checkpoint plumbing: no number of a one-machine run changes
+    "trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.nnodes", "trainer.n_gpus_per_node",
+    "trainer.device", "trainer.val_before_train", "trainer.log_val_generations", "trainer.resume_mode",
+    "trainer.resume_from_path", "trainer.default_hdfs_dir", "trainer.del_local_ckpt_after_load",
+    "trainer.max_*_ckpt_to_keep", "trainer.balance_batch", "trainer.critic_warmup", "trainer.ray_*",
+    "trainer.use_legacy_worker_impl", "trainer.esi_redundant_time", "trainer.*_data_dir", "trainer.*profile*",
+    "trainer.val_only",
+    "data.max_prompt_length", "data.filter_overlong_prompts*", "data.truncation", "data.return_*", "data.tokenizer",
+    "data.val_batch_size", "data.dataloader_num_workers", "data.trust_remote_code", "data.shuffle", "data.seed",
+    "data.validation_shuffle", "data.use_shm", "data.reward_fn_key",
+    "actor_rollout_ref.hybrid_engine", "actor_rollout_ref.nccl_timeout",
+    "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.model.enable_activation_offload",
+    "actor_rollout_ref.model.use_shm", "actor_rollout_ref.model.trust_remote_code",
+    "actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.model.fused_kernel_options.*",
+    "actor_rollout_ref.model.use_liger", "actor_rollout_ref.model.external_lib",
+    "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.fsdp_config.*",
+    "actor_rollout_ref.actor.megatron.*", "actor_rollout_ref.actor.checkpoint.*", "actor_rollout_ref.actor.profiler.*",
+    "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.actor.entropy_*",
+    "actor_rollout_ref.actor.use_fused_kernels",
+    "actor_rollout_ref.actor.optim.total_training_steps", "actor_rollout_ref.actor.policy_loss._target_",
+    "actor_rollout_ref.actor.policy_loss.rollout_is", "actor_rollout_ref.actor.policy_loss.bypass_mode",
+    "actor_rollout_ref.ref.*",
+    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode", "actor_rollout_ref.rollout.*_parallel_size",
+    "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.log_prob_*",
+    "actor_rollout_ref.rollout.enable_*", "actor_rollout_ref.rollout.enforce_eager",
+    "actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.rollout.max_num_*",
+    "actor_rollout_ref.rollout.max_model_len", "actor_rollout_ref.rollout.load_format",
+    "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.rollout.disable_log_stats", "actor_rollout_ref.rollout.prompt_length",
+    "actor_rollout_ref.rollout.calculate_log_probs", "actor_rollout_ref.rollout.engine_kwargs.*",
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes", "actor_rollout_ref.rollout.layered_summon",
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes", "actor_rollout_ref.rollout.trace.*",
+    "actor_rollout_ref.rollout.val_kwargs.*",  # held-out sampling: vespo evaluates with the training sampler
+    "algorithm.kl_ctrl.*", "algorithm.gamma", "algorithm.lam", "algorithm.rollout_correction.*_threshold*",
+    "critic.*", "ray_init.*", "ray_kwargs.*", "global_profiler.*", "transfer_queue.*",
+)  # fmt: skip
+"""veRL keys (fnmatch patterns) read and ignored, with one warning line listing them: they place and size the work
+on a cluster (or, as `critic.*` and `algorithm.gamma` under GRPO advantages, are unused); none changes what a
+one-machine run computes."""
+VERL_ONLY_AS = {
+    "algorithm.adv_estimator": (("grpo",), "vespo's advantages are GRPO's (group-relative)"),
+    "algorithm.use_kl_in_reward": ((False,), "vespo has no KL penalty in the reward (kl_coef is the loss's)"),
+    "algorithm.rollout_correction.rollout_is": ((None,), "vespo corrects with the sampler's log-probs itself"),
+    "algorithm.rollout_correction.rollout_rs": ((None,), "vespo has no rejection sampling"),
+    "algorithm.rollout_correction.bypass_mode": ((False,), "vespo keeps old and sampler log-probs apart"),
+    "actor_rollout_ref.actor.ppo_epochs": ((1,), "vespo takes one pass over a rollout batch"),
+    "actor_rollout_ref.actor.kl_loss_type": (("low_var_kl", "k3"), "vespo's KL penalty is k3 (low_var_kl)"),
+    "actor_rollout_ref.actor.use_kl_loss": ((True, False), ""),
+    "actor_rollout_ref.rollout.do_sample": ((True,), "vespo samples"),
+    "actor_rollout_ref.rollout.multi_turn.enable": ((False,), "vespo trains single-turn"),
+    "reward_model.enable": ((False,), "vespo's rewards are rule-based (--reward-fn)"),
+    "reward_model.reward_manager": (("naive",), "vespo applies the reward function as is"),
+}
+"""veRL keys accepted (silently) only at these values, with the reason other values are refused."""
+_VERL_LOSS_MODES = {"vanilla": "grpo"}  # veRL's built-in PPO clip is vespo's grpo; vespo_<m> is vespo's m
 
 
 def from_verl_keys(data: dict, *, where: str) -> dict:
     """Translate veRL's nested sections or dotted keys (`actor_rollout_ref.actor.ppo_mini_batch_size: 16`) into
-    vespo fields (`VERL_KEYS`; clip ratios go to `hparams`, `use_kl_loss: false` zeroes `kl_coef`); flat vespo keys
-    pass through. A veRL key vespo has no counterpart for is one clear error, not silently dropped."""
+    vespo fields (`VERL_KEYS`; clip ratios and `policy_loss.hparams.*` go to `hparams`, `use_kl_loss: false` zeroes
+    `kl_coef`, a veRL custom reward function becomes `reward_fn`); flat vespo keys pass through. Keys that change
+    nothing on one machine (`VERL_IGNORED`) are dropped with one warning line listing them all; keys that would change
+    the run and that vespo does not implement are refused together, in one line."""
     flat: dict = {}
 
     def walk(prefix: str, node: object) -> None:
-        if isinstance(node, dict):
+        if isinstance(node, dict) and node:
             for key, value in node.items():
                 walk(f"{prefix}.{key}", value)
         else:
@@ -156,26 +221,76 @@ def from_verl_keys(data: dict, *, where: str) -> dict:
 
     out: dict = {}
     for key, value in data.items():
-        if isinstance(key, str) and key.split(".")[0] in _VERL_ROOTS:
-            walk(key, value)
+        if isinstance(key, str) and key.lstrip("+").split(".")[0] in _VERL_ROOTS:
+            walk(key.lstrip("+"), value)  # Hydra's `+key` (add a key) reads as the key
         else:
             out[key] = value
-    use_kl = flat.pop("actor_rollout_ref.actor.use_kl_loss", True)
+    use_kl = flat.get("actor_rollout_ref.actor.use_kl_loss", True)
+    ignored, refused = [], []
+    reward = {k.rsplit(".", 1)[1]: flat.pop(k) for k in list(flat) if k.startswith(_REWARD_PREFIXES)}
+    if reward:
+        path, name = reward.get("path"), reward.get("name") or "compute_score"
+        if path:  # a veRL compute_score(data_source, solution_str, ground_truth, extra_info) is adapted on load
+            out["reward_fn"] = f"{path}:{name}"
     for key, value in flat.items():
-        if key in VERL_HPARAMS:
-            out["hparams"] = {**out.get("hparams", {}), VERL_HPARAMS[key]: value}
-            continue
-        if key not in VERL_KEYS:
-            raise ConfigError(f"{where}: veRL key {key} has no vespo counterpart; vespo reads {sorted(VERL_KEYS)}")
-        name = VERL_KEYS[key]
-        if name in out and out[name] != value:
-            raise ConfigError(f"{where}: {key} sets {name}={value!r}, which is also set to {out[name]!r}")
-        out[name] = value
-        if name == "lora_r" and value:
-            out["use_peft"] = True
+        if key in VERL_HPARAMS or key.startswith("actor_rollout_ref.actor.policy_loss.hparams."):
+            out["hparams"] = {**out.get("hparams", {}), key.rsplit(".", 1)[1]: value}
+        elif key in VERL_ONLY_AS:
+            accepted, why = VERL_ONLY_AS[key]
+            if value not in accepted or type(value) not in {type(a) for a in accepted}:
+                refused.append(f"{key}={value!r} ({why})")
+        elif key == "trainer.total_epochs":
+            if flat.get("trainer.total_training_steps") is None:
+                refused.append(f"{key}={value!r} (vespo counts rollout steps: set trainer.total_training_steps)")
+            else:
+                ignored.append(key)
+        elif key in VERL_KEYS:
+            value = _verl_value(key, value, where, ignored)
+            if value is not _DROP and value is not None:  # null: veRL's default, so vespo's
+                _set(out, VERL_KEYS[key], value, key, where)
+        elif any(fnmatch.fnmatchcase(key, pattern) for pattern in VERL_IGNORED) or value in (None, {}, []):
+            ignored.append(key)  # a null or empty setting of anything is veRL's default: nothing to do
+        else:
+            refused.append(f"{key} (no vespo counterpart)")
+    if refused:
+        raise ConfigError(f"{where}: veRL setting(s) that would change the run, not implemented by vespo: "
+                          f"{'; '.join(refused)}")  # fmt: skip
     if use_kl is False:
         out["kl_coef"] = 0.0
+    if flat.get("actor_rollout_ref.model.lora_rank"):
+        out["use_peft"] = True
+    if ignored:
+        print(f"vespo: {where}: ignoring {len(ignored)} veRL key(s) that change nothing on one machine: "
+              f"{', '.join(ignored)}", file=sys.stderr)  # fmt: skip
     return out
+
+
+_REWARD_PREFIXES = ("custom_reward_function.", "reward.custom_reward_function.")
+_DROP = object()
+
+
+def _verl_value(key: str, value: object, where: str, ignored: list[str]) -> object:
+    """A veRL value as vespo's field takes it: veRL's "off" spellings (-1) and lists of one file."""
+    if key in ("data.train_files", "data.val_files") and isinstance(value, list):
+        if len(value) == 1 or (value and key == "data.val_files"):
+            if len(value) > 1:
+                ignored.append(f"{key}[1:] (vespo evaluates on the first file)")
+            return value[0]
+        raise ConfigError(f"{where}: {key} lists {len(value)} files; vespo trains on one: merge them or keep one")
+    if key == "trainer.save_freq" and value == -1:  # veRL: never save; vespo saves at its default period
+        ignored.append(f"{key}=-1")
+        return _DROP
+    if key in ("trainer.test_freq", "actor_rollout_ref.rollout.top_k") and value == -1:
+        return 0  # off
+    if key == "actor_rollout_ref.actor.policy_loss.loss_mode" and isinstance(value, str):
+        return _VERL_LOSS_MODES.get(value, value.removeprefix("vespo_") if value != "vespo" else value)
+    return value
+
+
+def _set(out: dict, name: str, value: object, key: str, where: str) -> None:
+    if name in out and out[name] != value:
+        raise ConfigError(f"{where}: {key} sets {name}={value!r}, which is also set to {out[name]!r}")
+    out[name] = value
 
 
 def parse_args(argv: list[str]) -> TrainConfig:

@@ -7,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+from vespo.embedded.warm_start import WarmStartSpec, unfinished
 from vespo.models import quiet_hf_progress
 from vespo.rewards.batch import GraderHostError
-from vespo.train.config import ConfigError, TrainConfig, resolve
+from vespo.train.config import EMBEDDED, ConfigError, TrainConfig, resolve
 from vespo.train.config_io import parse_args
 from vespo.train.runs import CHECKPOINT, claim_run_dir
 
@@ -37,11 +38,13 @@ def _interrupted(cfg: TrainConfig | None) -> str:
     if cfg is None:
         return "nothing was started"
     run_dir = Path(cfg.run_dir).expanduser()
+    partial = unfinished(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else None
+    if partial is not None and not (run_dir / CHECKPOINT).is_file():
+        return f"the warm start's progress is kept in {partial} and the next run resumes it"
     if (run_dir / CHECKPOINT).is_file():
         return f"the last checkpoint in {run_dir} is kept (--resume continues from it)"
-    return (
-        f"no checkpoint was saved yet (the first is at step {cfg.save_every}); running again starts over in {run_dir}"
-    )
+    first = min(cfg.save_every, cfg.total_training_steps)
+    return f"no checkpoint was saved yet (the first is at step {first}); running again starts over in {run_dir}"
 
 
 def cli(argv: list[str]) -> int:
@@ -61,4 +64,71 @@ def cli(argv: list[str]) -> int:
         return 1
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
     print(f"run dir: {cfg.run_dir}")
+    return 0
+
+
+def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str = "last") -> Path:
+    """Write a run's checkpoint (`checkpoints/last.pt`, or `step_<K>` with `--save-total-limit`) as a Hugging Face
+    model directory `out` (new or empty; nothing is replaced): the run's policy rebuilt from its config.yaml, the
+    checkpoint's weights loaded into it, LoRA adapters merged (`vespo.train.runs.save_policy`). ConfigError (one line)
+    for anything that does not fit, before the model loads where it can be checked."""
+    import torch
+
+    from vespo.embedded.warm_start import embedded_policy_path
+    from vespo.models import load_policy
+    from vespo.train.config_io import load_yaml
+    from vespo.train.runs import save_policy
+    from vespo.train.setup import add_lora
+
+    run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"run_dir {run_dir}: no config.yaml (not a vespo run dir)")
+    name = "last" if checkpoint == "last" else checkpoint.removesuffix(".pt")
+    ckpt_path = run_dir / "checkpoints" / f"{name}.pt"
+    if not ckpt_path.is_file():
+        kept = sorted(p.stem for p in (run_dir / "checkpoints").glob("*.pt"))
+        raise ConfigError(f"--checkpoint: no {ckpt_path}; this run keeps {kept or 'no checkpoints'}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty directory; give a new one (nothing is replaced)")
+    cfg = TrainConfig(**load_yaml(run_dir / "config.yaml", label="config.yaml"))
+    try:
+        state = torch.load(ckpt_path, weights_only=True, map_location="cpu")["model"]
+    except Exception as exc:  # truncated, foreign, or not a vespo checkpoint
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ConfigError(f"--checkpoint {ckpt_path}: cannot load ({first})") from None
+    policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
+    try:
+        model, tokenizer = load_policy(policy)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.use_peft:
+        model = add_lora(model, cfg)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"--checkpoint {ckpt_path} does not fit the run's model: {(str(exc).splitlines() or ['?'])[0][:160]}"
+        ) from None
+    save_policy(model, tokenizer, out)
+    return out
+
+
+def export_cli(argv: list[str]) -> int:
+    """`vespo export RUN_DIR --out DIR [--checkpoint last|step_K]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="vespo export",
+        description="Write a run's checkpoint as a Hugging Face model directory (LoRA merged) that from_pretrained "
+        "and `vespo eval --model` load.",
+    )
+    parser.add_argument("run_dir", help="the run directory (its config.yaml and checkpoints/)")
+    parser.add_argument("--out", required=True, help="new or empty directory for the model")
+    parser.add_argument("--checkpoint", default="last", help="last (default), or step_K with --save-total-limit > 1")
+    args = parser.parse_args(argv)
+    try:
+        print(export_checkpoint(args.run_dir, args.out, checkpoint=args.checkpoint))
+    except ConfigError as exc:
+        print(f"vespo export: error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -6,12 +6,14 @@ config, and keeps metrics as tensors until `to_floats` converts a whole logged s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import transformers
 
+from vespo import diagnostics
 from vespo.aggregation import agg_loss
 from vespo.losses import (
     CORRECTION_OPTIONS,
@@ -38,8 +40,14 @@ PER_INDEX = (
     "is/top1pct_w_share",
     "actor/grad_norm",
     "actor/update_norm",
+    "is/kl_mu_pi",
+    "is/log_w_std",
+    diagnostics.MEAN_PHI,
+    "actor/momentum_share",
 )
-"""Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results.md, mechanism)."""
+"""Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results.md, mechanism); the
+last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z` and `actor/momentum_share` are the regime diagnostics at
+the stalest mini-batch (`vespo.diagnostics`)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +255,12 @@ def ppo_update(
     one big batch. The rollout batch is validated once here; the micro-batch calls skip validation. A mini-batch
     whose gradient norm is not finite is skipped, as veRL does, and counted in `actor/nonfinite_grad`: the one host
     sync per optimizer step. `scheduler` steps after every optimizer step; `scaler` (fp16) scales the loss.
+
+    Regime diagnostics per mini-batch (`vespo.diagnostics`, the lab's definitions): `actor/grad_clipped` (1 when
+    grad_clip cut the step; its mean over a rollout step is the clip fraction), `is/kl_mu_pi` (k3 KL(mu || pi) per
+    token, also target_kl's estimate), `is/log_w_std` (std of sequence log W over sequences) and
+    `actor/momentum_share` (share of the optimizer step from the current gradient, from the state before the step;
+    nan for a skipped non-finite step).
     """
     s = settings
     mode = s.agg_mode
@@ -267,8 +281,7 @@ def ppo_update(
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor] = {}
-        seq_log_w = []  # per-sequence log W of this mini-batch, for the weight-concentration diagnostic
-        kl_sum = torch.zeros((), device=mini_mask.device)  # masked sum of the per-token k3 KL(mu || pi), for target_kl
+        mini_log_prob = []  # detached log pi of each micro-batch: the mini-batch's log W, KL and drift diagnostics
         micro = micro_batches(rows, s.micro_batch_size)
         ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro))
         for mb in micro:
@@ -305,9 +318,7 @@ def ppo_update(
                 ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
                 loss = loss - s.entropy_coeff * ent_loss
             (loss if scaler is None else scaler.scale(loss)).backward()
-            if s.target_kl is not None:
-                kl_sum = kl_sum + (kl_k3(log_prob.detach() - old_log_prob[mb]) * mask).sum()
-            seq_log_w.append(seq_log_ratio(log_prob.detach(), old_log_prob[mb], mask.to(log_prob.dtype)))  # (b,)
+            mini_log_prob.append(log_prob.detach())  # (b, T)
             for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
                 share = value if key in _ADDITIVE else value / len(micro)
                 sums[key] = sums[key] + share if key in sums else share
@@ -316,13 +327,19 @@ def ppo_update(
         grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)  # before clipping
         sums["actor/grad_norm"] = grad_norm
         sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
-        sums["actor/grad_clipped"] = (grad_norm > s.grad_clip).float()  # its mean: the share of clipped steps
-        sums["is/top1pct_w_share"] = top_share(torch.cat(seq_log_w))
-        kl = kl_sum / n_tokens
+        sums["actor/grad_clipped"] = diagnostics.clip_bound(grad_norm, s.grad_clip)  # mean: the clip fraction
+        mini_lp, mini_old = torch.cat(mini_log_prob), old_log_prob[rows]  # (M, T) each, in `rows` order
+        sums["is/top1pct_w_share"] = top_share(seq_log_ratio(mini_lp, mini_old, mini_mask.to(mini_lp.dtype)))
+        drift = diagnostics.stale_drift(mini_lp, mini_old, mini_mask)
+        sums["is/kl_mu_pi"], sums["is/log_w_std"] = drift["kl_mu_pi"], drift["log_w_std"]
+        kl = drift["kl_mu_pi"]  # target_kl's estimate of KL(mu || pi) on this mini-batch
         stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros_like(kl, dtype=torch.bool)
         # one host sync per optimizer step: a NaN step would poison the weights; a KL past the target stops the update
         finite, stop = torch.stack([torch.isfinite(grad_norm), stop_flag]).tolist()
         sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
+        # the share of the coming step from the current (clipped) gradient, from the optimizer state before the step
+        g_share = diagnostics.momentum_share(optimizer) if finite else grad_norm.new_tensor(math.nan)
+        sums["actor/momentum_share"] = g_share
         if s.target_kl is not None:
             sums["actor/target_kl_k3"] = kl
         if scaler is not None and (stop or not finite):

@@ -7,6 +7,7 @@ of the run, so a run killed at any point and resumed from its last checkpoint co
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import json
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from vespo.outputs import OutputError, OwnedDir, claim
-from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values
+from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, default_reward_fn
 from vespo.train.config_io import load_yaml, to_yaml
 
 CHECKPOINT = "checkpoints/last.pt"
@@ -204,6 +205,9 @@ def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
         raise ConfigError(f"allow_change: {bad} cannot be changed on resume; only {list(RESUME_OVERRIDABLE)} can")
     now = dataclasses.asdict(cfg)
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
+    for side in (now, saved):  # `reward_fn: null` is the dataset's default reward
+        if side.get("reward_fn", "") is None:
+            side["reward_fn"] = default_reward_fn(side.get("dataset", TrainConfig.dataset))
     diff = [k for k in now if k not in RESUME_ALWAYS_OK and k in saved and now[k] != saved[k]]
     blocked = [k for k in diff if k not in RESUME_OVERRIDABLE]
     if blocked:
@@ -283,7 +287,9 @@ def start_run(cfg: TrainConfig, out: OwnedDir) -> Path:
         why = "replacing the run there" if (out.path / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
         print(f"vespo train: run_dir {out.path}: {why} (deleting its {', '.join(old)})", file=sys.stderr)
         out.clear()
-    (out.path / "config.yaml").write_text(to_yaml(cfg))
+    # what the run is, not how this command started it: fed back with --config it starts the same run again
+    saved = dataclasses.replace(cfg, resume=False, overwrite_output_dir=False, allow_change=())
+    (out.path / "config.yaml").write_text(to_yaml(saved))
     return out.path
 
 
@@ -421,27 +427,17 @@ def run_title(run_dir: str | Path) -> str:
 
 def plot_run(run_dir: str | Path) -> Path:
     """reward.png: training reward per step and held-out accuracy at the evaluation steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from vespo.plots import Panel, Series, panel_figure, save_figure
 
     rows = read_metrics(run_dir)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    panel = Panel(run_title(run_dir), "rollout step", "reward / accuracy", bounds=(0.0, 1.0))
     train = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
     evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     if train:
-        ax.plot(*zip(*train, strict=True), label="training reward")
+        panel.series["training reward"] = Series(*zip(*train, strict=True))
     if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy")
-    ax.set(xlabel="rollout step", ylabel="reward / accuracy", ylim=(0, 1), title=run_title(run_dir))
-    ax.legend()
-    ax.grid(alpha=0.3)
-    out = Path(run_dir) / "reward.png"
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+        panel.series["held-out accuracy"] = Series(*zip(*evals, strict=True), style={"marker": "o"})
+    return save_figure(panel_figure([[panel]], panel_size=(6, 3.5)), Path(run_dir) / "reward.png", dpi=120)
 
 
 def warn_skipped_updates(step: int, metrics: dict[str, float]) -> None:
@@ -518,13 +514,23 @@ class Run:
         return stop
 
     def finish(self, model, tokenizer) -> None:
-        """Close the bar and the logs, draw reward.png and save the final policy to run_dir/final."""
+        """Close the bar and the logs, draw reward.png and save the final policy to run_dir/final (`save_policy`)."""
         if self.bar is not None:
             self.bar.close()
         self.logger.close()
         plot_run(self.dir)
-        model.save_pretrained(self.dir / "final")
-        tokenizer.save_pretrained(self.dir / "final")
+        save_policy(model, tokenizer, self.dir / "final")
+
+
+def save_policy(model, tokenizer, folder: Path) -> None:
+    """A policy as a Hugging Face model directory that `from_pretrained` and `vespo eval --model` load: a LoRA policy
+    (peft) is saved merged (base weights + adapters, on a copy: `model` keeps its adapters), its adapters alone in
+    `folder`/adapter for peft users."""
+    if hasattr(model, "merge_and_unload"):  # a peft model
+        model.save_pretrained(Path(folder) / "adapter")
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def progress_bar(cfg: TrainConfig, start: int):

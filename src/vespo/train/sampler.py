@@ -176,10 +176,11 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
     from vespo.data import format_prompts
     from vespo.rewards.batch import grade_batch, load_reward_fn
     from vespo.rollout import build_engine, decode_responses
+    from vespo.train.config import reward_spec
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
-    reward_fn = load_reward_fn(cfg.reward_fn)
+    reward_fn = load_reward_fn(reward_spec(cfg))
     engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=policy_path, seed=cfg.seed)
     version = store.pull(engine.load, -1)
     events.put(("ready", rank, None))
@@ -197,7 +198,7 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in chosen], chat=cfg.apply_chat_template)
         rollout = engine.generate(prompts, torch.Generator().manual_seed(seed))
         t1 = time.perf_counter()
-        rewards = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
+        rewards, _ = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         t2 = time.perf_counter()
         item = SampledBatch(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,14 +15,15 @@ import torch
 import transformers
 
 from vespo.data import load_records
+from vespo.data.reasoning_gym import is_reasoning_gym
 from vespo.embedded.task import embedded_split
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
-from vespo.models import load_policy, resolve_device
+from vespo.models import load_policy, model_path, resolve_device
 from vespo.outputs import OwnedDir
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.rollout import Rollout, decode_responses
-from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
+from vespo.train.config import EMBEDDED, ConfigError, TrainConfig, default_num_threads, reward_spec
 from vespo.train.learner import Learner, UpdateSettings, policy_log_probs
 from vespo.train.runs import Run, check_run, restore, seed_everything, start_run
 
@@ -40,22 +42,28 @@ class RunState:
     loop: dict
     train_set: list[dict]
     reward_fn: Callable[..., list[float]]
+    threads: int
+    """torch threads per process of this run: `num_threads`, or the count `default_num_threads` chose."""
 
 
-def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings, *, num_threads: int | None) -> RunState:
-    """Check the claimed run dir `out` and the inputs (all before any compute), then load the policy and build the
-    learner with the loop's update `settings`, seed every RNG stream and restore a checkpoint on resume. config.yaml
-    is written once the inputs have loaded, so a bad input leaves no run behind."""
+def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunState:
+    """Check the claimed run dir `out` and the inputs (all before any compute), then set the thread count (chosen and
+    said once on stderr when `num_threads` is None: `default_num_threads`), load the policy and build the learner with
+    the loop's update `settings`, seed every RNG stream and restore a checkpoint on resume. config.yaml is written
+    once the inputs have loaded, so a bad input leaves no run behind; it records the thread count used."""
     ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
     try:
-        reward_fn = load_reward_fn(cfg.reward_fn)
+        reward_fn = load_reward_fn(reward_spec(cfg))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     train_set, eval_set = load_data(cfg)
-    if num_threads:
-        torch.set_num_threads(num_threads)
+    if cfg.num_threads is None:  # chosen once, for every process of the run, after every input check
+        threads, why = default_num_threads(cfg)
+        cfg = dataclasses.replace(cfg, num_threads=threads)
+        print(f"vespo train: {why}; --num-threads N to change", file=sys.stderr, flush=True)
+    torch.set_num_threads(cfg.num_threads)
     start_run(cfg, out)
-    policy_path = cfg.model
+    policy_path = model_path(cfg.model, cache_dir=cfg.cache_dir, progress=cfg.progress)  # a GGUF: its cache
     if cfg.model == EMBEDDED:
         policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
     device = resolve_device(cfg.device)
@@ -83,7 +91,7 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings, *, num_
     start, loop = restore(ckpt, learner, gen) if ckpt is not None else (0, {})
     held_out = (lambda: evaluate(model, tokenizer, eval_set, cfg)) if eval_set else None
     run = Run(cfg, out, start, held_out)
-    return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn)
+    return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn, cfg.num_threads)
 
 
 def add_lora(model: transformers.PreTrainedModel, cfg: TrainConfig):
@@ -126,9 +134,13 @@ def build_reference(model, cfg: TrainConfig) -> Callable[..., torch.Tensor] | No
 
 
 def completion_rows(tokenizer, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, limit: int) -> list:
-    """The first `limit` rows of a rollout as logged completions: prompt and completion text, reward, advantage."""
+    """The first `limit` rows of a rollout as logged completions: the prompt as the model read it (every token but
+    the left padding, special ones included: BOS, the chat template's markers), the completion text, reward and
+    advantage."""
     rows = slice(0, limit)
-    prompts = tokenizer.batch_decode(rollout.input_ids[rows, : rollout.prompt_len].tolist(), skip_special_tokens=True)
+    ids, mask = rollout.input_ids[rows, : rollout.prompt_len].tolist(), rollout.attention_mask[rows].tolist()
+    fed = [[t for t, m in zip(row, keep, strict=False) if m] for row, keep in zip(ids, mask, strict=True)]
+    prompts = tokenizer.batch_decode(fed, skip_special_tokens=False)
     texts = decode_responses(tokenizer, rollout.select(rows))
     values = torch.stack([rewards[rows], advantages[rows]]).tolist()
     return [
@@ -176,13 +188,14 @@ def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
             train_set, eval_set = ([dataclasses.asdict(p) for p in part] for part in split)
         else:
             train_set = load_records(cfg.dataset, split=cfg.dataset_split, **keys)
-        if cfg.eval_dataset is not None:
-            eval_set = load_records(cfg.eval_dataset, split="test", **keys)[: cfg.eval_size]
+        held_out = cfg.eval_dataset or (cfg.dataset if is_reasoning_gym(cfg.dataset) else None)
+        if held_out is not None:  # a reasoning-gym run is evaluated on its tasks' held-out split by default
+            eval_set = load_records(held_out, split="test", **keys)[: cfg.eval_size]
         if len(train_set) < cfg.train_batch_size:
             raise ValueError(
                 f"dataset has {len(train_set)} prompts, fewer than train_batch_size={cfg.train_batch_size}"
             )
-        check_reward_columns(cfg.reward_fn, reward_columns(train_set))
+        check_reward_columns(reward_spec(cfg), reward_columns(train_set))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return train_set, eval_set

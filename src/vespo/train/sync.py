@@ -27,7 +27,7 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     """Run synchronous RL training per a resolved `cfg` in the claimed run dir `out`; returns the last step's
     metrics."""
     settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
-    state = setup_run(cfg, out, settings, num_threads=cfg.num_threads)
+    state = setup_run(cfg, out, settings)
     run, learner, tokenizer, gen = state.run, state.learner, state.tokenizer, state.gen
     model = learner.model
     # the inference engine: the policy itself, a low-precision copy, or vLLM; its weights synced every step
@@ -46,8 +46,9 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         rollout = engine.generate(prompts, gen)
         t_gen = time.perf_counter()
         # 3. rewards and group advantages
-        rewards = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)  # (B,)
-        rewards = rewards.to(rollout.response_mask.device)
+        rewards, grading = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)
+        rewards = rewards.to(rollout.response_mask.device)  # (B,)
+        t_reward = time.perf_counter()
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         if cfg.log_completions:
             rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
@@ -64,9 +65,10 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         )
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
         step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length, train_log_prob=old_log_prob)
-        metrics = to_floats(step_metrics | update)
+        metrics = to_floats(step_metrics | update) | grading
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["time/gen_s"] = t_gen - t0
+        metrics["time/reward_s"] = t_reward - t_gen
         if run.end_step(step, metrics, learner, gen, show="response/length_mean"):
             break
     run.finish(model, tokenizer)

@@ -1,0 +1,163 @@
+"""reasoning-gym's procedural tasks as vespo records: ``reasoning-gym:<task>[:key=value...][,<task>...]``.
+
+The options are the task's own config fields plus vespo's ``size`` (items in the training split, default
+`TRAIN_SIZE`), ``seed`` (the split's first seed, default 0) and ``format`` (how the answer is asked for, `FORMATS`).
+
+Each task generator (`reasoning_gym.create_dataset`) makes item ``i`` from ``Random(seed + i)``, so a split is a
+range of seeds: training uses ``seed .. seed + size - 1``, the held-out split starts `HELD_OUT_OFFSET` later (and
+drops any question the training split of the same spec also holds). A record keeps the item's address
+(``rg_item``) so the reward can rebuild the entry and grade with the task's own verifier
+(`vespo.rewards.reasoning_gym`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+from vespo.data.prompts import math_prompt
+from vespo.rewards.reasoning_gym import task_dataset
+
+PREFIX = "reasoning-gym:"
+TRAIN_SIZE = 1000
+"""Items per task in the training split unless the spec sets ``size``."""
+EVAL_SIZE = 200
+"""Items per task in the held-out split (`vespo eval`, and the trainer's held-out set, which keeps `eval_size`)."""
+HELD_OUT_OFFSET = 100_000_000
+"""Seed distance of the held-out split from the training split: larger than any training size, so the seed ranges of
+the two splits never overlap."""
+INSTALL = "pip install reasoning-gym"
+FORMATS = ("boxed", "tags", "direct")
+"""How the prompt asks for the answer (the ``format`` option; the reward reads the answer the same way, see
+`vespo.rewards.reasoning_gym.task_answer`): ``boxed`` the paper's step-by-step / ``\\boxed{}`` instruction,
+``tags`` reasoning-gym's ``<answer>...</answer>``, ``direct`` the answer alone (small models that cannot yet reason
+in a format; the first line is read, from after its last "=")."""
+TAGS_INSTRUCTION = "Think step by step, then give only the final answer in the format <answer>answer here</answer>."
+DIRECT_INSTRUCTION = "Reply with the final answer only."
+VESPO_KEYS = ("size", "seed", "format")
+
+
+def is_reasoning_gym(source: str | None) -> bool:
+    return isinstance(source, str) and source.startswith(PREFIX)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task of a spec: its generator name, size, first seed, and the generator's own config fields."""
+
+    name: str
+    size: int = TRAIN_SIZE
+    seed: int = 0
+    config: tuple[tuple[str, object], ...] = ()
+    format: str = "boxed"
+
+    def build(self, *, held_out: bool = False, size: int | None = None):
+        """The task's generator for the training split, or for the held-out one (seeds `HELD_OUT_OFFSET` later)."""
+        seed = self.seed + (HELD_OUT_OFFSET if held_out else 0)
+        return task_dataset(self.name, size or self.size, seed, json.dumps(dict(self.config), sort_keys=True))
+
+
+def task_names() -> list[str]:
+    import reasoning_gym
+
+    return sorted(reasoning_gym.factory.DATASETS)
+
+
+def _scalar(text: str) -> object:
+    """A config value as YAML reads a scalar (int, float, bool, null) or else the string itself."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool, str)) or value is None else text
+
+
+def parse_spec(source: str) -> list[TaskSpec]:
+    """``reasoning-gym:chain_sum:max_terms=3,basic_arithmetic`` as task specs, each checked against the installed
+    generators and their config fields (``size`` and ``seed`` are vespo's); a one-line ValueError otherwise."""
+    import importlib.util
+
+    if importlib.util.find_spec("reasoning_gym") is None:
+        raise ValueError(f"{source}: reasoning-gym is not installed ({INSTALL})")
+    import reasoning_gym
+
+    body = source[len(PREFIX) :]
+    if not body.strip():
+        raise ValueError(f"{source}: name at least one task, e.g. {PREFIX}chain_sum (tasks: {', '.join(task_names())})")
+    specs = []
+    for part in body.split(","):
+        name, *pairs = part.strip().split(":")
+        if name not in reasoning_gym.factory.DATASETS:
+            raise ValueError(f"{source}: unknown reasoning-gym task {name!r}; tasks: {', '.join(task_names())}")
+        fields = {f.name for f in dataclasses.fields(reasoning_gym.factory.DATASETS[name][1])} - set(VESPO_KEYS)
+        options: dict[str, object] = {}
+        for pair in pairs:
+            key, eq, text = pair.partition("=")
+            if not eq or key not in fields | set(VESPO_KEYS):
+                raise ValueError(
+                    f"{source}: {name} takes key=value options from {sorted(fields | set(VESPO_KEYS))}, got {pair!r}"
+                )
+            options[key] = _scalar(text)
+        size, seed = options.pop("size", TRAIN_SIZE), options.pop("seed", 0)
+        form = options.pop("format", "boxed")
+        if form not in FORMATS:
+            raise ValueError(f"{source}: {name} format must be one of {list(FORMATS)}, got {form!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size < HELD_OUT_OFFSET:
+            raise ValueError(f"{source}: {name} size must be an integer in [1, {HELD_OUT_OFFSET}), got {size!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+            raise ValueError(f"{source}: {name} seed must be an integer in [0, 2**31), got {seed!r}")
+        spec = TaskSpec(name, size, seed, tuple(sorted(options.items())), form)
+        try:
+            spec.build(size=1)[0]  # the generator's own checks of its config, on one item
+        except Exception as exc:  # noqa: BLE001 - any failure of a third-party generator is a bad config
+            raise ValueError(f"{source}: {name} rejects its config {dict(spec.config)}: {exc}") from None
+        specs.append(spec)
+    return specs
+
+
+def task_prompt(question: str, form: str) -> str:
+    """The prompt of a task item in one of `FORMATS`."""
+    if form == "boxed":
+        return math_prompt(question)
+    return f"{question.strip()} {TAGS_INSTRUCTION if form == 'tags' else DIRECT_INSTRUCTION}"
+
+
+def _record(ds, spec: TaskSpec, index: int, entry: dict) -> dict:
+    address = [spec.name, dict(spec.config), ds.seed, len(ds), index, spec.format]
+    return {
+        "prompt": task_prompt(entry["question"], spec.format),
+        "answer": str(entry["answer"]),
+        "rg_item": json.dumps(address, sort_keys=True),
+    }
+
+
+def load_reasoning_gym(source: str, *, held_out: bool = False, size: int | None = None) -> list[dict]:
+    """Records of every task in `source`: the training split (task after task), or the held-out one (``size`` items
+    per task, default `EVAL_SIZE`, distinct questions none of which is in the training split of the same spec;
+    tasks interleaved)."""
+    if not held_out:
+        return [
+            _record(ds, spec, i, ds[i]) for spec in parse_spec(source) for ds in [spec.build()] for i in range(len(ds))
+        ]
+    per_task = []
+    for spec in parse_spec(source):
+        seen = {item["question"] for item in spec.build()}
+        want = size or EVAL_SIZE
+        ds = spec.build(held_out=True, size=want * 2)
+        entries = ((i, ds[i]) for i in range(len(ds)))
+        kept = []
+        for i, entry in entries:  # each held-out question once, none from the training split
+            if entry["question"] not in seen and len(kept) < want:
+                seen.add(entry["question"])
+                kept.append(_record(ds, spec, i, entry))
+        if not kept:
+            raise ValueError(
+                f"{source}: every held-out question of {spec.name} is also in its training split of {spec.size} items "
+                "(the task has few distinct questions): set a smaller size, or a config with more"
+            )
+        per_task.append(kept)
+    # round-robin over the tasks, so the first eval_size records cover every task
+    return [r for row in itertools.zip_longest(*per_task) for r in row if r is not None]

@@ -1,0 +1,164 @@
+"""Regime diagnostics: where a run sits relative to the paper's regime, one definition for every loop.
+
+The learner (`vespo.train.learner.ppo_update`, logged to metrics.jsonl) and the lab
+(`vespo.experiments.lab_model.lab_step`) both call these functions; the sweep, lab and `vespo compare` tables print
+them beside accuracy. Pure tensor functions: tensors in, 0-dim tensors out, no host sync, no I/O.
+
+- `clip_bound` / `clip_fraction`: whether `grad_clip` cut an optimizer step (pre-clip norm > max norm), and the share
+  of steps it cut (the paper's runs clip at 1.0 and rarely bind).
+- `stale_drift`: the per-token k3 estimate of KL(mu || pi) and the std over sequences of log W, meant for the
+  stalest mini-batch (the last of a rollout step).
+- `MEAN_PHI`: the loss metric holding the mean VESPO weight phi(W) of a mini-batch (computed by the losses).
+- `momentum_parts` / `momentum_share`: how much of an optimizer step comes from the current gradient rather than
+  from the optimizer's momentum state.
+
+ESS and top-share are not here: they are the losses' own (`vespo.kernels.effective_sample_size`,
+`vespo.losses.core.top_share`), and both loops call those.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from vespo.losses.core import kl_k3, row_sum
+
+Tensor = torch.Tensor
+
+MEAN_PHI = "vespo/Z"
+"""Loss metric of the VESPO family (vespo and the adaptive variants): mean phi(W) over the mini-batch's valid
+sequences. Other methods do not report it; `mean_phi` then gives nan."""
+
+
+def clip_bound(grad_norm: Tensor, max_norm: float) -> Tensor:
+    """1.0 when gradient clipping cut this optimizer step, else 0.0 (0-dim float).
+
+    Clipping binds when the pre-clip global gradient norm exceeds `max_norm` strictly (torch's clip_grad_norm_
+    scales by max_norm / (norm + 1e-6), so a norm equal to the bound is left as it is); `max_norm <= 0` means
+    clipping is off and never binds."""
+    if max_norm <= 0:
+        return torch.zeros((), device=grad_norm.device)
+    return (grad_norm > max_norm).float()
+
+
+def clip_fraction(bound: Sequence[Tensor] | Tensor) -> Tensor:
+    """Share of optimizer steps that gradient clipping cut: the mean of their `clip_bound` flags (0-dim)."""
+    flags = bound if isinstance(bound, Tensor) else torch.stack(list(bound))
+    return flags.float().mean()
+
+
+def stale_drift(log_prob: Tensor, old_log_prob: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """How far pi has drifted from mu on one mini-batch (call it on the stalest one), 0-dim tensors:
+
+    - `kl_mu_pi`: KL(mu || pi) per token, the k3 estimate mean_t [exp(x_t) - 1 - x_t] with x_t = log pi - log mu
+      over the valid tokens (samples of mu; >= 0, unbiased, low variance; Schulman 2020). The learner's target_kl
+      stop uses this number.
+    - `log_w_std`: the std over valid sequences (population std, ddof 0: 0 for one sequence) of the sequence
+      log W = sum_t x_t.
+
+    Shapes: `log_prob`, `old_log_prob`, `mask` (B, T). The ratios are exact: the losses' +-20 per-token guard is not
+    applied, because it binds precisely in the regime this diagnoses (in the lab's T = 256, N = 64 VESPO cell
+    38,111 sampled tokens were beyond it). k3 overflows float32 only past x = 88, i.e. mu(y_t) < 1e-38.
+    """
+    m = mask.to(log_prob.dtype)
+    x = torch.where(m > 0, log_prob - old_log_prob, torch.zeros_like(log_prob))  # (B, T); padding -> 0
+    kl = (kl_k3(x) * m).sum() / m.sum().clamp(min=1.0)
+    log_w = row_sum(x, m)  # (B,): seq_log_ratio(log_prob, old_log_prob, m, clamp_tokens=False), padding zeroed
+    valid = (m.sum(-1) > 0).to(log_prob.dtype)
+    n = valid.sum().clamp(min=1.0)
+    centred = (log_w - (log_w * valid).sum() / n) * valid
+    return {"kl_mu_pi": kl, "log_w_std": (centred.square().sum() / n).sqrt()}
+
+
+def mean_phi(loss_metrics: dict[str, Tensor]) -> Tensor:
+    """Mean VESPO weight phi(W) of a mini-batch, from the metrics `compute_policy_loss` returned (`MEAN_PHI`); nan
+    for methods without phi."""
+    value = loss_metrics.get(MEAN_PHI)
+    return torch.tensor(math.nan) if value is None else value.detach()
+
+
+def momentum_parts(optimizer: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
+    """(||u_g||, ||u_m||): the global norms of the parts of the coming optimizer step that come from the current
+    gradient (u_g) and from the momentum state (u_m). Call it after the gradients are final (clipped, unscaled) and
+    before `optimizer.step()`; nothing is modified.
+
+    Adam / AdamW (torch's update, amsgrad included): with g the gradient, t the coming step, m, v the moments before
+    it (0 when the state is empty),
+
+        m_t = b1 m + (1 - b1) g,   v_t = b2 v + (1 - b2) g^2,
+        step = -D * m_t,   D = lr / (1 - b1^t) / (sqrt(v_t / (1 - b2^t)) + eps)    (elementwise, D > 0),
+
+    and since D multiplies both terms of m_t alike, step = u_g + u_m exactly, with u_g = -D (1 - b1) g and
+    u_m = -D b1 m. AdamW's decoupled weight decay (theta *= 1 - lr wd) belongs to neither and is left out; Adam's
+    coupled decay is part of the gradient (g + wd theta), as torch applies it.
+
+    SGD: momentum 0 (or the first step, whose buffer is g itself) gives u_m = 0; otherwise buf_t = mu buf +
+    (1 - dampening) g and the step is lr buf_t (u_g = lr (1 - d) g, u_m = lr mu buf), or with Nesterov
+    lr (g + mu buf_t) (u_g = lr (1 + mu (1 - d)) g, u_m = lr mu^2 buf).
+
+    Other optimizers: (nan, nan). Costs one pass over the parameters, like the optimizer step itself.
+    """
+    adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    if not adam and not isinstance(optimizer, torch.optim.SGD):
+        nan = torch.full((), math.nan, device=device)
+        return nan, nan
+    sq_g: list[Tensor] = []
+    sq_m: list[Tensor] = []
+    for group in optimizer.param_groups:
+        lr, wd = group["lr"], group.get("weight_decay", 0.0)
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad.detach()
+            g = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g  # norms of low-precision weights in fp32
+            state = optimizer.state.get(p, {})
+            if wd and not (adam and decoupled):
+                g = g + wd * p.detach()  # coupled L2 decay: part of the gradient the optimizer sees
+            if adam:
+                (b1, b2), eps = group["betas"], group["eps"]
+                m_prev, v_prev = state.get("exp_avg"), state.get("exp_avg_sq")
+                step = state.get("step", torch.zeros(()))
+                t = step.to(torch.float64) + 1  # the coming step, in float64 as torch's bias corrections (no sync)
+                v = (1 - b2) * g.square() if v_prev is None else b2 * v_prev + (1 - b2) * g.square()
+                if group.get("amsgrad") and "max_exp_avg_sq" in state:
+                    v = torch.maximum(state["max_exp_avg_sq"], v)
+                d = (lr / (1 - b1**t)) / (v.sqrt() / (1 - b2**t).sqrt() + eps)  # (p.shape) Adam's elementwise D
+                sq_g.append(((1 - b1) * d * g).square().sum())
+                if m_prev is not None and b1 != 0:
+                    sq_m.append((b1 * d * m_prev).square().sum())
+            else:
+                mu, damp = group.get("momentum", 0.0), group.get("dampening", 0.0)
+                buf = state.get("momentum_buffer")
+                if mu == 0 or buf is None:
+                    sq_g.append((lr * g).square().sum())
+                elif group.get("nesterov"):
+                    sq_g.append((lr * (1 + mu * (1 - damp)) * g).square().sum())
+                    sq_m.append((lr * mu * mu * buf).square().sum())
+                else:
+                    sq_g.append((lr * (1 - damp) * g).square().sum())
+                    sq_m.append((lr * mu * buf).square().sum())
+
+    def norm(parts: list[Tensor]) -> Tensor:
+        return torch.stack([x.to(device) for x in parts]).sum().sqrt() if parts else torch.zeros((), device=device)
+
+    return norm(sq_g), norm(sq_m)
+
+
+def momentum_share(optimizer: torch.optim.Optimizer) -> Tensor:
+    """Share of the coming optimizer step that comes from the current gradient rather than from optimizer state:
+    ||u_g|| / (||u_g|| + ||u_m||) with the exact decomposition step = u_g + u_m of `momentum_parts` (0-dim, in
+    [0, 1]). Call it after clipping and before `optimizer.step()`.
+
+    1 when beta1 = 0 (or SGD without momentum) and on the first step (empty state: m = 0); 1 - beta1 in the steady
+    state of a constant gradient (m -> g), 0.1 for Adam's 0.9; near 0 when the current gradient is tiny next to the
+    momentum, i.e. the step is the echo of earlier gradients. No gradient and no momentum (nothing moves): 1, never
+    nan. nan for optimizers other than Adam, AdamW and SGD.
+    """
+    a, b = momentum_parts(optimizer)
+    total = a + b
+    return torch.where(total == 0, 1.0, a / total)  # nan stays nan (an optimizer without a definition)

@@ -1,0 +1,69 @@
+"""Every benchmark script runs: `python benchmarks/<script>.py --smoke --out-dir DIR` exits 0 in seconds and writes
+its summary into DIR, nothing into benchmarks/results. Parametrised over the files on disk, so a new benchmark
+without `--smoke` fails here (issue 31: a benchmark that cannot run is not a measurement)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+SCRIPTS = sorted(p.name for p in [*BENCHMARKS.glob("bench_*.py"), *BENCHMARKS.glob("robustness_*.py")])
+SCRIPTS += ["gpu_check.py"]
+SUMMARY = {  # script -> the files its smoke run must write under --out-dir
+    "bench_adaptive_goal.py": ["lab_grid/goal.md", "lab_grid/goal.csv"],
+    "bench_adaptive_probe.py": ["probe.md", "probe.csv"],
+    "bench_async.py": ["summary.md", "summary.json"],
+    "bench_chain_warmstart.py": ["chain_warmstart.json", "chain_warmstart.md"],
+    "bench_lab_mechanism.py": ["lab_mechanism.json", "lab_mechanism.md"],
+    "bench_lab_v2.py": ["results.md", "failure_modes.md"],
+    "bench_logprob_memory.py": ["logprob_memory.json", "logprob_memory.md"],
+    "bench_losses.py": ["losses.json", "losses.csv"],
+    "bench_sandbox.py": ["sandbox.json", "sandbox.md"],
+    "bench_step_controls.py": ["results.md", "controls.csv"],
+    "bench_trl_throughput.py": ["trl_throughput.json", "trl_throughput.csv"],
+    "bench_workbench_speed.py": ["workbench_speed.json", "workbench_speed.md"],
+    "gpu_check.py": ["results.md"] if torch.cuda.is_available() else [],  # CPU: "skipped: no CUDA", exit 0
+    "robustness_mechanism.py": ["sweep/mechanism.md", "sweep/mechanism.csv"],
+}
+FAST = {"gpu_check.py"} if not torch.cuda.is_available() else set()
+"""Under ~5 s on a quiet 2-core box; every other smoke run starts torch (and often `vespo train` processes)."""
+
+
+def _results_snapshot() -> dict[Path, float]:
+    return {p: p.stat().st_mtime for p in (BENCHMARKS / "results").rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=() if s in FAST else pytest.mark.slow) for s in SCRIPTS])
+def test_smoke_run_exits_0_and_writes_its_summary(script, tmp_path):
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir()  # a stray relative path lands here, not in the repository
+    before = _results_snapshot()
+    t0 = time.time()
+    env = os.environ | {"MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--smoke", "--out-dir", str(out)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stderr[-4000:]}"
+    expected = SUMMARY.get(script)
+    if expected is None:  # a benchmark this test does not know yet: it must at least write its results to --out-dir
+        written = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+        assert written, f"{script} --smoke --out-dir {out} wrote nothing there"
+    for rel in expected or []:
+        assert (out / rel).is_file() and (out / rel).stat().st_size > 0, f"{script} did not write {rel}"
+    if script == "gpu_check.py" and not torch.cuda.is_available():
+        assert "skipped: no CUDA" in done.stdout
+    assert not (cwd / "benchmarks").exists(), f"{script} wrote under a relative benchmarks/ path"
+    names = {p.name for p in out.rglob("*")} if out.exists() else set()
+    touched = [p for p, m in _results_snapshot().items() if p.name in names and m > max(t0, before.get(p, 0.0))]
+    assert not touched, f"{script} --smoke wrote into benchmarks/results: {touched}"
