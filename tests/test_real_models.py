@@ -242,3 +242,23 @@ def test_smollm2_gguf_loads_from_its_wheel_and_its_cache_is_fast(tmp_path):
     second = time.perf_counter() - start
     assert path.startswith(str(tmp_path)) and second < first
     assert sum(p.numel() for p in model.parameters()) == 134_515_008 and len(tokenizer) == 49_152
+
+
+def test_trl_adapter_takes_a_gguf_path(tiny_gguf, tmp_path, monkeypatch):
+    """`VespoGRPOTrainer(model="x.gguf")` trains on the GGUF's dequantised checkpoint (TRL loads it by path)."""
+    from datasets import Dataset
+
+    from vespo.integrations.trl import VespoGRPOConfig, VespoGRPOTrainer
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the default cache dir, ~/.cache/vespo, inside the test
+    records = load_reasoning_gym("reasoning-gym:leg_counting:size=8:format=direct")
+    args = VespoGRPOConfig(
+        output_dir=str(tmp_path / "out"), vespo_method="vespo", per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=4, max_steps=1, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
+    )  # fmt: skip
+    trainer = VespoGRPOTrainer(
+        model=str(tiny_gguf), reward_funcs=reasoning_gym_reward, args=args, train_dataset=Dataset.from_list(records)
+    )
+    assert str(trainer.model.name_or_path).startswith(str(tmp_path / ".cache" / "vespo" / "gguf-tiny-"))
+    trainer.train()
+    assert any("loss/pg" in h for h in trainer.state.log_history)

@@ -151,7 +151,16 @@ class VespoGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _check_hub_model(kwargs["model"] if "model" in kwargs else args[0] if args else None)
+        model = kwargs["model"] if "model" in kwargs else args[0] if args else None
+        if isinstance(model, str):  # a .gguf file (or a dir holding one): its dequantised checkpoint, docs/models.md
+            from vespo.models import model_path
+
+            model = model_path(model)
+            if "model" in kwargs:
+                kwargs["model"] = model
+            else:
+                args = (model, *args[1:])
+        _check_hub_model(model)
         super().__init__(*args, **kwargs)
         self._vespo_pending: dict[str, list[tuple[tuple[str, ...], Tensor]]] = {"train": [], "eval": []}
         if not isinstance(self.args, VespoGRPOConfig):
