@@ -1,7 +1,9 @@
 """Every benchmark script runs: `python benchmarks/<script>.py --smoke --out-dir DIR` exits 0 in seconds and writes
 its summary into DIR, nothing into benchmarks/results. Parametrised over the files on disk, so a new benchmark
-without `--smoke` fails here (issue 31: a benchmark that cannot run is not a measurement)."""
+without `--smoke` fails here (issue 31: a benchmark that cannot run is not a measurement). The selected scripts run
+two at a time (each is mostly one busy process), once per session, and each test checks its own script's run."""
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -24,6 +26,7 @@ SUMMARY = {  # script -> the files its smoke run must write under --out-dir
     "bench_lab_v2.py": ["results.md", "failure_modes.md"],
     "bench_logprob_memory.py": ["logprob_memory.json", "logprob_memory.md"],
     "bench_losses.py": ["losses.json", "losses.csv"],
+    "bench_real_model.py": ["summary.md", "summary.json", "curves.png", "select.json"],
     "bench_sandbox.py": ["sandbox.json", "sandbox.md"],
     "bench_step_controls.py": ["results.md", "controls.csv"],
     "bench_trl_throughput.py": ["trl_throughput.json", "trl_throughput.csv"],
@@ -39,21 +42,33 @@ def _results_snapshot() -> dict[Path, float]:
     return {p: p.stat().st_mtime for p in (BENCHMARKS / "results").rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("script", [pytest.param(s, marks=() if s in FAST else pytest.mark.slow) for s in SCRIPTS])
-def test_smoke_run_exits_0_and_writes_its_summary(script, tmp_path):
-    out, cwd = tmp_path / "out", tmp_path / "cwd"
-    cwd.mkdir()  # a stray relative path lands here, not in the repository
-    before = _results_snapshot()
-    t0 = time.time()
+TEST = "test_smoke_run_exits_0_and_writes_its_summary"
+
+
+def _smoke(script: str, root: Path) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    out, cwd = root / script / "out", root / script / "cwd"
+    cwd.mkdir(parents=True)  # a stray relative path lands here, not in the repository
     env = os.environ | {"MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--smoke", "--out-dir", str(out)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, str(BENCHMARKS / script), "--smoke", "--out-dir", str(out)]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return done, out, cwd
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request, tmp_path_factory) -> dict:
+    """The smoke run of every selected script (two at a time), and the results snapshot and time before them."""
+    selected = [i.callspec.params["script"] for i in request.session.items if i.originalname == TEST]
+    root = tmp_path_factory.mktemp("smoke")
+    before, t0 = _results_snapshot(), time.time()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = dict(zip(selected, pool.map(lambda script: _smoke(script, root), selected), strict=True))
+    return {"runs": runs, "before": before, "t0": t0}
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=() if s in FAST else pytest.mark.slow) for s in SCRIPTS])
+def test_smoke_run_exits_0_and_writes_its_summary(script, smoke_runs):
+    done, out, cwd = smoke_runs["runs"][script]
+    before, t0 = smoke_runs["before"], smoke_runs["t0"]
     assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stderr[-4000:]}"
     expected = SUMMARY.get(script)
     if expected is None:  # a benchmark this test does not know yet: it must at least write its results to --out-dir
