@@ -99,7 +99,8 @@ def select(a) -> dict:
         print(f"  {spec}: avg@{a.k} {score:.3f} ({seconds / result.num_problems:.2f} s/prompt)", flush=True)
     inside = [r for r in rows if 0.10 <= r["avg_at_k"] <= 0.60]
     chosen = min(inside, key=lambda r: abs(r["avg_at_k"] - 0.35))["task"] if inside else None
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return {"rows": rows, "chosen": chosen, "device": str(device), "max_new_tokens": a.max_new_tokens}
 
 

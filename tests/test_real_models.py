@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 import transformers
+import yaml
 from _gguf import write_tiny_gguf
 
 from vespo.data import load_records, record_kind
@@ -210,7 +211,7 @@ def test_train_and_eval_end_to_end_on_a_gguf_with_a_reasoning_gym_task(tiny_gguf
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
     assert last["reward/task/verifier_errors"] == 0.0 and "reward/task/unparsed" in last
     assert last["time/reward_s"] >= 0 and 0.0 <= rows[-1]["eval/accuracy"] <= 1.0
-    saved = json.loads(json.dumps(__import__("yaml").safe_load((tmp_path / "run" / "config.yaml").read_text())))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["reward_fn"] == "vespo.rewards:reasoning_gym_reward"
     assert next((tmp_path / "cache").glob("gguf-tiny-*/config.json"))
     out = tmp_path / "eval"

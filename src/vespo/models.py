@@ -62,7 +62,7 @@ def model_path(value: str | Path, *, cache_dir: str | Path = DEFAULT_CACHE_DIR, 
     """`value` as something `from_pretrained` loads fast: a GGUF file is dequantised once into an ordinary Hugging
     Face checkpoint under ``cache_dir/gguf-<sha256 prefix>`` (keyed by the file's content) and that directory is
     returned; anything else (a model directory, a Hub id) is returned unchanged."""
-    source = gguf_file(value) if Path(value).expanduser().exists() else None
+    source = gguf_file(value)  # None for a model directory, a Hub id or a missing path
     if source is None:
         return str(value)
     check_gguf_support()

@@ -220,8 +220,7 @@ def _full_logits_log_probs(
     model, rollout: Rollout, *, temperature: float, top_p: float, top_k: int, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     """The straightforward path: the model's whole forward, (B, P + T, V) logits, then `_token_log_probs` on the
-    response positions. For models `_split_head` cannot split, and the baseline of benchmarks/bench_logprob_memory.py.
-    """
+    response positions: for models `_split_head` cannot split."""
     p = rollout.prompt_len
     logits = model(
         input_ids=rollout.input_ids,
