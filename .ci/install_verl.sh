@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# veRL from PyPI without its GPU stack (vLLM, flash-attn, its transformers<5.11 pin): only the packages that
-# `import verl` (plugin loading), its loss registry, its Hydra config and its FSDP training worker
-# (tests/test_verl_workers.py) need. None of them pulls another torch.
+# veRL in its own venv (default: .venv-verl beside the clone). veRL 0.9.1 pins transformers < 5.11, while vespo's main
+# venv carries the newest transformers (TRL, GGUF loading); so veRL gets its own venv with its own pins and its full
+# dependency list (its GPU stack, vLLM / SGLang / flash-attn, is not among its requirements), vespo's veRL plugin is
+# tested there under veRL's own versions, and `pip check` passes in both venvs. Usage: bash .ci/install_verl.sh [DIR]
 set -euo pipefail
-pip install -q --no-deps "verl==0.9.1" "tensordict==0.10.0"
-# tensordict's own requirements (its torch requirement is already met by the CPU build)
-pip install -q "pyvers>=0.1,<0.2" importlib_metadata cloudpickle packaging
-# what veRL's config and plugin loading import
-pip install -q "ray==2.60.0" "hydra-core==1.3.8" "codetiming==1.4.0" "orjson==3.13.0"
-# what veRL's engine worker path imports: rollout-server utilities (uvicorn, fastapi) in engine_workers and the
-# checkpoint engine, peft in the FSDP engine
-pip install -q "uvicorn==0.54.0" "fastapi==0.165.0" "starlette==1.10.0" "peft==0.21.2"
-python -c "import verl.trainer.ppo.core_algos, vespo.integrations.verl, verl.workers.engine_workers, peft"
+cd "$(dirname "$0")/.."
+venv="${1:-.venv-verl}"
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q --upgrade pip
+"$venv/bin/pip" install -q torch==2.13.0  # the CPU build first, as in the main venv
+"$venv/bin/pip" install -q -e ".[test,verl]"
+"$venv/bin/pip" check
+"$venv/bin/python" -c "import verl.trainer.ppo.core_algos, vespo.integrations.verl, verl.workers.engine_workers, peft"

@@ -30,6 +30,19 @@ def warm_model(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(model=Path(model), train=train, heldout=heldout)
 
 
+@pytest.fixture(scope="session")
+def random_model(tmp_path_factory) -> Path:
+    """A random (untrained) one-layer tiny Llama with the embedded task's tokenizer, saved once per session: for tests
+    of what a command does, not of what it learns (read it, never write into it)."""
+    from vespo.embedded.task import build_tiny_model, build_tokenizer
+
+    path = tmp_path_factory.mktemp("random_model") / "m"
+    tok = build_tokenizer()
+    build_tiny_model(tok, num_hidden_layers=1).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def with_model(root: Path, warm: SimpleNamespace) -> Path:
     """`root` with `root/model` linking to the shared warm model, for tests that address files relative to a root."""
     (root / "model").symlink_to(warm.model, target_is_directory=True)

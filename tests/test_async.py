@@ -198,6 +198,9 @@ def test_decoupled_loss_and_a_crashed_sampler_restarted(tiny_model, tmp_path, mo
     assert "sampler 0" in err and "RuntimeError: reward server unreachable" in err and "restarting it (1/3)" in err
     # pi_prox = the learner's weights at the update, so pi / pi_prox is exactly 1; the lag sits in pi_prox / mu
     assert last["is/log_w_min"] == last["is/log_w_max"] == 0.0
+    # the learner's phases: scoring under pi_prox (decoupled) and the update, both inside its step
+    assert last["time/old_log_prob_s"] > 0 and last["time/update_s"] > 0
+    assert last["time/old_log_prob_s"] + last["time/update_s"] + last["async/queue_wait_s"] <= last["time/step_s"]
     summary = json.loads((tmp_path / "d" / "async_summary.json").read_text())
     stale = [v["log_w_mean"] for k, v in summary["per_lag_bucket"].items() if k != "0"]
     # (a lag bucket whose updates all had zero advantage, so the weights did not move, can sit at log W = 0)

@@ -6,30 +6,19 @@ import sys
 
 import pytest
 
-from vespo.embedded.task import build_tiny_model, build_tokenizer
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("newcomer")
-    tok = build_tokenizer()
-    build_tiny_model(tok, num_hidden_layers=1).save_pretrained(root / "m")
-    tok.save_pretrained(root / "m")
-    return root
-
-
-def _train(tiny, *flags):
-    argv = ["--model", str(tiny / "m"), "--num-operands", "2", "--eval-size", "8", "--train-batch-size", "2",
+def _train(model, *flags):
+    argv = ["--model", str(model), "--num-operands", "2", "--eval-size", "8", "--train-batch-size", "2",
             "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--max-response-length", "4", "--eval-every", "1",
             "--total-training-steps", "1", "--no-tensorboard", *flags]  # fmt: skip
     return subprocess.run([sys.executable, "-m", "vespo", "train", *argv], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
-def test_no_progress_means_no_bars_and_no_deprecation_noise(tiny):
+def test_no_progress_means_no_bars_and_no_deprecation_noise(random_model, tmp_path):
     """--no-progress silences Hugging Face's loading/saving bars too, and vespo's sampler calls the model with the
     installed transformers' current cache argument (no FutureWarning of our making)."""
-    done = _train(tiny, "--no-progress", "--run-dir", str(tiny / "run"))
+    done = _train(random_model, "--no-progress", "--run-dir", str(tmp_path / "run"))
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-2000:]
     for noise in ("Loading weights", "Writing model shards", "it/s]", "deprecated", "FutureWarning"):
@@ -73,16 +62,16 @@ def test_staleness_and_an_explicit_train_batch_size_conflict(capsys):
 
 
 @pytest.mark.slow
-def test_log_completions_and_hparams_in_tensorboard(tiny):
+def test_log_completions_and_hparams_in_tensorboard(random_model, tmp_path):
     """--log-completions writes prompt / completion / reward / advantage rows per step (what was graded), and the
     config reaches TensorBoard's HParams and text tabs."""
     import json
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = tiny / "logged"
+    run = tmp_path / "logged"
     argv = ["--no-progress", "--tensorboard", "--run-dir", str(run), "--log-completions", "--num-completions-to-print"]
-    done = _train(tiny, *argv, "3")
+    done = _train(random_model, *argv, "3")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["step"] == 1 for r in rows)

@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vespo.embedded.task import build_tiny_model, build_tokenizer
+from vespo.embedded.task import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("newcomer2")
-    tok = build_tokenizer()
-    build_tiny_model(tok, num_hidden_layers=1).save_pretrained(root / "m")
-    tok.save_pretrained(root / "m")
-    return root
 
 
 def _vespo(*argv, **kw):
@@ -182,12 +173,12 @@ def test_one_sigint_stops_a_lab_grid_and_its_worker_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_sigint_stops_an_evaluation_in_one_line(tiny, tmp_path):
+def test_one_sigint_stops_an_evaluation_in_one_line(random_model, tmp_path):
     data = tmp_path / "many.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i % 10}+{i % 7}=", "answer": str(i % 10 + i % 7)}) + "\n"
                             for i in range(4000)))  # fmt: skip
     out = tmp_path / "eval"
-    run = _Running("eval", "--model", str(tiny / "m"), "--benchmarks", str(data), "--k", "2", "--max-new-tokens",
+    run = _Running("eval", "--model", str(random_model), "--benchmarks", str(data), "--k", "2", "--max-new-tokens",
                    "12", "--device", "cpu", "--out", str(out))  # fmt: skip
     run.wait_for(lambda: "many" in run.err)  # generating (the benchmark's progress bar)
     time.sleep(1)
@@ -361,12 +352,12 @@ def test_verl_parquet_data_loads_through_the_record_loader(tmp_path):
 
 
 @pytest.mark.slow
-def test_lora_run_leaves_an_evaluable_merged_model_and_checkpoints_export(tiny, tmp_path):
+def test_lora_run_leaves_an_evaluable_merged_model_and_checkpoints_export(random_model, tmp_path):
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "lora"
-    argv = ["train", "--model", str(tiny / "m"), "--use-peft", "--lora-r", "4", "--num-operands", "2", "--eval-size",
+    argv = ["train", "--model", str(random_model), "--use-peft", "--lora-r", "4", "--num-operands", "2", "--eval-size",
             "8", "--train-batch-size", "2", "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--max-response-length",
             "4", "--total-training-steps", "2", "--eval-every", "0", "--no-tensorboard", "--no-progress",
             "--entropy-coeff", "1", "--lr", "0.01", "--run-dir", str(run)]  # fmt: skip
@@ -374,7 +365,7 @@ def test_lora_run_leaves_an_evaluable_merged_model_and_checkpoints_export(tiny, 
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "final" / "config.json").is_file() and (run / "final" / "adapter" / "adapter_config.json").is_file()
     merged = AutoModelForCausalLM.from_pretrained(run / "final")
-    base = AutoModelForCausalLM.from_pretrained(tiny / "m")
+    base = AutoModelForCausalLM.from_pretrained(random_model)
     assert not any("lora" in k for k in merged.state_dict())
     assert any(not torch.equal(v, base.state_dict()[k]) for k, v in merged.state_dict().items())  # adapters merged
     done = _vespo("export", str(run), "--out", str(tmp_path / "exported"))
@@ -406,10 +397,11 @@ def _one_error_line(done, *words):
     return errors[0]
 
 
-def test_eval_of_a_hub_benchmark_offline_is_one_line_before_the_model_loads(tiny, tmp_path):
+def test_eval_of_a_hub_benchmark_offline_is_one_line_before_the_model_loads(random_model, tmp_path):
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path)}
     t0 = time.perf_counter()
-    done = _vespo("eval", "--model", str(tiny / "m"), "--benchmarks", "math500", "--out", str(tmp_path / "o"), env=env)
+    out = tmp_path / "o"
+    done = _vespo("eval", "--model", str(random_model), "--benchmarks", "math500", "--out", str(out), env=env)
     _one_error_line(done, "--benchmarks math500", "HuggingFaceH4/MATH-500", "no cached copy")
     assert time.perf_counter() - t0 < 60 and not (tmp_path / "o").exists()
 
@@ -492,11 +484,11 @@ def test_logged_prompts_are_what_the_model_read_special_tokens_included():
 
 
 @pytest.mark.slow
-def test_a_resumed_runs_config_yaml_feeds_back_with_config(tiny, tmp_path):
+def test_a_resumed_runs_config_yaml_feeds_back_with_config(random_model, tmp_path):
     from vespo.train.config_io import load_yaml, parse_args
 
     run = tmp_path / "r"
-    argv = ["train", "--model", str(tiny / "m"), "--num-operands", "2", "--eval-size", "8", "--train-batch-size",
+    argv = ["train", "--model", str(random_model), "--num-operands", "2", "--eval-size", "8", "--train-batch-size",
             "2", "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--max-response-length", "4", "--eval-every", "0",
             "--no-tensorboard", "--no-progress", "--run-dir", str(run)]  # fmt: skip
     assert _vespo(*argv, "--total-training-steps", "1").returncode == 0

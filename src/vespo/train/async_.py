@@ -31,6 +31,7 @@ from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.learner import rollout_metrics, to_floats
+from vespo.train.runs import clock
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.train.setup import completion_rows, setup_run, update_settings
 
@@ -301,6 +302,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     state = setup_run(cfg, out, settings)  # the thread count, chosen there for the learner and every sampler
     run, learner, tokenizer = state.run, state.learner, state.tokenizer
     model = learner.model
+    device = next(model.parameters()).device
     next_batch = state.loop["async"]["next_batch"] if "async" in state.loop else 0
     n_mini = cfg.num_mini_batches
     opt_step = state.start * n_mini  # = the policy version of the learner's current weights
@@ -328,7 +330,9 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                 # 2. old log-probs: mu as the sampler recorded it (the behaviour policy itself), or with the
                 # decoupled loss pi_prox = the learner's weights right now, mu then entering as rollout_log_prob
                 mu = unit.rollout.rollout_log_prob  # (b, T)
+                t_score = clock(device)
                 old_log_prob = learner.log_probs(unit.rollout) if cfg.use_decoupled_loss else mu
+                t_old = clock(device)
                 # 3. one optimizer step on it, then publish every sync_every steps
                 update = learner.update(
                     unit.rollout,
@@ -337,6 +341,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                     ref_log_prob=learner.reference_log_probs(unit.rollout),
                     rollout_log_prob=mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None,
                 )
+                t_update = clock(device)
                 opt_step += 1
                 pool.schedule.consume(1, trained=True)
                 if opt_step % cfg.sync_every == 0:
@@ -345,6 +350,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                 unit_metrics = rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length, train_log_prob=None)
                 m = to_floats(unit_metrics | update)
                 m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
+                m["time/old_log_prob_s"], m["time/update_s"] = t_old - t_score, t_update - t_old
                 per_unit.append(m)
                 rewards.append(unit.rewards)
                 if cfg.log_completions and len(per_unit) == 1:  # the step's first mini-batch
@@ -364,7 +370,8 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
             # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
             step_s = time.perf_counter() - t0
             metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
-            for key in ("time/gen_s", "time/reward_s"):  # sampler seconds behind this step's samples (overlapped)
+            # sampler seconds behind this step's samples (overlapped with the learner), and the learner's own
+            for key in ("time/gen_s", "time/reward_s", "time/old_log_prob_s", "time/update_s"):
                 metrics[key] = float(np.sum([u[key] for u in per_unit]))
             all_rewards = torch.cat(rewards)
             metrics["reward/mean"] = float(all_rewards.mean())

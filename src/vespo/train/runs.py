@@ -16,6 +16,7 @@ import random
 import re
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,14 @@ RUN_OUTPUTS = (
 
 # ----------------------------------------------------------------------------------------------------------------
 # RNG state and checkpoints
+
+
+def clock(device: torch.device) -> float:
+    """Wall-clock seconds once `device`'s queued work is done, for a step's phase times (`time/*_s`): on CUDA one
+    synchronisation per phase per step, on CPU none."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def seed_everything(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -9,8 +9,6 @@ The update is the learner's (`vespo.train.learner`); setup and resume are `vespo
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from vespo.advantages import group_advantages
@@ -20,6 +18,7 @@ from vespo.rewards.batch import grade_batch
 from vespo.rollout import build_engine, decode_responses
 from vespo.train.config import TrainConfig
 from vespo.train.learner import rollout_metrics, to_floats
+from vespo.train.runs import clock
 from vespo.train.setup import completion_rows, setup_run, update_settings
 
 
@@ -30,13 +29,14 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     state = setup_run(cfg, out, settings)
     run, learner, tokenizer, gen = state.run, state.learner, state.tokenizer, state.gen
     model = learner.model
+    device = next(model.parameters()).device
     # the inference engine: the policy itself, a low-precision copy, or vLLM; its weights synced every step
     engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=state.policy_path, seed=cfg.seed,
                           model=model, tokenizer=tokenizer)  # fmt: skip
     run.begin()
     metrics = run.logger.last  # the checkpoint's step, should no step be left to run
     for step in range(state.start + 1, cfg.total_training_steps + 1):
-        t0 = time.perf_counter()
+        t0 = clock(device)
         # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)
         idx = torch.randperm(len(state.train_set))[: cfg.train_batch_size].tolist()
         batch = [state.train_set[i] for i in idx]
@@ -44,17 +44,19 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         # 2. generate n responses per prompt with the engine, recording its log-probs
         engine.load(list(model.named_parameters()))  # weight sync (a no-op when the engine is the policy itself)
         rollout = engine.generate(prompts, gen)
-        t_gen = time.perf_counter()
+        t_gen = clock(device)
         # 3. rewards and group advantages
         rewards, grading = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)
         rewards = rewards.to(rollout.response_mask.device)  # (B,)
-        t_reward = time.perf_counter()
+        t_reward = clock(device)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
         if cfg.log_completions:
             rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
             run.logger.log_completions(rows, step)
         # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
+        t_score = clock(device)
         old_log_prob, ref_log_prob = learner.log_probs(rollout), learner.reference_log_probs(rollout)  # (B, T)
+        t_old = clock(device)
         # 5. N sequential optimizer steps over the mini-batches; the sampler's log-probs correct the mismatch
         update = learner.update(
             rollout,
@@ -63,12 +65,19 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
         )
+        t_update = clock(device)
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
         step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length, train_log_prob=old_log_prob)
         metrics = to_floats(step_metrics | update) | grading
-        metrics["time/step_s"] = time.perf_counter() - t0
-        metrics["time/gen_s"] = t_gen - t0
-        metrics["time/reward_s"] = t_reward - t_gen
+        metrics |= {  # the step's phases (veRL's timing_s/{gen,reward,old_log_prob,update_actor}); the rest of
+            # time/step_s is bookkeeping: prompts, advantages, logged completions, metrics (evaluation and
+            # checkpoints come after it)
+            "time/step_s": clock(device) - t0,
+            "time/gen_s": t_gen - t0,
+            "time/reward_s": t_reward - t_gen,
+            "time/old_log_prob_s": t_old - t_score,
+            "time/update_s": t_update - t_old,
+        }
         if run.end_step(step, metrics, learner, gen, show="response/length_mean"):
             break
     run.finish(model, tokenizer)
