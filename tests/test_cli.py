@@ -139,10 +139,14 @@ def test_version_comes_from_the_package_metadata():
     ("argv", "expected"),
     [
         (["--method", "cispo", "--hparams", "ratio_min", "None"], {"ratio_min": None}),
-        (["--method", "cispo", "--hparams", "ratio_min", "0.5", "ratio_max", "3"],
-         {"ratio_min": 0.5, "ratio_max": 3.0}),  # fmt: skip
-        (["--hparams", "c1_pos", "2", "rollout_rs", "token_k1", "rollout_rs_threshold", "0.5_5"],
-         {"c1_pos": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_5"}),  # fmt: skip
+        (
+            ["--method", "cispo", "--hparams", "ratio_min", "0.5", "ratio_max", "3"],
+            {"ratio_min": 0.5, "ratio_max": 3.0},
+        ),
+        (
+            ["--hparams", "c1_pos", "2", "rollout_rs", "token_k1", "rollout_rs_threshold", "0.5_5"],
+            {"c1_pos": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_5"},
+        ),
         (["--hparams", "rollout_is", "None"], {"rollout_is": None}),
     ],
 )
