@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_real_model import smollm2_path  # noqa: E402  (the GGUF's location; one place)
 
 RESULTS = Path(__file__).parent / "results" / "step_profile"
-PHASES = ("gen", "reward", "old_log_prob", "update")
+PHASES = ("gen", "reward", "ref_log_prob", "old_log_prob", "update")
 EMBEDDED = ["--eval-every", "0", "--num-threads", "1"]
 """The embedded default (arithmetic, 16 prompts x 8, N = 1), one thread (its default)."""
 SUM = ("reasoning-gym:basic_arithmetic:max_digits=1:size=40:min_terms=2:max_terms=2:min_digits=1:operators=+"
@@ -66,7 +66,10 @@ def profile(name: str, argv: list[str], root: Path) -> dict:
     out["queue_wait_s"] = float(np.median(waits))
     out["bookkeeping_s"] = float(
         np.median(
-            [r["time/step_s"] - w - sum(r[f"time/{p}_s"] for p in inside) for r, w in zip(later, waits, strict=True)]
+            [
+                r["time/step_s"] - w - sum(r.get(f"time/{p}_s", 0.0) for p in inside)
+                for r, w in zip(later, waits, strict=True)
+            ]
         )
     )
     out["wall_s"] = wall
@@ -79,7 +82,7 @@ def learner_parts(r: dict) -> dict[str, float]:
     """The parts of one step that add up to its time (sync: all five phases; async: the learner's view)."""
     keys = ("queue_wait", "old_log_prob", "update", "bookkeeping") if r["mode"] == "async" else (
         *PHASES, "bookkeeping")  # fmt: skip
-    return {k: r[f"{k}_s"] for k in keys}
+    return {k: r.get(f"{k}_s", 0.0) for k in keys}
 
 
 def write(rows: list[dict], out: Path, command: str) -> None:
@@ -90,21 +93,24 @@ def write(rows: list[dict], out: Path, command: str) -> None:
         w.writeheader()
         w.writerows(rows)
     lines = [f"Step profile (`{command}`), medians over the steps after the first; seconds (share of the step).", "",
-             "| run | step s | generation | reward | old log-probs | update | queue wait | bookkeeping | outside "
-             "the steps | load |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| run | step s | generation | reward | reference log-probs | old log-probs | update | queue wait | "
+             "bookkeeping | outside the steps | load |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
 
         def cell(key: str, r=r) -> str:
             overlapped = r["mode"] == "async" and key in ("gen", "reward")
-            share = "overlapped" if overlapped else f"{r[f'{key}_s'] / r['step_s']:.0%}"
-            return f"{r[f'{key}_s']:.2f} ({share})"
+            seconds = r.get(f"{key}_s", 0.0)
+            share = "overlapped" if overlapped else f"{seconds / r['step_s']:.0%}"
+            return f"{seconds:.2f} ({share})"
 
         lines.append(f"| {r['run']} | {r['step_s']:.2f} | " + " | ".join(
-            cell(k) for k in ("gen", "reward", "old_log_prob", "update", "queue_wait", "bookkeeping"))
+            cell(k) for k in (*PHASES, "queue_wait", "bookkeeping"))
             + f" | {r['outside_steps_s']:.1f} s | {r['load_avg']:.1f} |")  # fmt: skip
     lines += ["", "Async: generation and reward run in the sampler processes, overlapped with the learner (their "
-              "seconds per step are shown, not a share); the learner's step is queue wait + old log-probs + update "
-              "+ bookkeeping. Outside the steps: imports, model load, cached warm start, sampler start-up, final "
+              "seconds per step are shown, not a share); the learner's step is queue wait + old log-probs "
+              "(decoupled loss only) + update + bookkeeping. Sync: old log-probs are a phase of their own only in "
+              "runs before the on-policy shortcut (since, mu is scored inside the update: mini-batch 0 from its own "
+              "forward). Outside the steps: imports, model load, cached warm start, sampler start-up, final "
               "save."]  # fmt: skip
     (out / "profile.md").write_text("\n".join(lines) + "\n")
     plot(rows, out / "profile.png")
@@ -116,8 +122,9 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"gen": "generation", "reward": "reward", "old_log_prob": "old log-probs", "update": "update",
-              "queue_wait": "queue wait", "bookkeeping": "bookkeeping"}  # fmt: skip
+    labels = {"gen": "generation", "reward": "reward", "ref_log_prob": "reference log-probs",
+              "old_log_prob": "old log-probs", "update": "update", "queue_wait": "queue wait",
+              "bookkeeping": "bookkeeping"}  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.6))
     for i, r in enumerate(rows):
         left = 0.0
@@ -143,6 +150,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6, help="steps of each embedded run")
     p.add_argument("--real-steps", type=int, default=3, help="steps of each SmolLM2 run")
     p.add_argument("--skip-real", action="store_true", help="the embedded model only")
+    p.add_argument("--runs", nargs="+", default=None, help="only these runs, e.g. 'embedded sync'")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--work-dir", type=Path, default=Path("runs/step_profile"), help="the runs (not committed)")
     p.add_argument("--smoke", action="store_true", help="two steps of the embedded runs, tiny warm start (CI)")
@@ -155,7 +163,7 @@ def main() -> None:
     if not (a.smoke or a.skip_real):
         real = ["--model", smollm2_path(), *REAL, "--total-training-steps", str(a.real_steps)]
         runs += [("SmolLM2-135M sync", real), ("SmolLM2-135M async", [*real, "--mode", "async"])]
-    rows = [profile(name, argv, work) for name, argv in runs]
+    rows = [profile(name, argv, work) for name, argv in runs if a.runs is None or name in a.runs]
     command = "python benchmarks/bench_step_profile.py" + " ".join([""] + sys.argv[1:])
     write(rows, a.out_dir, command)
     print((a.out_dir / "profile.md").read_text())

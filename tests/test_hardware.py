@@ -64,6 +64,41 @@ def test_update_runs_on_the_device_and_is_on_policy_at_k0(device):
     assert float(hist[0]["is/log_w_mean"]) == 0.0 and float(hist[1]["is/log_w_mean"]) != 0.0
 
 
+@pytest.mark.parametrize("method", ["vespo", "vespo_schedule"])  # the second reads the mini-batch's own log W first
+def test_scoring_mu_inside_the_update_equals_scoring_it_first(method):
+    """`Learner.update` without old log-probs (TRL's on-policy shortcut: mini-batch 0's mu from its own forward, the
+    stale rows scored before the first step) takes the same steps as scoring every row first, logs the same metrics,
+    and measures the same train-inference gap; with dropout active it scores separately and still agrees."""
+    from vespo.train.learner import Learner, mismatch_metrics
+
+    model, _, rollout, adv, old = _setup()
+    settings = UpdateSettings(method=method, num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=4,
+                              log_update_norm=True)  # fmt: skip
+    runs = {}
+    for name in ("first", "inside"):
+        m = copy.deepcopy(model)
+        learner = Learner(m, torch.optim.AdamW(m.parameters(), lr=1e-2), settings)
+        metrics = learner.update(rollout, adv, old if name == "first" else None)
+        runs[name] = (m, metrics)
+    (m1, first), (m2, inside) = runs["first"], runs["inside"]
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert float(inside["is/log_w_mean/first_mini_batch"]) == 0.0  # W == 1 exactly where mu is the forward itself
+    for key in first:
+        torch.testing.assert_close(first[key], inside[key], atol=1e-5, rtol=1e-4, msg=key)
+    gap = mismatch_metrics(old, rollout)
+    assert set(inside) - set(first) == set(gap)
+    for key, value in gap.items():
+        torch.testing.assert_close(inside[key], value, atol=1e-6, rtol=1e-5)
+    dropout = copy.deepcopy(model)
+    dropout.model.norm = torch.nn.Sequential(dropout.model.norm, torch.nn.Dropout(0.5))  # active in train mode
+    scored = []
+    learner = Learner(dropout, torch.optim.SGD(dropout.parameters(), lr=0.0), settings)
+    real = learner.log_probs
+    learner.log_probs = lambda r: scored.append(1) or real(r)  # the separate eval-mode scoring is used
+    assert float(learner.update(rollout, adv)["is/log_w_mean/first_mini_batch"]) != 0.0 and scored == [1]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_autocast_is_finite_close_to_fp32_and_on_policy(dtype):
     """Autocast of the forward passes: log-probs stay fp32 and within bf16/fp16 rounding of the fp32 ones, the loss

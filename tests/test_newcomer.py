@@ -138,6 +138,6 @@ def test_clip_frac_counts_responses_cut_at_max_response_length():
         return Rollout(ids, torch.cat([torch.ones(len(lengths), 2, dtype=torch.long), mask], 1), mask, -mask.float())
 
     rewards = torch.tensor([1.0, 0.0, 1.0])
-    assert float(rollout_metrics(rewards, rollout([2, 5, 3]), 8, train_log_prob=None)["response/clip_frac"]) == 0.0
-    cut = rollout_metrics(rewards, rollout([2, 6, 3]), 6, train_log_prob=None)["response/clip_frac"]
+    assert float(rollout_metrics(rewards, rollout([2, 5, 3]), 8)["response/clip_frac"]) == 0.0
+    cut = rollout_metrics(rewards, rollout([2, 6, 3]), 6)["response/clip_frac"]
     assert float(cut) == pytest.approx(1 / 3)

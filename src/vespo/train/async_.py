@@ -347,7 +347,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                 if opt_step % cfg.sync_every == 0:
                     pool.store.publish(model, opt_step)
                 # 4. per-unit metrics, by lag (no train-inference gap: the sampler's weights are not the learner's)
-                unit_metrics = rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length, train_log_prob=None)
+                unit_metrics = rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length)
                 m = to_floats(unit_metrics | update)
                 m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
                 m["time/old_log_prob_s"], m["time/update_s"] = t_old - t_score, t_update - t_old

@@ -142,28 +142,40 @@ class Learner:
         self,
         rollout: Rollout,
         advantages: Tensor,
-        old_log_prob: Tensor,
+        old_log_prob: Tensor | None = None,
         *,
         ref_log_prob: Tensor | None = None,
         rollout_log_prob: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """`settings.num_mini_batches` sequential optimizer steps on the rollout (`ppo_update`); the update's metrics
-        summarised over its mini-batches, as tensors."""
+        summarised over its mini-batches, as tensors.
+
+        `old_log_prob` None: the rollout was sampled from the current weights, so mu is scored here under them, with
+        mini-batch 0's rows taken from that mini-batch's own forward (the same weights: W == 1 exactly), TRL's
+        on-policy shortcut, which saves the scoring forward at N = 1 and 1/N of it otherwise (a policy with active
+        dropout is scored by a separate eval-mode forward instead); the gap between mu and the sampler's log-probs is
+        then logged as `mismatch/*` (the train-inference mismatch, paper Sec. 4.6)."""
+        scored = old_log_prob is None
+        if scored and _has_dropout(self.model):
+            old_log_prob = self.log_probs(rollout)
+        in_update = old_log_prob is None
+        buffer = torch.zeros_like(rollout.rollout_log_prob) if in_update else old_log_prob
         self.model.train()
         history = ppo_update(
             self.model,
             self.optimizer,
             rollout,
             advantages,
-            old_log_prob,
+            buffer,
             self.settings,
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout_log_prob,
             scheduler=self.scheduler,
             scaler=self.scaler,
+            score_old=in_update,
         )
         self.model.eval()
-        return summarize_update(history)
+        return summarize_update(history) | (mismatch_metrics(buffer, rollout) if scored else {})
 
     def state_dict(self) -> dict:
         """Weights, optimizer, and the scheduler's and scaler's states when there are any: tensors and plain
@@ -244,9 +256,13 @@ def ppo_update(
     rollout_log_prob: Tensor | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    score_old: bool = False,
 ) -> list[dict[str, Tensor]]:
     """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns their
     metrics as 0-dim tensors.
+
+    `score_old`: `old_log_prob` is a buffer filled here with mu under the weights before the first step: the rows of
+    mini-batches 1..N-1 by one no-grad forward first, mini-batch 0's from its own forward (`Learner.update`).
 
     Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
     importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
@@ -274,6 +290,10 @@ def ppo_update(
     n_rows = advantages.shape[0]
     order = torch.randperm(n_rows) if s.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
     params = [p for group in optimizer.param_groups for p in group["params"]]  # all weights, or the LoRA adapters
+    if score_old and n_rows > s.seqs_per_mini_batch:  # the stale mini-batches' mu, before any step
+        later = order[s.seqs_per_mini_batch :]
+        with torch.no_grad():
+            old_log_prob[later] = policy_log_probs(model, rollout, later, **s.log_prob_args)[0]
     history = []
     for k in range(s.num_mini_batches):
         rows = order[k * s.seqs_per_mini_batch : (k + 1) * s.seqs_per_mini_batch]
@@ -283,7 +303,10 @@ def ppo_update(
         sums: dict[str, Tensor] = {}
         mini_log_prob = []  # detached log pi of each micro-batch: the mini-batch's log W, KL and drift diagnostics
         micro = micro_batches(rows, s.micro_batch_size)
-        ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro))
+        on_policy = score_old and k == 0  # this mini-batch's own forward gives its mu
+        ctx = _batch_context(
+            model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro), on_policy
+        )
         for mb in micro:
             mask = rollout.response_mask[mb]  # (b, T)
             with autocast(model, s.autocast_dtype):
@@ -295,6 +318,8 @@ def ppo_update(
                     top_k=s.top_k,
                     with_entropy=s.entropy_coeff > 0,
                 )
+            if on_policy:
+                old_log_prob[mb] = log_prob.detach()
             loss, metrics = compute_policy_loss(
                 s.method,
                 log_prob=log_prob,
@@ -384,10 +409,12 @@ def _batch_context(
     s: UpdateSettings,
     k: int,
     n_micro: int,
+    on_policy: bool = False,
 ) -> BatchContext | None:
     """Mini-batch statistics for the methods that declare `batch_context` (None for the others): the staleness index
     k, and with more than one micro-batch the whole mini-batch's log W from one extra no-grad forward, so that every
-    micro-batch's controller decides exactly as one pass over the mini-batch would."""
+    micro-batch's controller decides exactly as one pass over the mini-batch would (`on_policy`: mu is not scored
+    yet, and is that forward itself)."""
     if not uses_batch_context(s.method):
         return None
     if n_micro == 1:  # the call sees the whole mini-batch itself
@@ -396,18 +423,21 @@ def _batch_context(
         log_prob, _ = policy_log_probs(model, rollout, rows, **s.log_prob_args)
     rollout_rows = None if rollout_lp is None else rollout_lp[rows]
     return batch_context(
-        PolicyBatch(log_prob, old_log_prob[rows], advantages[rows], rollout.response_mask[rows], rollout_rows),
+        PolicyBatch(
+            log_prob,
+            log_prob if on_policy else old_log_prob[rows],
+            advantages[rows],
+            rollout.response_mask[rows],
+            rollout_rows,
+        ),
         **{k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams},
         mini_batch_index=k,
         num_mini_batches=s.num_mini_batches,
     )
 
 
-def rollout_metrics(
-    rewards: Tensor, rollout: Rollout, max_response_length: int, *, train_log_prob: Tensor | None
-) -> dict[str, Tensor]:
-    """Reward, response length (mean, p90, share cut at `max_response_length`) and, when the learner's log-probs of
-    the same weights the sampler used are given, the train-inference gap on the sampled tokens."""
+def rollout_metrics(rewards: Tensor, rollout: Rollout, max_response_length: int) -> dict[str, Tensor]:
+    """Reward, response length (mean, p90, share cut at `max_response_length`) and the sampler's entropy estimate."""
     mask = rollout.response_mask.bool()
     lengths = rollout.response_mask.sum(-1).float()
     out = {
@@ -418,11 +448,19 @@ def rollout_metrics(
         "response/clip_frac": (lengths >= max_response_length).float().mean(),
         "actor/entropy": -rollout.rollout_log_prob[mask].mean(),  # MC estimate: mean -log pi of samples
     }
-    if train_log_prob is not None:
-        gap = (train_log_prob - rollout.rollout_log_prob)[mask]  # log pi_train - log pi_rollout on sampled tokens
-        out["mismatch/log_ratio_abs_mean"] = gap.abs().mean()
-        out["mismatch/k3_kl"] = kl_k3(gap).mean()
     return out
+
+
+def mismatch_metrics(train_log_prob: Tensor, rollout: Rollout) -> dict[str, Tensor]:
+    """The train-inference gap on the sampled tokens: the learner's log-probs under the weights the sampler used
+    against the sampler's own (paper Sec. 4.6)."""
+    gap = (train_log_prob - rollout.rollout_log_prob)[rollout.response_mask.bool()]  # log pi_train - log pi_rollout
+    return {"mismatch/log_ratio_abs_mean": gap.abs().mean(), "mismatch/k3_kl": kl_k3(gap).mean()}
+
+
+def _has_dropout(model) -> bool:
+    """Whether any dropout of `model` is active (a train-mode forward then differs from the eval-mode one)."""
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 def summarize_update(history: list[dict[str, Tensor]]) -> dict[str, Tensor]:

@@ -53,30 +53,30 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         if cfg.log_completions:
             rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
             run.logger.log_completions(rows, step)
-        # 4. old log-probs mu under the current weights (and the reference policy's, for the KL penalty)
+        # 4. the reference policy's log-probs, for the KL penalty (None without one)
         t_score = clock(device)
-        old_log_prob, ref_log_prob = learner.log_probs(rollout), learner.reference_log_probs(rollout)  # (B, T)
-        t_old = clock(device)
-        # 5. N sequential optimizer steps over the mini-batches; the sampler's log-probs correct the mismatch
+        ref_log_prob = learner.reference_log_probs(rollout)  # (B, T)
+        t_ref = clock(device)
+        # 5. N sequential optimizer steps over the mini-batches; the old log-probs mu are scored inside, under the
+        # current weights (mini-batch 0's from its own forward), and the sampler's log-probs correct the mismatch
         update = learner.update(
             rollout,
             advantages,
-            old_log_prob,
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
         )
         t_update = clock(device)
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
-        step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length, train_log_prob=old_log_prob)
+        step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length)
         metrics = to_floats(step_metrics | update) | grading
-        metrics |= {  # the step's phases (veRL's timing_s/{gen,reward,old_log_prob,update_actor}); the rest of
+        metrics |= {  # the step's phases (veRL's timing_s/{gen,reward,ref,update_actor}); the rest of
             # time/step_s is bookkeeping: prompts, advantages, logged completions, metrics (evaluation and
             # checkpoints come after it)
             "time/step_s": clock(device) - t0,
             "time/gen_s": t_gen - t0,
             "time/reward_s": t_reward - t_gen,
-            "time/old_log_prob_s": t_old - t_score,
-            "time/update_s": t_update - t_old,
+            "time/ref_log_prob_s": t_ref - t_score,
+            "time/update_s": t_update - t_ref,
         }
         if run.end_step(step, metrics, learner, gen, show="response/length_mean"):
             break
