@@ -81,7 +81,7 @@ def test_sampler_matches_the_exact_distribution():
 
 
 def test_mask_reward_and_length_rules():
-    spec = ChainSpec(vocab=16, rank=4, knots=3, min_length=0.5)
+    spec = ChainSpec(vocab=16, rank=4, knots=3, min_length=0.5, reward="threshold")
     policy = ChainPolicy(spec, 6, seed=0)
     a = policy.answer
     good = [int(a[16])]
@@ -102,7 +102,7 @@ def test_mask_reward_and_length_rules():
 
 def test_initial_policy_matches_its_spec():
     """About a quarter succeed, lengths vary around mean_length x T, and the most likely token is usually wrong."""
-    policy = ChainPolicy(ChainSpec(eval_samples=512), 256, seed=0)
+    policy = ChainPolicy(ChainSpec(eval_samples=512, reward="threshold"), 256, seed=0)
     q = policy.success_threshold(7)
     ev = policy.evaluate(q, 7)
     assert 0.15 < ev["reward"] < 0.35
@@ -115,7 +115,7 @@ def test_initial_policy_matches_its_spec():
 def test_on_policy_cell_learns(method):
     """N = 1 (every method reduces to REINFORCE up to aggregation) raises E[R] on a small, fast chain."""
     cfg = LabConfig(optimizer_steps=16, mini_batch_size=32, lr=0.02, eval_points=1)
-    spec = ChainSpec(vocab=64, rank=8, eval_samples=256)
+    spec = ChainSpec(vocab=64, rank=8, eval_samples=256, reward="threshold")
     out = run_chain_cell(cfg, LabCell(method, 64, 1, 1.0, 0), spec)
     s = out["summary"]
     assert s["final_reward"] > s["initial_reward"] + 0.1 and s["finite"] == 1
@@ -141,7 +141,8 @@ def test_cli_rejects_bad_v2_settings_in_one_line(capsys):
 
 
 COLLAPSE = {"length": (256,), "lr": 0.03, "lr_scale": (1.0,), "optimizer_steps": 512, "eval_points": 1}
-"""The lab's collapse setting (docs/lab.md, benchmarks/bench_lab_v2.py): default chain, T = 256, 512 Adam steps."""
+"""The lab's collapse setting (docs/lab.md, benchmarks/bench_lab_v2.py): lab v2's chain (threshold reward), T = 256,
+512 Adam steps."""
 
 
 @pytest.mark.slow
@@ -151,7 +152,8 @@ def test_stale_reinforce_collapses_where_on_policy_reinforce_learns(tmp_path):
     GSPO and TOPR do not collapse there: benchmarks/results/lab_v2, 5 seeds.)"""
     from vespo.experiments.lab import lab
 
-    cfg = LabConfig(out_dir=str(tmp_path), methods=("reinforce",), staleness=(1, 16), seeds=(0,), **COLLAPSE)
+    cfg = LabConfig(out_dir=str(tmp_path), methods=("reinforce",), staleness=(1, 16), seeds=(0,),
+                    chain=ChainSpec(reward="threshold"), **COLLAPSE)  # fmt: skip
     rows = {(r["summary"]["method"], r["summary"]["staleness"]): r["summary"] for r in lab(cfg)}
     on_policy, stale = rows["reinforce", 1], rows["reinforce", 16]
     assert on_policy["final_reward"] > 2 * on_policy["initial_reward"] and not on_policy["collapsed"]

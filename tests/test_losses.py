@@ -35,6 +35,7 @@ def test_registry_names():
         "c1_neg": 3.0,
         "c2_neg": 2.0,
         "length_norm": "none",
+        "positive_weight": "phi",
         "rollout_is": "auto",
         "rollout_is_threshold": 2.0,
         "rollout_rs": None,

@@ -5,7 +5,17 @@ import json
 
 import pytest
 
-from vespo.experiments.sweep import PRESETS, Cell, SweepConfig, cells, summarize, sweep, train_config
+from vespo.experiments.sweep import (
+    PAPER_LR,
+    PRESETS,
+    Cell,
+    SweepConfig,
+    cells,
+    resolve,
+    summarize,
+    sweep,
+    train_config,
+)
 
 
 def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
@@ -49,13 +59,68 @@ def test_presets_and_validation():
         ("vespo-sqrt", {"length_norm": "sqrt"}),
         ("vespo-linear", {"length_norm": "linear"}),
     ]
-    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls"}
+    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls", "paper"}
     with pytest.raises(ValueError, match="multiple of every N"):
         cells(SweepConfig(staleness=(1, 3), optimizer_steps=16))
     with pytest.raises(ValueError, match="unknown preset"):
         cells(SweepConfig(preset="nope"))
     with pytest.raises(ValueError, match="known methods"):
         cells(SweepConfig(methods=("vespo", "ppo9")))
+
+
+def test_paper_preset_resolves_to_the_documented_regime():
+    """docs/paper_regime.md: the paper's AdamW (betas (0.9, 0.999), weight decay 0.01, grad_clip 1.0), the free-length
+    scratchpad task, >= 8 rollout steps per cell at every N, the staleness table's 7 variants at N = 1, 4, 8, 16, 64
+    over 5 seeds; a flag the user sets wins over the preset."""
+    full = resolve(SweepConfig(preset="paper"))
+    assert (full.staleness, full.seeds, full.task, full.lr) == ((1, 4, 8, 16, 64), (0, 1, 2, 3, 4), ("scratchpad",),
+                                                               (PAPER_LR,))  # fmt: skip
+    assert full.min_rollout_steps >= 8 and full.num_operands == 4
+    grid = cells(SweepConfig(preset="paper", staleness=(1, 64), seeds=(0,)))
+    assert [c.variant for c in grid if c.n == 1] == ["vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean"]
+    for c in grid:
+        tc = train_config(SweepConfig(preset="paper", staleness=(1, 64), seeds=(0,)), c)
+        assert (tc.betas, tc.weight_decay, tc.grad_clip) == ((0.9, 0.999), 0.01, 1.0)
+        assert (tc.task, tc.num_operands, tc.lr, tc.ppo_mini_batch_size) == ("scratchpad", 4, PAPER_LR, 8)
+        assert tc.total_training_steps >= 8  # rollout steps, also at N = 64
+        assert tc.max_response_length > 12  # the longest scratchpad solution (12 tokens) has room: free length
+        if c.variant == "grpo":  # DAPO's clip-higher bounds
+            assert (tc.hparams["clip_ratio_low"], tc.hparams["clip_ratio_high"]) == (0.2, 0.28)
+        if c.variant.startswith("topr"):
+            assert tc.loss_agg_mode == ("token-mean" if c.variant == "topr-tokenmean" else None)
+    mine = SweepConfig(preset="paper", lr=(3e-5,), staleness=(4,), seeds=(0,), extra={"weight_decay": "0"})
+    tc = train_config(mine, cells(mine)[0])
+    assert (tc.lr, tc.weight_decay, tc.betas) == (3e-5, 0.0, (0.9, 0.999))
+    assert resolve(resolve(mine)) == resolve(mine)
+    subset = cells(SweepConfig(preset="paper", variants=("sapo", "vespo"), staleness=(4,), seeds=(0,)))
+    assert [c.variant for c in subset] == ["sapo", "vespo"]
+    with pytest.raises(ValueError, match="variants must be distinct variants of preset paper"):
+        cells(SweepConfig(preset="paper", variants=("ppo",)))
+    with pytest.raises(ValueError, match="without --preset"):
+        cells(SweepConfig(variants=("vespo",)))
+    plain = train_config(SweepConfig(staleness=(1,), seeds=(0,)), cells(SweepConfig(staleness=(1,), seeds=(0,)))[0])
+    assert (plain.betas, plain.weight_decay) == ((0.9, 0.99), 0.0)  # no preset: the trainer's own defaults
+
+
+def test_paper_preset_on_the_command_line_lets_every_flag_win(tmp_path, monkeypatch):
+    """`vespo sweep --preset paper` starts from the preset's settings; a flag wins even when it names SweepConfig's own
+    default (mini-batch 4), and `--extra` adds to the preset's AdamW settings instead of replacing them."""
+    import vespo.experiments.sweep as sweep_module
+
+    seen = []
+
+    def fake_sweep(cfg):
+        seen.append(cfg)
+        (tmp_path / "results.md").write_text("")
+
+    monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
+    argv = ["--preset", "paper", "--out-dir", str(tmp_path), "--mini-batch-size", "4", "--staleness", "64",
+            "--extra", "tensorboard", "False"]  # fmt: skip
+    assert sweep_module.cli(argv) == 0
+    (cfg,) = seen
+    tc = train_config(cfg, cells(cfg)[0])
+    assert (tc.ppo_mini_batch_size, tc.betas, tc.weight_decay, tc.tensorboard) == (4, (0.9, 0.999), 0.01, False)
+    assert cfg.seeds == (0, 1, 2, 3, 4) and cfg.task == ("scratchpad",)
 
 
 def test_summary_and_collapse_flag():

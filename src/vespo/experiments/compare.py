@@ -69,6 +69,14 @@ def _groups(rows: list[dict], column: str, convert=float) -> dict[tuple[str, obj
     return groups
 
 
+def comparison_inputs(rows: list[dict], metric: str) -> tuple[dict, dict | None]:
+    """results.csv rows -> (`{(variant, N): {seed: value}}`, the collapse flags `{(variant, N): {seed: bool}}` when
+    the metric is one a collapse makes bimodal and the rows have them, else None): what `markdown` and
+    `vespo.experiments.stats.compare` take, so every table of a sweep is tested the same way."""
+    bimodal = "collapsed" in rows[0] and metric in COLLAPSE_METRICS
+    return _groups(rows, metric), (_groups(rows, "collapsed", _flag) if bimodal else None)
+
+
 def _flag(text: str) -> bool:
     """A results.csv boolean: True/False (sweep) or 1/0 (lab)."""
     return text.strip().lower() in ("true", "1", "1.0")
@@ -174,11 +182,9 @@ def cli(argv: list[str]) -> int:
         rows = load_rows(args.results, args.metric)
     except ValueError as exc:
         p.error(str(exc))
-    groups = _groups(rows, args.metric)
+    groups, collapsed = comparison_inputs(rows, args.metric)
     if not any(v == args.baseline for v, _ in groups):
         p.error(f"--baseline {args.baseline!r} is not a variant of {args.results}: {sorted({v for v, _ in groups})}")
-    bimodal = "collapsed" in rows[0] and args.metric in COLLAPSE_METRICS
-    collapsed = _groups(rows, "collapsed", _flag) if bimodal else None
     if args.test == "fisher" and collapsed is None:
         p.error(f"--test fisher needs a `collapsed` column and a final metric ({', '.join(COLLAPSE_METRICS[:2])})")
     text = markdown(groups, args.baseline, args.test, args.metric, args.alpha, collapsed=collapsed)

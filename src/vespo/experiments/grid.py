@@ -46,10 +46,19 @@ class GridInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a grid after it stopped its workers; the message says what was kept."""
 
 
-def grid_cli(prog: str, config: type[C], argv: list[str], description: str, plan: Callable, run: Callable) -> int:
-    """Parse `config` from argv, let `plan` refuse bad settings, and `run` refuse an output directory it may not write
-    (ValueError -> one line, exit 2), both before any compute; then `run` the grid."""
-    cfg = tyro.cli(config, args=argv, prog=prog, description=description)
+def grid_cli(
+    prog: str,
+    config: type[C],
+    argv: list[str],
+    description: str,
+    plan: Callable,
+    run: Callable,
+    default: C | None = None,
+) -> int:
+    """Parse `config` from argv (flags override `default`, e.g. a preset's settings), let `plan` refuse bad settings,
+    and `run` refuse an output directory it may not write (ValueError -> one line, exit 2), both before any compute;
+    then `run` the grid."""
+    cfg = tyro.cli(config, args=argv, prog=prog, description=description, default=default)
     try:
         plan(cfg)
     except ValueError as exc:

@@ -36,7 +36,7 @@ from vespo.experiments.compare import diagnostics_markdown
 from vespo.experiments.compare import markdown as compare_markdown
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.lab_model import LAB_STEP_METRICS, ChainSpec, cell_result, lab_step, run_chain_cell
-from vespo.losses import available_methods, validate_hparams
+from vespo.losses import available_methods, rollout_correction, validate_hparams
 from vespo.outputs import write_atomic
 from vespo.train.config import check_output_dir
 
@@ -158,11 +158,19 @@ class LabConfig:
     lr: float = 0.005
     """Base learning rate."""
     optim: Annotated[Literal["adamw_torch", "sgd"], tyro.conf.arg(aliases=("--optimizer",))] = "adamw_torch"
-    """adam (AdamW as the trainer, betas 0.9/0.99, eps 1e-8, no decay) or sgd (plain gradient steps)."""
+    """adam (AdamW as the trainer, betas (beta1, 0.99), no decay) or sgd (plain gradient steps)."""
     grad_clip: float = 1.0
     """Max global gradient norm per optimizer step (as the trainer); 0 disables clipping."""
     adam_epsilon: Annotated[float, tyro.conf.arg(aliases=("--adam-eps",))] = 1e-8
     """Adam's epsilon: the floor under its per-parameter normaliser."""
+    beta1: float = 0.9
+    """Adam's first-moment decay (beta2 stays 0.99); 0 = no momentum: every step follows the current gradient."""
+    step_scale: Literal["none", "mean_phi"] = "none"
+    """"mean_phi": move the weights by Z x Adam's step, Z = the mini-batch's mean phi(W) capped at 1 (the trainer's
+    `step_scale`; VESPO family only)."""
+    momentum_scale: Literal["none", "mean_phi"] = "none"
+    """"mean_phi": multiply Adam's first moment by Z (as above) before each step, so a stale mini-batch whose phi has
+    collapsed does not keep taking the fresh mini-batches' momentum (beyond the paper, issue 29; VESPO family only)."""
     optimizer_steps: int = 128
     """Optimizer steps per cell, fixed across N (a multiple of every N): equal samples per cell."""
     mini_batch_size: int = 64
@@ -194,7 +202,7 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
     theta = torch.nn.Parameter(init_logits(cell.length, cfg.vocab, cfg.p_correct, seed=cfg.init_seed))
     lr = cfg.lr * cell.lr_scale
     if cfg.optim == "adamw_torch":
-        opt = torch.optim.AdamW([theta], lr=lr, betas=(0.9, 0.99), eps=cfg.adam_epsilon, weight_decay=0.0)
+        opt = torch.optim.AdamW([theta], lr=lr, betas=(cfg.beta1, 0.99), eps=cfg.adam_epsilon, weight_decay=0.0)
     else:
         opt = torch.optim.SGD([theta], lr=lr)
     threshold = success_threshold(theta)
@@ -279,6 +287,17 @@ def cells(cfg: LabConfig) -> list[LabCell]:
         ("length", cfg.preset == "v1" or min(cfg.length) >= 8, "integers >= 8 with --preset v2"),
         ("grad_clip", math.isfinite(cfg.grad_clip) and cfg.grad_clip >= 0, "a finite number >= 0"),
         ("adam_epsilon", math.isfinite(cfg.adam_epsilon) and cfg.adam_epsilon > 0, "a finite number > 0"),
+        ("beta1", 0 <= cfg.beta1 < 1, "a number in [0, 1)"),
+        (
+            "step_scale",
+            cfg.step_scale == "none" or all(rollout_correction(m) == "fold" for m in cfg.methods),
+            "none unless every method is VESPO-family (it scales by mean phi)",
+        ),
+        (
+            "momentum_scale",
+            cfg.momentum_scale == "none" or all(rollout_correction(m) == "fold" for m in cfg.methods),
+            "none unless every method is VESPO-family (it scales by mean phi)",
+        ),
         ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
         ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
         ("jobs", cfg.jobs >= 1, "an integer >= 1"),
@@ -396,6 +415,7 @@ def plot(out: Path, results: list[dict]) -> None:
         ("top1_share", "gradient share of top 1%", (0.0, 1.0), None),
         ("grad_norm", "gradient norm", None, "log"),
         ("update_norm", "update norm", None, "log"),
+        ("momentum_share", "share of the step from the current gradient", (0.0, 1.0), None),
     )
     panels = []
     for key, label, bounds, scale in keys:

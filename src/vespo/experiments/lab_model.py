@@ -11,7 +11,9 @@ with a vocabulary of V tokens (id 0 = EOS), a rank-d bilinear term shared by eve
 the initial distribution of wrong tokens is Zipf), and a position term g(t) on EOS (hat functions over [0, T]), so
 length is sampled, varies, and is learned. The correct token after `prev` is `answer[prev]` (a fixed random map
 to non-EOS tokens): pushing a token down where it is wrong moves b and U, which it shares with the contexts where it is
-right. A response is the tokens up to its first EOS; one with no EOS within T is truncated. Reward:
+right. A response is the tokens up to its first EOS; one with no EOS within T is truncated. Reward (`reward`): by
+default graded, R = the share of correct tokens of a response that ended with EOS and has at least T/4 tokens, else
+0, so on-policy training does not saturate it; "threshold" (lab v2's published reward) is
 R = 1[the response ended with EOS, has at least T/4 tokens, and a share >= q of them is correct], q set so that
 about a quarter of the initial policy's responses succeed. Length is a real trade-off: below q, shorter responses
 succeed more often (more variance), above it longer ones (less), and a truncated one fails.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -66,6 +69,11 @@ class ChainSpec:
     """Shortest gradable response, as a fraction of T (shorter ones get R = 0: no answer by a length trick)."""
     success_quantile: float = 0.75
     """q = this quantile of the initial policy's accuracy (ungradable responses count -1): ~1/4 succeed."""
+    reward: Literal["accuracy", "threshold"] = "accuracy"
+    """"accuracy": R = the share of correct tokens of a gradable response (ended with EOS, >= min_length x T
+    tokens), 0 otherwise: graded, so on-policy training leaves headroom (E[R] <= the token accuracy, which a rank-d
+    model of V contexts does not saturate). "threshold": R = 1[gradable and a share >= q correct], the reward lab v2
+    was published with (benchmarks/results/lab_v2*): it saturates on-policy (E[R] ~ 0.997 at N = 1, T = 256)."""
 
     def checks(self) -> list[tuple[str, bool, str, object]]:
         """(flag, valid, what is accepted, value) for every field: `vespo lab` reports the first invalid one."""
@@ -79,6 +87,7 @@ class ChainSpec:
             ("chain.eval_samples", self.eval_samples >= 16, "an integer >= 16", self.eval_samples),
             ("chain.min_length", 0 <= self.min_length < 1, "a number in [0, 1)", self.min_length),
             ("chain.success_quantile", 0 < self.success_quantile < 1, "a number in (0, 1)", self.success_quantile),
+            ("chain.reward", self.reward in ("accuracy", "threshold"), "accuracy or threshold", self.reward),
         ]
 
 
@@ -204,8 +213,13 @@ class ChainPolicy:
         return self.ended(tokens) & (mask.sum(-1) >= self.spec.min_length * self.length)
 
     def rewards(self, tokens: Tensor, mask: Tensor, threshold: float) -> Tensor:
-        """R = 1[ended with EOS, long enough, and a share >= threshold of its tokens correct]. (B,) float64."""
-        return (self.eligible(tokens, mask) & (self.accuracy(tokens, mask) >= threshold)).to(torch.float64)
+        """(B,) float64. `spec.reward` "threshold": R = 1[ended with EOS, long enough, and a share >= threshold of its
+        tokens correct]; "accuracy": R = the share of correct tokens when it ended with EOS and is long enough, else 0
+        (`threshold` unused)."""
+        eligible = self.eligible(tokens, mask)
+        if self.spec.reward == "accuracy":
+            return torch.where(eligible, self.accuracy(tokens, mask), 0.0).to(torch.float64)
+        return (eligible & (self.accuracy(tokens, mask) >= threshold)).to(torch.float64)
 
     def success_threshold(self, eval_seed: int) -> float:
         """q: the `success_quantile` of the initial policy's accuracy on the evaluation sample (ineligible = -1)."""
@@ -248,7 +262,7 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     params = list(policy.params.values())
     lr = cfg.lr * cell.lr_scale
     if cfg.optim == "adamw_torch":
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), eps=cfg.adam_epsilon, weight_decay=0.0)
+        opt = torch.optim.AdamW(params, lr=lr, betas=(cfg.beta1, 0.99), eps=cfg.adam_epsilon, weight_decay=0.0)
     else:
         opt = torch.optim.SGD(params, lr=lr)
     gen = torch.Generator().manual_seed(cell.seed)
@@ -283,18 +297,26 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
 
 LAB_STEP_METRICS = (
     "log_w_mean", "log_w_min", "ess", "grad_norm", "update_norm", "top1_share", "bound_holds",
-    "grad_clipped", "kl_mu_pi", "log_w_std", "mean_phi", "momentum_share",
+    "grad_clipped", "kl_mu_pi", "log_w_std", "mean_phi", "momentum_share", "w_top1_share", "grad_norm_clipped",
+    "update_g_norm",
 )  # fmt: skip
 
 
 def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) -> dict[str, Tensor]:
     """One optimizer step of a lab cell (either preset) on mini-batch k of N through `compute_policy_loss`, and what
-    explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu (exact: no per-token guard), its ESS, the
-    gradient norm before clipping, the update's size, the top-1% share of the per-sequence score coefficient
-    |sum_t dL/dlog pi_t|, whether VESPO's variance bound (Prop. 3.1) held on this mini-batch (nan for other methods),
-    and the regime diagnostics the learner logs too (`vespo.diagnostics`): whether grad_clip cut the step, KL(mu || pi)
-    and the std of log W, mean phi (nan without phi) and the momentum share of the step. ESS and top-share are the
-    losses' functions (`effective_sample_size`, `top_share`)."""
+    explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu (exact: no per-token guard), the gradient
+    norm before and after clipping, the update's size and the size of its current-gradient part u_g
+    (`diagnostics.momentum_parts`), the top-1% share of the per-sequence score coefficient |sum_t dL/dlog pi_t|
+    (`top1_share`, a lab-only quantity), whether VESPO's variance bound (Prop. 3.1) held on this mini-batch (nan for
+    other methods), and the regime diagnostics the learner logs too, with the learner's definitions: the ESS of W is
+    the losses' `is/ess` and `w_top1_share` is the learner's `is/top1pct_w_share` (`top_share` of the guarded
+    sequence log W); whether grad_clip cut the step, KL(mu || pi) and the std of log W, mean phi (nan without phi)
+    and the momentum share of the step (`vespo.diagnostics`).
+
+    Controls (beyond the paper; VESPO family, Z = the mini-batch's mean phi capped at 1): `cfg.step_scale="mean_phi"`
+    moves the weights by Z x Adam's step (the trainer's `step_scale`); `cfg.momentum_scale="mean_phi"` multiplies
+    Adam's first moment by Z before the step, so a mini-batch whose phi has collapsed also silences the momentum the
+    fresh mini-batches left (the echo), not only its own gradient."""
     lp.retain_grad()
     context = BatchContext(mini_batch_index=k, num_mini_batches=cell.staleness)
     loss, metrics = compute_policy_loss(
@@ -313,11 +335,23 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    z = metrics["vespo/Z"].clamp(max=1.0) if "vespo/Z" in metrics else None  # mean phi of this mini-batch
+    if getattr(cfg, "momentum_scale", "none") == "mean_phi":  # damp the echo: m <- Z m before the step
+        with torch.no_grad():
+            for p in params:
+                if "exp_avg" in opt.state.get(p, {}):
+                    opt.state[p]["exp_avg"].mul_(z)
     momentum_share = diagnostics.momentum_share(opt)  # the state before the step, the clipped gradient
+    u_g, _ = diagnostics.momentum_parts(opt)
     before = [p.detach().clone() for p in params]
     opt.step()
+    if getattr(cfg, "step_scale", "none") == "mean_phi":  # theta <- theta_old + Z (theta_adam - theta_old)
+        with torch.no_grad():
+            for p, b in zip(params, before, strict=True):
+                p.lerp_(b, 1.0 - z)
     with torch.no_grad():
-        log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,)
+        log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,) exact
+        guarded = seq_log_ratio(lp.detach(), old_lp, mask)  # (M,) the losses' log W (tokens clamped at +-20)
         coef = (lp.grad * mask).sum(-1).abs()  # (M,) per-sequence score coefficient
         drift = diagnostics.stale_drift(lp.detach(), old_lp, mask)
         bound = (
@@ -329,7 +363,7 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
         return {
             "log_w_mean": log_w.mean(),
             "log_w_min": log_w.min(),
-            "ess": effective_sample_size(log_w),
+            "ess": torch.nan_to_num(effective_sample_size(guarded, mask.sum(-1) > 0), nan=0.0),  # = the losses' is/ess
             "grad_norm": grad_norm,
             "update_norm": update,
             "top1_share": top_share(coef.log()),  # log 0 = -inf: no share
@@ -339,6 +373,9 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
             "log_w_std": drift["log_w_std"],
             "mean_phi": diagnostics.mean_phi(metrics),
             "momentum_share": momentum_share,
+            "w_top1_share": top_share(guarded),  # the learner's is/top1pct_w_share
+            "grad_norm_clipped": torch.nn.utils.get_total_norm([p.grad for p in params]),
+            "update_g_norm": u_g,  # the current gradient's part of the step (before any step_scale)
         }
 
 

@@ -46,6 +46,7 @@ NAMED: dict[str, Variant] = {
     # the TOPR the VESPO paper compared against: "with length normalization" (Sec. 4.4), i.e. token-mean aggregation;
     # plain "topr" is TOPR's own definition (its gradient sums over the sequence: seq-mean-token-sum)
     "topr-tokenmean": ("topr", {}, {"loss_agg_mode": "token-mean"}),
+    "vespo-unitpos": ("vespo", {"positive_weight": "one"}, {}),  # issue 29: VESPO with TOPR's weight 1 on A >= 0
 }
 """Variants selectable by name in `methods` besides the registered methods."""
 # preset -> {variant name: (method, hparams, settings)}; the default preset is filled from `methods`
@@ -66,7 +67,38 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "vespo-meanphi": ("vespo", {}, {"step_scale": "mean_phi"}),
         "vespo-targetkl": ("vespo", {}, {"target_kl": 0.02}),
     },
+    "paper": {  # the paper's staleness table (Sec. 4.2), in the paper's optimisation regime (`PRESET_REGIMES`)
+        "vespo": ("vespo", {}, {}),
+        "grpo": ("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, {}),  # DAPO's clip-higher bounds
+        "gspo": ("gspo", {}, {}),
+        "sapo": ("sapo", {}, {}),
+        "cispo": ("cispo", {}, {}),
+        "topr": ("topr", {}, {}),
+        "topr-tokenmean": NAMED["topr-tokenmean"],
+    },
 }
+PAPER_LR = 1e-4
+"""The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
+PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
+    "paper": (
+        {  # SweepConfig fields (where left at their defaults): free-length task, >= 8 rollout steps at every N
+            "task": ("scratchpad",),
+            "num_operands": 4,
+            "staleness": (1, 4, 8, 16, 64),
+            "seeds": (0, 1, 2, 3, 4),
+            "ppo_mini_batch_size": 8,  # 64 sequences: grad_clip 1.0 binds on ~4% of steps (2 prompts: ~40%)
+            "optimizer_steps": 32,
+            "min_rollout_steps": 8,
+            "lr": (PAPER_LR,),
+            "eval_size": 500,
+            "eval_n": 2,
+        },
+        # `vespo train` settings of every cell (a variant's or an `extra` entry of the same name wins): paper's AdamW
+        {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0},
+    ),
+}
+"""Presets that set the training regime as well as the variants: preset -> (SweepConfig fields it sets where the user
+left them at their defaults, `resolve`; `vespo train` settings of every cell, `cell_flags`)."""
 FIG4_COLUMNS = (  # (metric, axis label, the metric's range: bands and limits stay inside it)
     ("reward/mean", "training reward", (0.0, 1.0)),
     ("eval/accuracy", "held-out accuracy", (0.0, 1.0)),
@@ -89,7 +121,14 @@ class SweepConfig:
     """Methods of the default grid (ignored when a preset is chosen): registered methods, or `topr-tokenmean` (the
     length-normalised TOPR the VESPO paper compared against; `topr` is TOPR's own token-sum form)."""
     preset: str | None = None
-    """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls."""
+    """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls | paper (the paper's staleness table
+    in the paper's optimisation regime, docs/paper_regime.md: it also sets the task, N, seeds, mini-batch, steps, lr,
+    evaluation and AdamW settings, wherever a flag is left at its default)."""
+    variants: tuple[str, ...] = ()
+    """With a preset: run only these of its variants (default: all of them), e.g. a subset of the paper table."""
+    regime_applied: tyro.conf.Suppress[bool] = False
+    """Set by `resolve`/`preset_config` once a preset's regime is applied: every field then says what the user
+    chose (the command line starts from the preset's settings, so a flag always wins)."""
     staleness: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     """Staleness ratios N = train_batch_size / ppo_mini_batch_size."""
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -176,17 +215,45 @@ class Cell:
         return f"{self.variant}/N{self.n}/seed{self.seed}" + (f"/{self.key}" if self.key else "")
 
 
+def resolve(cfg: SweepConfig) -> SweepConfig:
+    """The config a sweep runs with: a preset's regime (`PRESET_REGIMES`) fills every field left at SweepConfig's
+    default (its `vespo train` settings reach every cell in `cell_flags`, below `extra`). Applied once
+    (`regime_applied`); configs without a regime come back as they are. To set a field to SweepConfig's default value
+    under a preset, use `preset_config` (the command line does)."""
+    if cfg.preset not in PRESET_REGIMES or cfg.regime_applied:
+        return cfg
+    fields, train = PRESET_REGIMES[cfg.preset]
+    defaults = SweepConfig()
+    changes = {k: v for k, v in fields.items() if getattr(cfg, k) == getattr(defaults, k)}
+    return dataclasses.replace(cfg, **changes, regime_applied=True)
+
+
+def preset_config(preset: str, **fields) -> SweepConfig:
+    """A SweepConfig that starts from `preset`'s regime, with `fields` set on top (any value, defaults included)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return dataclasses.replace(resolve(SweepConfig(preset=preset)), **fields)
+
+
 def variants(cfg: SweepConfig) -> dict[str, Variant]:
-    """Variant name -> (method, hparams, settings) for the chosen preset or method list."""
+    """Variant name -> (method, hparams, settings) for the chosen preset (or its `variants` subset) or method list."""
     if cfg.preset is None:
+        if cfg.variants:
+            raise ValueError("variants selects among a preset's variants; without --preset use --methods")
         return {m: NAMED.get(m, (m, {}, {})) for m in cfg.methods}
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown preset {cfg.preset!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[cfg.preset]
+    chosen = PRESETS[cfg.preset]
+    unknown = [v for v in cfg.variants if v not in chosen]
+    if unknown or len(set(cfg.variants)) != len(cfg.variants):
+        raise ValueError(f"variants must be distinct variants of preset {cfg.preset}: {list(chosen)}; got "
+                         f"{list(cfg.variants)}")  # fmt: skip
+    return {v: chosen[v] for v in cfg.variants} if cfg.variants else chosen
 
 
 def cells(cfg: SweepConfig) -> list[Cell]:
     """All grid cells, validated (each cell's TrainConfig is resolved) before anything runs."""
+    cfg = resolve(cfg)
     check_output_dir("out_dir", cfg.out_dir)
     axes = ("staleness", "seeds", "lr", "task") + (("methods",) if cfg.preset is None else ())
     for name in axes:  # grid axes: at least one value, none twice (two cells would share one run dir)
@@ -242,6 +309,7 @@ def _optimizer_steps(cfg: SweepConfig, n: int) -> int:
 
 def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
     """`vespo train` flags of one cell: fixed mini-batch and optimizer steps, N mini-batches per rollout step."""
+    cfg = resolve(cfg)
     rollout_steps = _optimizer_steps(cfg, cell.n) // cell.n
     flags = {
         "method": cell.method,
@@ -265,11 +333,15 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
     if cell.task == "scratchpad":
         longest = scratchpad_response_tokens(cfg.num_operands, 9)
         flags |= {"num-operands": cfg.num_operands, "max-response-length": longest + 4}  # room to run over
-    flags |= {k.replace("_", "-"): v for k, v in (cell.settings | cfg.extra).items()}
+    train = PRESET_REGIMES[cfg.preset][1] if cfg.preset in PRESET_REGIMES else {}
+    for settings in (train, cell.settings, cfg.extra):  # the preset's regime, the variant's, then the user's `extra`
+        flags |= {k.replace("_", "-"): v for k, v in settings.items()}
     argv = ["--no-progress"]
     for key, value in flags.items():
         if str(value) in ("True", "False"):  # tyro booleans are --flag / --no-flag
             argv.append(f"--{key}" if str(value) == "True" else f"--no-{key}")
+        elif isinstance(value, tuple | list):  # a tuple field, e.g. betas: one value per argument
+            argv += [f"--{key}", *(str(x) for x in value)]
         else:
             argv += [f"--{key}", str(value)]
     if cell.hparams:
@@ -590,6 +662,7 @@ SWEEP_OUTPUTS = ("cells", "results.csv", "results.md", "fig3_training_reward.png
 def sweep(cfg: SweepConfig) -> list[dict]:
     """Run (or finish) the grid in its claimed out_dir, then write the tables and figures. Returns the per-cell
     summaries."""
+    cfg = resolve(cfg)
     grid = cells(cfg)
     columns = {"variant", "method", "N", "seed", "final_eval_acc"}  # `summarize`'s, in every vespo version
     with claim_grid_dir("sweep", cfg.out_dir, SWEEP_OUTPUTS, overwrite=cfg.overwrite_output_dir, columns=columns):
@@ -647,4 +720,7 @@ def cli(argv: list[str]) -> int:
         print((Path(cfg.out_dir) / "results.md").read_text())
 
     description = "Methods x staleness N x seeds on the embedded task; resumable; tables + figures."
-    return grid_cli("vespo sweep", SweepConfig, argv, description, cells, run)
+    preset = next((a.split("=", 1)[1] if "=" in a else b for a, b in zip(argv, [*argv[1:], ""], strict=True) if
+                   a.split("=", 1)[0] == "--preset"), None)  # fmt: skip
+    default = preset_config(preset) if preset in PRESET_REGIMES else None  # flags override the preset's regime
+    return grid_cli("vespo sweep", SweepConfig, argv, description, cells, run, default)

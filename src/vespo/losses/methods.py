@@ -63,13 +63,15 @@ def vespo(
     c1_neg: float = 3.0,
     c2_neg: float = 2.0,
     length_norm: Literal["none", "sqrt", "linear"] = "none",
+    positive_weight: Literal["phi", "one"] = "phi",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """VESPO (paper Eq. 12 and Appendix I): loss = -sg(phi(W)) * A * log pi with W = prod_t pi/mu (no length norm).
 
     phi(W) = W^c1 exp(c2 (1 - W)), (c1, c2) = (c1_pos, c2_pos) for A >= 0 else (c1_neg, c2_neg), computed in log
     space and detached, so the gradient is phi(W) * A * grad log pi. `rollout_log_w` (the truncated train-inference
     log-weight) is added to log W, as the official code folds veRL's rollout IS weights. `length_norm` "sqrt" /
-    "linear" divides log W by sqrt(T) / T: the paper's ablations (Sec. 4.7), not the method.
+    "linear" divides log W by sqrt(T) / T: the paper's ablations (Sec. 4.7), not the method. `positive_weight` "one"
+    puts weight 1 on A >= 0 sequences (TOPR's weight on positives) and keeps phi(W) on A < 0: an ablation (issue 29).
     Guards (as the official code and TRL): token log-ratios clamped to [-20, 20]; log W clamped to [log 1e-8, 20].
     """
     log_w = seq_log_ratio  # (B,) log prod_t pi/mu, computed by the core (or here when called directly)
@@ -88,6 +90,8 @@ def vespo(
     c2 = select_by(pos, c2_pos, c2_neg, log_w)
     log_phi = vespo_log_phi(log_w, c1, c2)  # (B,)
     phi = torch.exp(log_phi)  # detached: log_w was built from log_prob.detach()
+    if positive_weight == "one":  # ablation: TOPR's weight 1 on A >= 0, phi(W) kept on A < 0
+        phi = torch.where(pos, torch.ones_like(phi), phi)
     loss = log_prob * (-phi.unsqueeze(-1) * compact_advantages(advantages))  # (B, T)
 
     seq_valid = mask.sum(-1) > 0
