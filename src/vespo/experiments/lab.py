@@ -419,6 +419,8 @@ def plot(out: Path, results: list[dict]) -> None:
     )
     panels = []
     for key, label, bounds, scale in keys:
+        if not all(key in r["per_k"] for r in results):  # cells from before the metric existed
+            continue
         panel = Panel(label, "mini-batch index k", label, bounds=bounds, yscale=scale)
         for method in methods:
             runs = [
