@@ -1,7 +1,8 @@
 """Shared fixtures and the test tiers.
 
 Tiers: `@pytest.mark.slow` marks tests that take over ~5 s on a quiet 2-core box (20 s or more on a loaded one).
-`python -m pytest -m "not slow" tests` is the everyday command (the README's); CI runs every tier (`.ci/run`).
+`python -m pytest -n 2 -m "not slow" tests` is the everyday command (the README's); CI runs every tier on two workers
+(`.ci/run`: `-n 2 --dist loadfile`, so a file's module fixtures are built once).
 """
 
 from pathlib import Path
