@@ -232,3 +232,18 @@ def test_save_total_limit_keeps_the_last_k_checkpoints(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
     with pytest.raises(ConfigError, match="save_total_limit must be an integer >= 1"):
         resolve(TrainConfig(save_total_limit=0))
+
+
+@pytest.mark.parametrize("content", [b"", b"torn", b"PK\x03\x04 half a zip"])
+def test_export_reads_checkpoints_through_the_one_checked_reader(tmp_path, content):
+    """`vespo export` loads a checkpoint with `load_checkpoint` (weights_only, field checks): a damaged one is one
+    ConfigError naming `--checkpoint` and the file, before any model loads, and nothing is written to `--out`."""
+    from vespo.train.launch import export_checkpoint
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("method: vespo\n")
+    (run / "checkpoints" / "last.pt").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"^--checkpoint: cannot load checkpoint .*last\.pt"):
+        export_checkpoint(run, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

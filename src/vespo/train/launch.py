@@ -72,12 +72,11 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     model directory `out` (new or empty; nothing is replaced): the run's policy rebuilt from its config.yaml, the
     checkpoint's weights loaded into it, LoRA adapters merged (`vespo.train.runs.save_policy`). ConfigError (one line)
     for anything that does not fit, before the model loads where it can be checked."""
-    import torch
 
     from vespo.embedded.warm_start import embedded_policy_path
     from vespo.models import load_policy
     from vespo.train.config_io import load_yaml
-    from vespo.train.runs import save_policy
+    from vespo.train.runs import load_checkpoint, save_policy
     from vespo.train.setup import add_lora
 
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
@@ -91,11 +90,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty directory; give a new one (nothing is replaced)")
     cfg = TrainConfig(**load_yaml(run_dir / "config.yaml", label="config.yaml"))
-    try:
-        state = torch.load(ckpt_path, weights_only=True, map_location="cpu")["model"]
-    except Exception as exc:  # truncated, foreign, or not a vespo checkpoint
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise ConfigError(f"--checkpoint {ckpt_path}: cannot load ({first})") from None
+    state = load_checkpoint(run_dir, ckpt_path, label="--checkpoint")["model"]  # truncated, foreign: one line
     policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
     try:
         model, tokenizer = load_policy(policy)

@@ -112,25 +112,27 @@ LOOP_KEYS = ("async",)
 """Checkpoint entries a loop owns (`save_checkpoint(loop=...)`): the async trainer's {"next_batch": int}."""
 
 
-def load_checkpoint(run_dir: str | Path) -> dict:
-    """The run's last checkpoint, loaded with ``weights_only=True`` (a crafted pickle cannot run code) and checked
-    field by field (`check_checkpoint`), so a damaged one is refused before the model loads.
+def load_checkpoint(run_dir: str | Path, path: str | Path | None = None, *, label: str = "resume") -> dict:
+    """The run's last checkpoint (or the checkpoint file `path`), loaded with ``weights_only=True`` (a crafted pickle
+    cannot run code) and checked field by field (`check_checkpoint`), so a damaged one is refused before the model
+    loads. The one reader of checkpoints: `--resume` and `vespo export` (`label` names the flag in errors).
 
     Raises ConfigError naming the file when it is missing, truncated, not a torch file, or not a vespo checkpoint.
     """
-    path = Path(run_dir) / CHECKPOINT
+    path = Path(run_dir) / CHECKPOINT if path is None else Path(path)
     if not path.is_file():
-        raise ConfigError(f"resume: no checkpoint at {path} (drop --resume to start a new run)")
+        hint = " (drop --resume to start a new run)" if label == "resume" else ""
+        raise ConfigError(f"{label}: no checkpoint at {path}{hint}")
     try:
         ckpt = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # truncated zip, foreign format, or a pickle asking for globals weights_only refuses
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"resume: cannot load checkpoint {path}: {first}") from None
+        raise ConfigError(f"{label}: cannot load checkpoint {path}: {first}") from None
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in _CKPT_KEYS):
-        raise ConfigError(f"resume: {path} is not a vespo checkpoint (needs keys {list(_CKPT_KEYS)})")
+        raise ConfigError(f"{label}: {path} is not a vespo checkpoint (needs keys {list(_CKPT_KEYS)})")
     problem = check_checkpoint(ckpt)
     if problem:
-        raise ConfigError(f"resume: {path} is damaged: {problem}")
+        raise ConfigError(f"{label}: {path} is damaged: {problem}")
     return ckpt
 
 
