@@ -217,16 +217,20 @@ def test_sampler_that_keeps_crashing_fails_the_run_with_its_error(tiny_model, tm
     assert time.perf_counter() - t0 < 120  # fails, never hangs
 
 
-def _children(pid: int) -> list[int]:
-    out = []
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (samplers are children of the fork server, itself a child of the learner)."""
+    parent_of = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
+                parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parent_of.items() if pp in frontier]
+        out += kids
+        frontier = kids
     return out
 
 
@@ -255,8 +259,8 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
             assert proc.poll() is None, proc.stdout.read().decode()
             assert time.time() < deadline, "no training step within 90 s"
             time.sleep(0.2)
-        samplers = _children(proc.pid)
-        assert samplers, "no sampler process found"
+        samplers = _descendants(proc.pid)  # the fork server and the samplers it forked
+        assert len(samplers) >= 2, "no sampler process found"
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
         else:
@@ -303,3 +307,15 @@ def test_shuffle_permutes_rows_before_cutting_mini_batches():
     assert loss_a == pytest.approx(loss_b, rel=1e-5, abs=1e-7)
     for a, b in zip(params_a, params_b, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_vespo_command_imports_no_torch_before_it_starts_the_samplers_server():
+    """`vespo train --async` starts the samplers' fork server before its own heavy imports (so the two overlap): the
+    command's entry and `vespo.train.forkserver` must not import torch, and only an async argv asks for the server."""
+    from vespo.train.forkserver import wants_async
+
+    code = "import sys, vespo, vespo.cli, vespo.train, vespo.train.forkserver; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+    assert wants_async(["--async"]) and wants_async(["--mode", "async"]) and wants_async(["--mode=async"])
+    assert not wants_async([]) and not wants_async(["--mode", "sync"]) and not wants_async(["--run-dir", "async"])

@@ -279,3 +279,39 @@ def test_a_logit_scale_the_split_cannot_vouch_for_falls_back():
     rollout = rollout_of(V)
     logp, _ = response_log_probs(model, rollout)
     torch.testing.assert_close(logp, reference(model, rollout)[0], atol=1e-6, rtol=1e-6)
+
+
+def test_torch_compile_runs_the_body_compiled_for_log_probs_only():
+    """`torch_compile` (TRL's option): `response_log_probs` calls the compiled decoder body (seen by the tracer), with
+    the same values and gradients; the model's own forward (generation) stays eager; the state_dict is unchanged. The
+    eager backend traces with Dynamo without generating kernels (inductor's compile takes minutes on 2 CPU cores)."""
+    model, rollout = llama(), rollout_of(V)
+    keys = list(model.state_dict())
+    want_logp, _ = response_log_probs(model, rollout)
+    want = grads(model, want_logp, torch.zeros_like(want_logp), rollout)
+    traced = []
+
+    def backend(gm, example_inputs):
+        traced.append(gm)
+        return gm.forward
+
+    assert hf.compile_log_probs(model, backend=backend)
+    try:
+        logp, _ = response_log_probs(model, rollout)
+        assert traced, "the decoder body was not run through torch.compile"
+        n = len(traced)
+        model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask)  # the model's own forward
+        assert len(traced) == n  # ... is not compiled
+        torch.testing.assert_close(logp, want_logp, atol=1e-6, rtol=1e-6)
+        assert_grads_close(grads(model, logp, torch.zeros_like(logp), rollout), want)
+        assert list(model.state_dict()) == keys
+    finally:
+        hf._COMPILED.clear()
+        torch._dynamo.reset()
+    assert not hf.compile_log_probs(_unsplittable())  # a model on the full-logits path is left alone
+
+
+def _unsplittable():
+    model = llama()
+    model.config.model_type = "not-on-the-allow-list"
+    return model

@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vespo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = _COMMANDS[name]
+    if name == "train":
+        from vespo.train.forkserver import sampler_context, wants_async
+
+        if wants_async(rest):  # the samplers' imports run beside this process's own (vespo.train.forkserver)
+            sampler_context()
     result = getattr(importlib.import_module(module), func)(rest)
     return int(result or 0)
 

@@ -11,6 +11,7 @@ through `HFEngine`); `vespo.rollout.vllm` is the vLLM one.
 from __future__ import annotations
 
 import inspect
+import weakref
 from copy import deepcopy
 
 import torch
@@ -161,6 +162,22 @@ def _split_head(model) -> tuple[torch.nn.Module, torch.nn.Module, float | None] 
     return body, head, getattr(config, "final_logit_softcapping", None)
 
 
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Decoder body -> its `torch.compile`d forward, used by `response_log_probs` only (`compile_log_probs`)."""
+
+
+def compile_log_probs(model, backend: str = "inductor") -> bool:
+    """Make `response_log_probs` run `model`'s decoder body through `torch.compile` (dynamic shapes: one graph for
+    every batch and length); generation and every other call of the model stay eager, and the weights, state_dict
+    and checkpoints are the model's own. False (nothing compiled) for models taking the full-logits path."""
+    split = _split_head(model)
+    if split is None:
+        return False
+    body = split[0]
+    _COMPILED[body] = torch.compile(body.forward, dynamic=True, backend=backend)
+    return True
+
+
 def _token_log_probs(
     logits: Tensor, targets: Tensor, temperature: float, top_p: float, top_k: int, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
@@ -265,7 +282,7 @@ def response_log_probs(
     else:
         body, head, softcap = split
         p, (b, t) = rollout.prompt_len, rollout.response_mask.shape
-        hidden = body(
+        hidden = _COMPILED.get(body, body)(
             input_ids=rollout.input_ids,
             attention_mask=rollout.attention_mask,
             position_ids=_position_ids(rollout.attention_mask),

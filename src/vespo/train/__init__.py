@@ -1,9 +1,22 @@
 """Training: `config` (TrainConfig, YAML, validation), `setup` (run state), `learner` (log-probs and the N
-mini-batch update), the loops `sync` and `async_` (+ its `sampler` processes), `runs` (run dir, checkpoints, logs)
-and `launch`, which picks the loop."""
+mini-batch update), the loops `sync` and `async_` (+ its `sampler` processes and their `forkserver`), `runs` (run dir,
+checkpoints, logs) and `launch`, which picks the loop. Names load on first use (the `vespo` command starts light)."""
 
-from vespo.train.config import ConfigError, TrainConfig
-from vespo.train.config_io import parse_args
-from vespo.train.launch import train
+import importlib
 
-__all__ = ["ConfigError", "TrainConfig", "parse_args", "train"]
+_LAZY = {
+    "ConfigError": "vespo.train.config",
+    "TrainConfig": "vespo.train.config",
+    "parse_args": "vespo.train.config_io",
+    "train": "vespo.train.launch",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'vespo.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

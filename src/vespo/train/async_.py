@@ -30,6 +30,7 @@ from vespo.outputs import OwnedDir
 from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
+from vespo.train.forkserver import sampler_context
 from vespo.train.learner import rollout_metrics, to_floats
 from vespo.train.runs import clock
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
@@ -42,7 +43,7 @@ _JOIN_S = 10.0  # grace period for samplers to exit on stop before they are term
 
 
 _NO_MESSAGE_AT_START = (
-    "no error message: it died before vespo code ran. Samplers are started with the 'spawn' method, which re-imports "
+    "no error message: it died before vespo code ran. Samplers are started by Python's fork server, which re-imports "
     "the main module: a script that calls vespo.train.train must do so under `if __name__ == '__main__':`."
 )
 
@@ -65,10 +66,10 @@ class Unit:
 class SamplerPool:
     """The learner's handle on the samplers: spawn, feed weights, receive units, watch health, restart, stop."""
 
-    def __init__(self, cfg: TrainConfig, policy_path: str, problems: list, model, *, step: int, next_batch: int):
+    def __init__(self, ctx, cfg: TrainConfig, policy_path: str, problems: list, model, *, step: int, next_batch: int):
         self.cfg, self.policy_path, self.problems = cfg, str(policy_path), problems
         self.device = next(model.parameters()).device  # the learner's: units are moved there on arrival
-        self.ctx = torch.multiprocessing.get_context("spawn")
+        self.ctx = ctx  # `sampler_context`
         self.store = WeightStore(model, self.ctx)
         self.schedule = Schedule(
             self.ctx,
@@ -102,7 +103,10 @@ class SamplerPool:
     def _spawn(self, rank: int) -> None:
         args = (rank, self.cfg, self.policy_path, self.problems, self.store, self.schedule, self.batches, self.events)
         proc = self.ctx.Process(
-            target=sampler_main, args=(*args, self.stop, os.getpid()), name=f"vespo-sampler-{rank}", daemon=True
+            target=sampler_main,
+            args=(*args, self.stop, os.getpid(), dict(os.environ)),
+            name=f"vespo-sampler-{rank}",
+            daemon=True,
         )
         proc.start()
         self.procs[rank] = proc
@@ -299,6 +303,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     """Run asynchronous RL training per a resolved `cfg` (mode == "async") in the claimed run dir `out`; returns the
     last step's metrics."""
     settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
+    ctx = sampler_context()  # started by `vespo train --async` already, else now: beside the learner's setup
     state = setup_run(cfg, out, settings)  # the thread count, chosen there for the learner and every sampler
     run, learner, tokenizer = state.run, state.learner, state.tokenizer
     model = learner.model
@@ -307,7 +312,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     n_mini = cfg.num_mini_batches
     opt_step = state.start * n_mini  # = the policy version of the learner's current weights
     sampling = dataclasses.replace(cfg, num_threads=state.threads)
-    pool = SamplerPool(sampling, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
+    pool = SamplerPool(ctx, sampling, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
     stats, metrics = LagStats(), run.logger.last
     t_loop, dropped_total = time.perf_counter(), 0
     with _sigterm_as_interrupt(), contextlib.closing(pool):

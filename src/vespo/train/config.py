@@ -165,6 +165,12 @@ class TrainConfig:
     skipped); otherwise as `bf16` (TRL's name)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (`model.gradient_checkpointing_enable()`): less memory, slower."""
+    torch_compile: bool = False
+    """`torch.compile` the decoder body for the learner's log-prob passes (old, reference and update; generation stays
+    eager), with dynamic shapes (TRL's name). Off by default: on CPU the compile costs 45 s (warm cache) to minutes
+    and pays back only on long runs (benchmarks/results/torch_compile.md)."""
+    torch_compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    """The `torch.compile` backend (transformers' name); eager / aot_eager trace without generating kernels (debug)."""
     use_peft: bool = False
     """Train LoRA adapters (peft) instead of all weights; the KL reference is the base model with the adapters
     disabled, as in TRL, not a second copy (TRL's names: lora_r, lora_alpha, lora_dropout, lora_target_modules)."""

@@ -134,27 +134,41 @@ class SampledBatch:
 # The sampler process
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans even if the learner is SIGKILLed)."""
+def _die_with_parent(learner: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies: the fork server (vespo.train.forkserver), which exits
+    when the learner does, so no sampler outlives a SIGKILLed learner."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the learner's shutdown path still terminates us
         pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    # A forked child inherits the write end of the server's liveness pipe (Python keeps it for grandchildren we never
+    # make); while we held it the server could not see the learner's death (EOF) and exit.
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    try:
+        os.kill(learner, 0)
+    except ProcessLookupError:  # the learner died before prctl took effect
         os._exit(1)
 
 
-def sampler_main(rank, cfg, policy_path, problems, store, schedule, batches, events, stop, parent) -> None:
-    """Process entry point: generate scored batches with the newest admitted weights until `stop` is set.
+def sampler_main(rank, cfg, policy_path, problems, store, schedule, batches, events, stop, parent, environ) -> None:
+    """Process entry point: generate scored batches with the newest admitted weights until `stop` is set. `environ`
+    is the learner's environment when it started this sampler (the fork server keeps the one it started with).
 
     Errors are reported on `events` as ("error", rank, traceback) and end the process with exit code 1; the learner
     decides whether to restart it. A failure of the grading host is ("host", rank, message): the learner stops the
     run, since a restarted sampler would only score zeros again. SIGINT is ignored (Ctrl-C reaches the whole process
     group; the learner stops us).
     """
-    from vespo.rewards.batch import GraderHostError  # deferred like every import of the loop: a fast spawn
+    from vespo.rewards.batch import GraderHostError  # deferred like every import of the loop (the fork server has them)
 
     _die_with_parent(parent)
+    os.environ.clear()
+    os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, events, stop)

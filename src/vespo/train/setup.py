@@ -23,6 +23,7 @@ from vespo.models import load_policy, model_path, resolve_device
 from vespo.outputs import OwnedDir
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.rollout import Rollout, decode_responses
+from vespo.rollout.hf import compile_log_probs
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig, default_num_threads, reward_spec
 from vespo.train.learner import Learner, UpdateSettings, policy_log_probs
 from vespo.train.runs import Run, check_run, restore, seed_everything, start_run
@@ -78,6 +79,8 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).train()
+    if cfg.torch_compile and not compile_log_probs(model, cfg.torch_compile_backend):
+        print("vespo train: torch_compile: this model takes the full-logits path; it runs uncompiled", file=sys.stderr)
     optimizer = build_optimizer(model, cfg)
     learner = Learner(
         model,
