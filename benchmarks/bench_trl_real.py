@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import platform
@@ -43,7 +44,11 @@ TASK = ("reasoning-gym:basic_arithmetic:max_digits=1:size=40:min_terms=2:max_ter
         ":allow_parentheses=false:allow_negation=false:format=direct")  # fmt: skip
 """Single-digit sums, the answer alone (benchmarks/results/real_model: the base model scores 10-20% here)."""
 REWARD_SPEC = "vespo.rewards:reasoning_gym_reward"
-ARMS = {"vespo": ("vespo train (sync)", "tab:blue"), "trl": ("TRL GRPOTrainer", "tab:gray")}
+ARMS = {
+    "vespo": ("vespo train (sync, defaults)", "tab:blue"),
+    "vespo-gc": ("vespo train --gradient-checkpointing", "tab:cyan"),
+    "trl": ("TRL GRPOTrainer (defaults: gradient checkpointing on)", "tab:gray"),
+}
 PHASES = ("gen_s", "reward_s", "old_log_prob_s", "update_s")
 
 
@@ -51,7 +56,7 @@ PHASES = ("gen_s", "reward_s", "old_log_prob_s", "update_s")
 # the two arms, each run in a child process
 
 
-def run_vespo(spec: dict) -> dict:
+def run_vespo(spec: dict, *, checkpointing: bool = False) -> dict:
     """`vespo train` as a user runs it; its metrics.jsonl gives the phases and rewards."""
     run_dir = Path(spec["work_dir"]) / f"vespo-{spec['tag']}"
     argv = [sys.executable, "-m", "vespo", "train", "--model", spec["model"], "--dataset", spec["task"],
@@ -63,6 +68,7 @@ def run_vespo(spec: dict) -> dict:
             "--total-training-steps", str(spec["steps"]), "--eval-every", "0", "--save-every", "1000000",
             "--num-threads", str(spec["threads"]), "--seed", str(spec["seed"]), "--run-dir", str(run_dir),
             "--no-progress", "--no-tensorboard"]  # fmt: skip
+    argv += ["--gradient-checkpointing"] if checkpointing else []
     e2e, rss, out = _child(argv)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "reward/mean" in r]
@@ -93,6 +99,10 @@ def run_trl(spec: dict) -> dict:
     if not result_path.is_file():
         raise RuntimeError(f"the TRL worker wrote no result:\n{out[-2000:]}")
     return json.loads(result_path.read_text()) | {"e2e_s": e2e, "peak_rss_mb": rss}
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"per_repeat": xs, "mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
 def _child(argv: list[str]) -> tuple[float, float, str]:
@@ -151,14 +161,34 @@ def trl_worker(spec_path: Path) -> None:
     mini = spec["prompts"] // spec["staleness"] * spec["n"]
     args = GRPOConfig(
         output_dir=str(spec_path.parent / f"trl-out-{spec['tag']}"),
-        use_cpu=True, bf16=False, report_to=[], save_strategy="no", disable_tqdm=True, seed=spec["seed"],
-        loss_type="vespo", num_generations=spec["n"], per_device_train_batch_size=mini,
-        steps_per_generation=spec["staleness"], gradient_accumulation_steps=1,
-        max_steps=spec["steps"] * spec["staleness"], logging_steps=spec["staleness"],
-        max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=1.0, top_k=0,
-        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999,
-        weight_decay=0.01, max_grad_norm=1.0, beta=0.0, scale_rewards="group",
-    )  # fmt: skip
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=spec["seed"],
+        loss_type="vespo",
+        num_generations=spec["n"],
+        per_device_train_batch_size=mini,
+        steps_per_generation=spec["staleness"],
+        gradient_accumulation_steps=1,
+        max_steps=spec["steps"] * spec["staleness"],
+        logging_steps=spec["staleness"],
+        max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        top_k=0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        beta=0.0,
+        scale_rewards="group",
+        gradient_checkpointing=True,
+    )  # fmt: skip (gradient checkpointing: TRL's GRPOConfig default, stated)
     model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
 
     class Clock(TrainerCallback):
@@ -219,12 +249,15 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=None, help="run directories (default: a temp dir)")
     parser.add_argument("--smoke", action="store_true", help="both arms once on a tiny random model (CI)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="must include trl")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.worker:
         return trl_worker(a.worker)
     if a.prompts % a.staleness:
         parser.error("--staleness must divide --prompts")
+    if "trl" not in a.arms:
+        parser.error("--arms must include trl (ratios are taken against it)")
     if a.smoke:
         a.prompts, a.n, a.staleness, a.max_new_tokens, a.steps, a.repeats = 2, 2, 2, 4, 1, 1
     with tempfile.TemporaryDirectory(prefix="bench_trl_real_") as tmp:
@@ -235,10 +268,12 @@ def main() -> None:
                 "task": TASK, "prompts": a.prompts, "n": a.n, "staleness": a.staleness,
                 "max_new_tokens": a.max_new_tokens, "steps": a.steps, "temperature": a.temperature, "lr": a.lr,
                 "threads": a.threads, "work_dir": str(work)}  # fmt: skip
-        runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        runs: dict[str, list[dict]] = {arm: [] for arm in a.arms}
         loads, t0 = [], time.perf_counter()
         for rep in range(a.repeats):
-            for arm, fn in (("vespo", run_vespo), ("trl", run_trl)):
+            for arm in a.arms:
+                fn = {"vespo": run_vespo, "vespo-gc": functools.partial(run_vespo, checkpointing=True),
+                      "trl": run_trl}[arm]  # fmt: skip
                 loads.append(os.getloadavg()[0])
                 r = derived(fn(base | {"seed": rep, "tag": f"{arm}-{rep}"}))
                 runs[arm].append(r)
@@ -284,9 +319,19 @@ def report(a, base: dict, runs: dict[str, list[dict]], loads: list[float], wall:
 
     mean = {arm: {k: statistics.fmean(r[k] for r in rs) for k in STATS} for arm, rs in runs.items()}
     spread = {arm: {k: sd([r[k] for r in rs]) for k in STATS} for arm, rs in runs.items()}
-    ratios = [v["samples_per_s"] / t["samples_per_s"] for v, t in zip(runs["vespo"], runs["trl"], strict=True)]
-    mem = [v["peak_rss_mb"] / t["peak_rss_mb"] for v, t in zip(runs["vespo"], runs["trl"], strict=True)]
-    reward_gap = [v["reward"] - t["reward"] for v, t in zip(runs["vespo"], runs["trl"], strict=True)]
+
+    def per_repeat(arm, f):
+        return [f(v, t) for v, t in zip(runs[arm], runs["trl"], strict=True)]
+
+    vs_trl = {
+        arm: {
+            "samples_per_s_ratio": _spread(per_repeat(arm, lambda v, t: v["samples_per_s"] / t["samples_per_s"])),
+            "peak_rss_ratio": _spread(per_repeat(arm, lambda v, t: v["peak_rss_mb"] / t["peak_rss_mb"])),
+            "reward_diff": _spread(per_repeat(arm, lambda v, t: v["reward"] - t["reward"])),
+        }
+        for arm in runs
+        if arm != "trl"
+    }
     command = " ".join(["python", "benchmarks/bench_trl_real.py", *sys.argv[1:]])
     summary = {
         "command": command,
@@ -300,17 +345,7 @@ def report(a, base: dict, runs: dict[str, list[dict]], loads: list[float], wall:
         "benchmark_wall_s": round(wall, 1),
         "mean": mean,
         "sd_over_repeats": spread,
-        "samples_per_s_ratio_vespo_over_trl": {
-            "per_repeat": ratios,
-            "mean": statistics.fmean(ratios),
-            "sd": sd(ratios),
-        },
-        "peak_rss_ratio_vespo_over_trl": {"per_repeat": mem, "mean": statistics.fmean(mem), "sd": sd(mem)},
-        "reward_vespo_minus_trl": {
-            "per_repeat": reward_gap,
-            "mean": statistics.fmean(reward_gap),
-            "sd": sd(reward_gap),
-        },  # fmt: skip
+        "vs_trl": vs_trl,
         "runs": runs,
     }
     out = a.out_dir
@@ -330,11 +365,7 @@ def report(a, base: dict, runs: dict[str, list[dict]], loads: list[float], wall:
 
 def markdown(s: dict) -> str:
     m, sd, st = s["mean"], s["sd_over_repeats"], s["setup"]
-    r, mem, gap = (
-        s["samples_per_s_ratio_vespo_over_trl"],
-        s["peak_rss_ratio_vespo_over_trl"],
-        s["reward_vespo_minus_trl"],
-    )
+    arms = [arm for arm in ARMS if arm in m]
     lines = [
         f"`{s['command']}`: {st['model_label']} (fp32), {st['prompts']} prompts x {st['n']} per rollout step, N = "
         f"{st['staleness']}, {st['max_new_tokens']} new tokens, {st['steps']} rollout steps per run, {st['threads']} "
@@ -346,24 +377,31 @@ def markdown(s: dict) -> str:
         "| e2e s | reward |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for arm, (label, _) in ARMS.items():
+    for arm in arms:
+        label = ARMS[arm][0]
         cells = [f"{m[arm][k]:.3g} ± {sd[arm][k]:.2g}" for k in ("samples_per_s", "s_per_rollout_step", *PHASES)]
         cells += [f"{m[arm]['peak_rss_mb']:.0f} ± {sd[arm]['peak_rss_mb']:.0f}", f"{m[arm]['e2e_s']:.1f}",
                   f"{m[arm]['reward']:.3f} ± {sd[arm]['reward']:.3f}"]  # fmt: skip
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"- samples/s, vespo / TRL (per repeat, alternated): {r['mean']:.2f}× ± {r['sd']:.2f} "
-        f"({', '.join(f'{x:.2f}' for x in r['per_repeat'])}).",
-        f"- peak RSS, vespo / TRL: {mem['mean']:.2f}× ± {mem['sd']:.2f}.",
-        f"- training reward, vespo − TRL: {gap['mean']:+.3f} ± {gap['sd']:.3f} (per repeat "
-        f"{', '.join(f'{x:+.3f}' for x in gap['per_repeat'])}); each library's own sampling streams, so the repeats "
-        "are not paired draws.",
+        *(
+            f"- {ARMS[arm][0]} / TRL: samples/s {c['samples_per_s_ratio']['mean']:.2f}× ± "
+            f"{c['samples_per_s_ratio']['sd']:.2f} (per repeat, alternated: "
+            f"{', '.join(f'{x:.2f}' for x in c['samples_per_s_ratio']['per_repeat'])}); peak RSS "
+            f"{c['peak_rss_ratio']['mean']:.2f}× ± {c['peak_rss_ratio']['sd']:.2f}; training reward "
+            f"{c['reward_diff']['mean']:+.3f} ± {c['reward_diff']['sd']:.3f}."
+            for arm, c in s["vs_trl"].items()
+        ),
+        "- Rewards come from each library's own sampling streams, so repeats are not paired draws; the SD over "
+        "repeats is the noise floor.",
         "",
         "Phases are seconds summed over a run's rollout steps (means ± SD over repeats). vespo scores mu inside its "
         "update (the on-policy shortcut), so its old log-probs column is 0 and the update column carries it; TRL "
         "scores old log-probs once per rollout batch (steps_per_generation > 1). e2e: the whole process, imports "
-        "and model load included (vespo also saves the final policy; TRL saves nothing).",
+        "and model load included (vespo also saves the final policy and a resumable checkpoint; TRL saves nothing). "
+        "Gradient checkpointing is on in TRL's GRPOConfig by default and off in vespo's: the -gc arm is the matched "
+        "comparison.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -375,8 +413,8 @@ def plot(s: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    arms = list(ARMS)
-    labels = [ARMS[a][0] for a in arms]
+    arms = [arm for arm in ARMS if arm in s["mean"]]
+    labels = [ARMS[a][0].split(" (")[0] for a in arms]
     bottom = [0.0] * len(arms)
     for phase, color in zip(PHASES, ("tab:orange", "tab:purple", "tab:olive", "tab:blue"), strict=True):
         vals = [s["mean"][a][phase] / s["setup"]["steps"] for a in arms]

@@ -122,15 +122,14 @@ def momentum_parts(optimizer: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
             if adam:
                 (b1, b2), eps = group["betas"], group["eps"]
                 m_prev, v_prev = state.get("exp_avg"), state.get("exp_avg_sq")
+                v_max = state.get("max_exp_avg_sq") if group.get("amsgrad") else None
                 step = state.get("step", torch.zeros(()))
                 t = step.to(torch.float64) + 1  # the coming step, in float64 as torch's bias corrections (no sync)
-                v = (1 - b2) * g.square() if v_prev is None else b2 * v_prev + (1 - b2) * g.square()
-                if group.get("amsgrad") and "max_exp_avg_sq" in state:
-                    v = torch.maximum(state["max_exp_avg_sq"], v)
-                d = (lr / (1 - b1**t)) / (v.sqrt() / (1 - b2**t).sqrt() + eps)  # (p.shape) Adam's elementwise D
-                sq_g.append(((1 - b1) * d * g).square().sum())
-                if m_prev is not None and b1 != 0:
-                    sq_m.append((b1 * d * m_prev).square().sum())
+                c = lr / (1 - b1**t)  # D = c / (sqrt(v_t) / sqrt(1 - b2^t) + eps)
+                sg, sm = _adam_parts(g, m_prev if b1 != 0 else None, v_prev, v_max, b2, (1 - b2**t).sqrt(), eps)
+                sq_g.append(((1 - b1) * c) ** 2 * sg)
+                if sm is not None:
+                    sq_m.append((b1 * c) ** 2 * sm)
             else:
                 mu, damp = group.get("momentum", 0.0), group.get("dampening", 0.0)
                 buf = state.get("momentum_buffer")
@@ -147,6 +146,33 @@ def momentum_parts(optimizer: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
         return torch.stack([x.to(device) for x in parts]).sum().sqrt() if parts else torch.zeros((), device=device)
 
     return norm(sq_g), norm(sq_m)
+
+
+_CHUNK = 1 << 20
+"""Elements per slice in `_adam_parts`: its temporaries stay a few MiB whatever the parameter's size."""
+
+
+def _adam_parts(g, m, v_prev, v_max, b2, bias2, eps) -> tuple[Tensor, Tensor | None]:
+    """(sum (g / den)^2, sum (m / den)^2 or None) over one parameter, den = sqrt(v_t) / bias2 + eps with
+    v_t = b2 v + (1 - b2) g^2 (its amsgrad maximum if kept): Adam's denominator, one slice at a time."""
+    g = g.reshape(-1)
+    views = [None if x is None else x.detach().reshape(-1) for x in (m, v_prev, v_max)]
+    sg, sm = g.new_zeros((), dtype=torch.float64), None if m is None else g.new_zeros((), dtype=torch.float64)
+    for i in range(0, g.numel(), _CHUNK):
+        gi = g[i : i + _CHUNK]
+        mi, vi, vmax = (None if x is None else x[i : i + _CHUNK] for x in views)
+        den = gi.square().mul_(1 - b2)  # v_t, built in place
+        if vi is not None:
+            den.add_(vi, alpha=b2)
+        if vmax is not None:
+            torch.maximum(den, vmax, out=den)
+        den.sqrt_().div_(bias2).add_(eps).reciprocal_()  # 1 / den
+        x = gi * den
+        sg = sg + x.dot(x)
+        if mi is not None:
+            x = torch.mul(mi, den, out=x)
+            sm = sm + x.dot(x)
+    return sg, sm
 
 
 def momentum_share(optimizer: torch.optim.Optimizer) -> Tensor:

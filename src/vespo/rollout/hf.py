@@ -60,6 +60,13 @@ def _cache_keyword(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _last_logits_only(model) -> dict:
+    """`logits_to_keep=1` where `model.forward` takes it (transformers' causal LMs): the lm_head on the last
+    position only."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+
+
 @torch.no_grad()
 def sample(
     model: transformers.PreTrainedModel,
@@ -93,14 +100,21 @@ def sample(
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     tokens, log_probs, alive_cols = [], [], []
     alive = torch.ones(batch, dtype=torch.bool, device=device)
-    cache, step_ids, positions = None, prompt_ids, _position_ids(mask)
-    cache_kw = _cache_keyword(model)
-    for _ in range(max_new_tokens):
-        out = model(
-            input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{cache_kw: cache}
-        )
-        cache = out[cache_kw]
-        logits = out.logits[:, -1].float() / temperature  # (B, V)
+    cache_kw, positions = _cache_keyword(model), _position_ids(mask)
+    # prefill: each distinct prompt once, the last position's logits only, then its KV cache repeated n times (the
+    # prompt pass was n times the work, and the (B, P, V) logits the largest tensor of a rollout)
+    unique_mask, last_only = enc.attention_mask.to(device), _last_logits_only(model)
+    out = model(input_ids=enc.input_ids.to(device), attention_mask=unique_mask, position_ids=_position_ids(unique_mask),
+                use_cache=True, **last_only)  # fmt: skip
+    cache = out[cache_kw]
+    if hasattr(cache, "batch_repeat_interleave"):
+        cache.batch_repeat_interleave(n)
+        last_logits = out.logits[:, -1].repeat_interleave(n, 0)  # (B, V)
+    else:  # a legacy tuple cache: prefill every row
+        out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=positions, use_cache=True, **last_only)
+        cache, last_logits = out[cache_kw], out.logits[:, -1]
+    for i in range(max_new_tokens):
+        logits = last_logits.float() / temperature  # (B, V)
         if logit_noise_std > 0:
             noise = torch.randn(logits.shape, generator=generator, device=device)
             logits = logits + logit_noise_std * noise
@@ -113,11 +127,13 @@ def sample(
         log_probs.append(torch.where(alive, tok_logp, torch.zeros_like(tok_logp)))
         alive_cols.append(alive.clone())
         alive = alive & (tok != eos)
-        if not alive.any():
+        if i == max_new_tokens - 1 or not alive.any():
             break
-        step_ids = tok[:, None]
         mask = torch.cat([mask, torch.ones_like(tok[:, None])], dim=1)
         positions = positions[:, -1:] + 1
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+                    **{cache_kw: cache})  # fmt: skip
+        cache, last_logits = out[cache_kw], out.logits[:, -1]
     response = torch.stack(tokens, 1)  # (B, T)
     response_mask = torch.stack(alive_cols, 1).long()  # (B, T)
     full_ids = torch.cat([prompt_ids, response], 1)  # (B, P + T)

@@ -32,7 +32,7 @@ from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.forkserver import sampler_context
 from vespo.train.learner import rollout_metrics, to_floats
-from vespo.train.runs import clock
+from vespo.train.runs import clock, release_free_memory
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.train.setup import completion_rows, setup_run, update_settings
 
@@ -373,6 +373,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                 if "weight/ess" in m:
                     stats.add(f"{bucket}/weight_ess", m["weight/ess"])
             # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
+            release_free_memory()  # the updates' freed transients go back to the OS
             step_s = time.perf_counter() - t0
             metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
             # sampler seconds behind this step's samples (overlapped with the learner), and the learner's own

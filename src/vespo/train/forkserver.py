@@ -20,6 +20,7 @@ PRELOAD = (
     "vespo.rewards.batch",
     "vespo.rollout",
     "vespo.train.config",
+    "vespo.train.runs",
     "vespo.train.sampler",
 )
 """Imported once by the server for every sampler (an ImportError only skips that module; the model's own modeling

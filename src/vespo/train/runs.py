@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -47,6 +48,24 @@ def clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's freed pages back to the OS (glibc `malloc_trim`; elsewhere a no-op). Generation's and the
+    optimizer's short-lived CPU tensors leave freed holes that the process would otherwise keep resident: on
+    SmolLM2-135M this takes ~0.7 GB off the peak RSS of a step (benchmarks/results/trl_real)."""
+    if sys.platform.startswith("linux"):
+        try:
+            _libc().malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl): nothing to do
+            pass
+
+
+@functools.cache
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL("libc.so.6")
 
 
 def seed_everything(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -191,6 +191,7 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
     from vespo.rewards.batch import grade_batch, load_reward_fn
     from vespo.rollout import build_engine, decode_responses
     from vespo.train.config import reward_spec
+    from vespo.train.runs import release_free_memory
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
@@ -211,6 +212,7 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         chosen = [problems[i] for i in order[: cfg.train_batch_size].tolist()]
         prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in chosen], chat=cfg.apply_chat_template)
         rollout = engine.generate(prompts, torch.Generator().manual_seed(seed))
+        release_free_memory()
         t1 = time.perf_counter()
         rewards, _ = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
         advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)

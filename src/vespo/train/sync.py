@@ -18,7 +18,7 @@ from vespo.rewards.batch import grade_batch
 from vespo.rollout import build_engine, decode_responses
 from vespo.train.config import TrainConfig
 from vespo.train.learner import rollout_metrics, to_floats
-from vespo.train.runs import clock
+from vespo.train.runs import clock, release_free_memory
 from vespo.train.setup import completion_rows, setup_run, update_settings
 
 
@@ -44,6 +44,7 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         # 2. generate n responses per prompt with the engine, recording its log-probs
         engine.load(list(model.named_parameters()))  # weight sync (a no-op when the engine is the policy itself)
         rollout = engine.generate(prompts, gen)
+        release_free_memory()  # generation's transients, before the update's activations need the room
         t_gen = clock(device)
         # 3. rewards and group advantages
         rewards, grading = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)
@@ -65,6 +66,7 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
         )
+        release_free_memory()
         t_update = clock(device)
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
         step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length)
