@@ -206,3 +206,26 @@ def test_ess_and_top_share_are_the_losses_own():
 
     assert lab_model.top_share is core.top_share is learner.top_share
     assert lab_model.effective_sample_size is effective_sample_size
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_momentum_parts_do_not_depend_on_how_parameters_are_bucketed(monkeypatch, amsgrad):
+    """Parameters are concatenated into buckets and cut into slices (bounded temporaries, few kernels): a bucket of 7
+    elements (every parameter cut, slices of several parameters sharing buckets) gives the float64 values of one
+    bucket per parameter group, with a state-less parameter (m = v = 0) among stateful ones."""
+    import vespo.diagnostics as diag
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(n, dtype=torch.float64)) for n in (3, 11, 20, 1)]
+    opt = torch.optim.AdamW(params, lr=0.1, amsgrad=amsgrad)
+    for p in params[:3]:
+        p.grad = torch.randn_like(p)
+    opt.step()  # params[3] has no state yet
+    for p in params:
+        p.grad = torch.randn_like(p)
+    want = momentum_parts(opt)
+    monkeypatch.setattr(diag, "_BUCKET", 7)
+    got = momentum_parts(opt)
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-12)
+    assert float(got[1]) == pytest.approx(float(want[1]), rel=1e-12)
+    assert float(want[1]) > 0  # the stateful parameters carry momentum
