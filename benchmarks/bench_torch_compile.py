@@ -161,7 +161,31 @@ def report(a, runs: list[dict], loads: list[float], wall: float, backend: str) -
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / "torch_compile.json").write_text(json.dumps(summary, indent=2) + "\n")
     (a.out_dir / "torch_compile.md").write_text(text)
+    plot(summary, a.out_dir / "torch_compile.png")
     print(text)
+
+
+def plot(summary: dict, path: Path) -> None:
+    """Update seconds per rollout step (steady) and the first step's, per arm, each run a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = ["eager", "compiled, warm cache", "compiled, cold cache"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, key, title in ((axes[0], "update_s", "update s / rollout step (steps 2+)"),
+                           (axes[1], "first_update_s", "first step's update s (compile)")):  # fmt: skip
+        for i, arm in enumerate(arms):
+            xs = [r[key] for r in summary["runs"] if r["arm"] == arm]
+            ax.bar(i, statistics.fmean(xs), color=("tab:gray", "tab:blue", "tab:cyan")[i])
+            ax.scatter([i] * len(xs), xs, color="black", s=10, zorder=3)
+        ax.set_xticks(range(len(arms)), arms, fontsize=8)
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"torch.compile on CPU ({summary['setup']['backend']}), vespo train, embedded job", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ SUMMARY = {  # script -> the files its smoke run must write under --out-dir
     "bench_step_controls.py": ["results.md", "controls.csv"],
     "bench_step_profile.py": ["profile.md", "profile.json", "profile.csv", "profile.png"],
     "bench_topr_discriminator.py": ["results.md", "results.csv", "comparisons.json"],
-    "bench_torch_compile.py": ["torch_compile.json", "torch_compile.md"],
+    "bench_torch_compile.py": ["torch_compile.json", "torch_compile.md", "torch_compile.png"],
     "bench_trl_real.py": ["summary.md", "summary.json", "runs.csv", "summary.png"],
     "bench_trl_throughput.py": ["trl_throughput.json", "trl_throughput.csv"],
     "bench_workbench_speed.py": ["workbench_speed.json", "workbench_speed.md"],
