@@ -157,7 +157,7 @@ def quiet_hf_progress() -> None:
     and in the processes it starts: what `--no-progress` promises."""
     import sys
 
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read at import by huggingface_hub (spawned samplers)
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read at import by huggingface_hub; samplers get this environ
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
     transformers.utils.logging.disable_progress_bar()
     if "datasets" in sys.modules:
