@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vespo.train.runs import read_metrics
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -45,8 +47,7 @@ def run(work: Path, tag: str, *, steps: int, seed: int, compiled: bool, backend:
     wall = time.perf_counter() - t0
     if done.returncode:
         raise RuntimeError(f"{tag}: vespo train failed:\n{done.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if "time/update_s" in r]
+    rows = [r for r in read_metrics(run_dir) if "time/update_s" in r]
     updates = [r["time/update_s"] for r in rows]
     return {
         "tag": tag,

@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vespo.train.runs import read_metrics
+
 RESULTS = Path(__file__).parent / "results" / "trl_real"
 TASK = ("reasoning-gym:basic_arithmetic:max_digits=1:size=40:min_terms=2:max_terms=2:min_digits=1:operators=+"
         ":allow_parentheses=false:allow_negation=false:format=direct")  # fmt: skip
@@ -70,8 +72,7 @@ def run_vespo(spec: dict, *, checkpointing: bool = False) -> dict:
             "--no-progress", "--no-tensorboard"]  # fmt: skip
     argv += ["--gradient-checkpointing"] if checkpointing else []
     e2e, rss, out = _child(argv)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "reward/mean" in r]
+    rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
     if len(rows) != spec["steps"]:
         raise RuntimeError(f"vespo train logged {len(rows)} of {spec['steps']} steps:\n{out[-2000:]}")
     seqs = spec["prompts"] * spec["n"]

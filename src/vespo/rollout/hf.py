@@ -52,19 +52,22 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def _forward_params(model):
+    """The parameters of the causal LM's own `forward` (a peft model passes them through to its base model's)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(base.forward).parameters
+
+
 def _cache_keyword(model) -> str:
     """The KV-cache argument and output name of `model.forward`: `cache` (transformers >= 5.2x, where
     `past_key_values` is deprecated) or `past_key_values` (earlier releases)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it through
-    params = inspect.signature(base.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
 
 
 def _last_logits_only(model) -> dict:
     """`logits_to_keep=1` where `model.forward` takes it (transformers' causal LMs): the lm_head on the last
     position only."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
 
 
 @torch.no_grad()
