@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.data.reasoning_gym import PREFIX, is_reasoning_gym
-from vespo.outputs import OutputError, OwnedDir, claim
+from vespo.outputs import OutputError, OwnedDir, claim, open_regular, write_atomic
 from vespo.rewards.code import score_code
 from vespo.rewards.math import score_math
 from vespo.rewards.reasoning_gym import score_tasks
@@ -142,7 +142,7 @@ def evaluate_benchmarks(
     ``samples_path``, every completion is written there as one JSON line (benchmark, problem index and id, prompt,
     sample index, completion, score), benchmark by benchmark as they finish."""
     results = []
-    sink = Path(samples_path).open("w") if samples_path is not None else None
+    sink = _open_samples(samples_path) if samples_path is not None else None
     try:
         for bench in tqdm(benchmarks, desc="benchmarks", unit="bench"):
             start = time.perf_counter()
@@ -163,6 +163,11 @@ def evaluate_benchmarks(
     return results
 
 
+def _open_samples(path: str | Path):
+    """samples.jsonl, started empty: a regular file only (`open_regular`: never through a link or into a FIFO)."""
+    return open(open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8")
+
+
 def markdown_table(results: list[BenchmarkResult]) -> str:
     """Results as a markdown table; the paper's headline metric per row is in bold."""
     lines = ["| benchmark | problems | k | avg@k (%) | pass@k (%) |", "|---|---:|---:|---:|---:|"]
@@ -178,8 +183,8 @@ def write_report(results: list[BenchmarkResult], out_dir: str | Path, meta: dict
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "results.md", out / "results.json"
-    md.write_text(markdown_table(results))
-    js.write_text(json.dumps({"meta": meta or {}, "results": [asdict(r) for r in results]}, indent=2))
+    write_atomic(md, markdown_table(results))
+    write_atomic(js, json.dumps({"meta": meta or {}, "results": [asdict(r) for r in results]}, indent=2))
     return md, js
 
 

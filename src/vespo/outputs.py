@@ -6,18 +6,26 @@ the manifest of names the command writes there); only names in that manifest are
 directory without the marker is used only when it is new or empty, or, when the user asks (`overwrite`), when none of
 the manifest's names exists in it: nothing vespo did not write is ever touched. While a command runs it holds an
 exclusive `flock` on `LOCK` (which records its PID), so a second process on the same directory is refused.
+
+Every file vespo writes goes through one writer, `write_atomic` (an exclusively created temporary name beside the
+target, fsync, rename, fsync of the directory), or `atomic_dir` for a whole directory; files it appends to or reads
+back are opened by `open_regular`, which never follows a symbolic link and never blocks on a FIFO. So no name in a
+directory can turn a vespo write against a file elsewhere, and a kill leaves the old or the new file, never a torn one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
 import shutil
+import stat
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -35,9 +43,8 @@ class OutputError(ValueError):
 def read_marker(path: Path) -> dict | None:
     """The marker of directory `path` (None when it has none, or one that is not vespo's: never trusted blindly)."""
     try:
-        with open(path / MARKER, "rb") as f:
-            data = json.loads(f.read(_MAX_MARKER_BYTES))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path / MARKER, _MAX_MARKER_BYTES))
+    except (OSError, ValueError, RecursionError):
         return None
     ok = isinstance(data, dict) and isinstance(data.get("kind"), str) and isinstance(data.get("manifest"), list)
     return data if ok and all(isinstance(n, str) and _plain_name(n) for n in data["manifest"]) else None
@@ -63,14 +70,16 @@ class OwnedDir:
 
     def clear(self) -> list[str]:
         """Delete every manifest entry that exists (files, links, whole directories vespo wrote); returns their names.
-        Nothing outside the manifest is touched."""
+        Nothing outside the manifest is touched, and a directory inside it that another vespo process holds (a sweep
+        cell a `vespo train` is writing) is refused with an OutputError before anything is deleted."""
         gone = self.existing()
-        for name in gone:
-            target = self.path / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
+        with _hold_nested_locks([self.path / n for n in gone]):
+            for name in gone:
+                target = self.path / name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
         return gone
 
     def release(self) -> None:
@@ -123,6 +132,8 @@ def claim(
     if os.path.lexists(path) and not path.is_dir():
         raise OutputError(f"{label} {path} is a file, not a directory")
     marker = read_marker(path) if path.is_dir() else None
+    if marker is None and os.path.lexists(path / MARKER):
+        raise OutputError(_foreign_marker(label, path))
     if marker is not None and marker["kind"] != kind:
         raise OutputError(f"{label} {path} holds the output of `vespo {marker['kind']}`; choose another directory")
     if marker is None and path.is_dir():
@@ -143,25 +154,14 @@ def claim(
     created_dir = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        lock = open(os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644), "r+b")  # noqa: SIM115 (held for the run)
     except OSError as exc:
         raise OutputError(f"{label} {path} cannot be written: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = lock.read(32).decode(errors="replace").strip() or "unknown"
-        lock.close()
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise OutputError(
-                f"{label} {path} is in use by another vespo process (pid {holder}); wait for it to finish or choose "
-                "another directory"
-            ) from None
-        raise OutputError(f"{label} {path}: cannot lock {LOCK}: {exc.strerror or exc}") from None
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n".encode())
-    lock.flush()
+    lock = _lock(path, label)
     marked_now = False
     marker = read_marker(path)  # again, under the lock: another process may have marked it meanwhile
+    if marker is None and os.path.lexists(path / MARKER):
+        lock.close()
+        raise OutputError(_foreign_marker(label, path))
     if marker is None:
         marker = {"kind": kind, "id": uuid.uuid4().hex, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_atomic(path / MARKER, json.dumps(marker | {"manifest": names}, indent=1) + "\n")
@@ -175,12 +175,195 @@ def claim(
     return OwnedDir(path, kind, manifest_now, lock, created_dir, marked_now)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file beside it and a rename: readers see the old or the new file,
-    never a torn one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _foreign_marker(label: str, path: Path) -> str:
+    return (
+        f"{label} {path}: its {MARKER} is not a marker vespo wrote (not a regular file of vespo's JSON); vespo "
+        "replaces nothing it did not create: remove it or choose another directory"
+    )
+
+
+def _lock(path: Path, label: str) -> BinaryIO:
+    """Take the exclusive flock on `path`'s LOCK and write this process's PID into it. The lock file is opened only
+    if it is a regular file of its own (never through a symlink, a FIFO or a second hard link: its PID is written
+    into it), and the flock counts only if LOCK still names the locked file afterwards: a `release` that removed it
+    meanwhile would otherwise let two processes each hold a lock on a different file."""
+    for _ in range(100):  # each retry means another process removed the lock file between our open and our flock
+        try:
+            fd = open_regular(path / LOCK, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            raise OutputError(f"{label} {path}: {LOCK} {_why(exc)}; remove it or choose another directory") from None
+        lock = open(fd, "r+b")  # noqa: SIM115 (held for the run)
+        if os.fstat(fd).st_nlink != 1:
+            lock.close()
+            raise OutputError(f"{label} {path}: {LOCK} has other hard links, so it is not vespo's lock file; remove "
+                              "it or choose another directory")  # fmt: skip
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = lock.read(32).decode(errors="replace").strip() or "unknown"
+            lock.close()
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise OutputError(
+                    f"{label} {path} is in use by another vespo process (pid {holder}); wait for it to finish or "
+                    "choose another directory"
+                ) from None
+            raise OutputError(f"{label} {path}: cannot lock {LOCK}: {exc.strerror or exc}") from None
+        if _same_file(fd, path / LOCK):
+            lock.truncate(0)
+            lock.write(f"{os.getpid()}\n".encode())
+            lock.flush()
+            return lock
+        lock.close()
+    raise OutputError(f"{label} {path}: {LOCK} keeps being replaced by another process; try again")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` (not followed) still names the file open as `fd`."""
+    try:
+        st, now = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+
+@contextlib.contextmanager
+def _hold_nested_locks(targets: list[Path]) -> Iterator[None]:
+    """Hold the LOCK of every vespo output directory inside `targets` (symlinks not followed) while the body deletes
+    them; OutputError naming the first one another process holds, before anything is deleted."""
+    held = []
+    try:
+        for target in targets:
+            if not target.is_dir() or target.is_symlink():
+                continue
+            for root, _dirs, files in os.walk(target):  # os.walk does not descend into symlinked directories
+                if LOCK not in files:
+                    continue
+                try:
+                    fd = open_regular(Path(root) / LOCK, os.O_RDONLY)
+                except OSError:
+                    continue  # not a lock file vespo could have held (a link, a FIFO): nothing holds it
+                held.append(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    raise OutputError(
+                        f"{root} is in use by another vespo process; nothing was deleted: wait for it to finish"
+                    ) from None
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def _why(exc: OSError) -> str:
+    """An OSError from `open_regular` as a short reason."""
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link (vespo never writes through one)"
+    if exc.errno == errno.EINVAL and exc.strerror == _NOT_REGULAR:
+        return "is not a regular file"
+    return f"cannot be opened: {exc.strerror or exc}"
+
+
+_NOT_REGULAR = "not a regular file"
+
+
+def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """Open `path` as a file descriptor only if it is a regular file: never through a symbolic link (O_NOFOLLOW),
+    never blocking on a FIFO or a device (O_NONBLOCK; anything but a regular file is refused with EINVAL). The one
+    opener for every file vespo appends to or reads back from a directory a user can write."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, _NOT_REGULAR, str(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular(path: str | Path, limit: int | None = None) -> bytes:
+    """The bytes of regular file `path` (at most `limit`), opened by `open_regular`."""
+    with open(open_regular(path), "rb") as f:
+        return f.read(-1 if limit is None else limit)
+
+
+def open_append(path: str | Path):
+    """A text stream appending to regular file `path` (created if missing), opened by `open_regular`: logs."""
+    return open(open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
+
+
+def write_atomic(path: str | Path, data: str | bytes | Callable[[BinaryIO], None]) -> None:
+    """Replace file `path` with `data` (text, bytes, or a function writing to a binary file, e.g. `torch.save`):
+    written to an exclusively created temporary name beside it (never an existing file, never through a link),
+    fsynced, renamed over `path`, and the directory fsynced. Readers and a kill at any point see the old or the new
+    file, never a torn one. The one writer of every file vespo writes whole."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with open(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide results from the user's other accounts
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path, *, replace: bool = False) -> Iterator[Path]:
+    """Build directory `path` whole: the body writes into a fresh temporary directory beside it, which is fsynced and
+    renamed to `path` (absent or an empty directory; with `replace`, a directory the caller knows vespo wrote, which
+    is then deleted) when the body returns; on an error it is removed. A kill leaves `path` as it was and only a
+    `.NAME.*.tmp` directory, which the next `atomic_dir` of the same `path` removes."""
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        if stale.is_dir() and not stale.is_symlink() and (stale / _ATOMIC_TAG).is_file():
+            shutil.rmtree(stale, ignore_errors=True)  # ours: an earlier build of `path` that a kill interrupted
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        (tmp / _ATOMIC_TAG).touch()
+        yield tmp
+        (tmp / _ATOMIC_TAG).unlink()
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                with open(open_regular(Path(root) / name)) as f:
+                    os.fsync(f.fileno())
+            _fsync_dir(Path(root))
+        old = None
+        if replace and path.is_dir() and not path.is_symlink() and any(path.iterdir()):
+            old = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+            os.rename(path, old)
+            (old / _ATOMIC_TAG).touch()  # a kill before the rmtree below leaves it to the next build to remove
+        os.rename(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+_ATOMIC_TAG = ".vespo-partial"
+"""Names a temporary directory of `atomic_dir` as vespo's, so a later build may remove it after a kill."""
+
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a rename in directory `path` (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def check_output_file(path: str | Path, *, label: str, inputs: Iterable[str | Path] = (), overwrite: bool) -> Path:

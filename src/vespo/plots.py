@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from vespo.kernels import surrogate, vespo_log_phi
-from vespo.outputs import check_output_file
+from vespo.outputs import check_output_file, write_atomic
 
 Curve = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # w -> (phi(w), f(w))
 
@@ -189,8 +189,12 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     """Save `fig` with everything drawn outside its panels (the legend) included, and close it."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
+    path = Path(path)
+    fmt = path.suffix.lstrip(".") or "png"
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return Path(path)
 
 

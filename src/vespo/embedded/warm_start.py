@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import random
-import shutil
 import signal
 import sys
 import threading
@@ -29,6 +27,7 @@ from vespo.embedded.task import (
     scratchpad_noise,
     solution_text,
 )
+from vespo.outputs import atomic_dir, write_atomic
 
 
 @dataclass(frozen=True)
@@ -122,13 +121,13 @@ def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
         _build(model, tokenizer, train_set, cfg, steps, progress, state, partial, key, announce)
     finally:
         torch.set_num_threads(threads)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:  # atomic publish; a concurrent process may have won the race, which is fine (same content)
-        tmp.rename(path)
+    try:  # published whole (`atomic_dir`); a concurrent process may have won the race, which is fine (same content)
+        with atomic_dir(path) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not path.is_dir():
+            raise
     partial.unlink(missing_ok=True)  # ours (a concurrent build of the same key would have written the same)
     return path
 
@@ -184,12 +183,10 @@ def _duration(seconds: float) -> str:
 
 
 def save_partial(path: Path, snapshot: dict) -> None:
-    """Write an unfinished warm start's state atomically (a temporary file, then a rename): a reader sees the old
-    state or the new one, never a torn file."""
+    """Write an unfinished warm start's state atomically (`write_atomic`): a reader sees the old state or the new
+    one, never a torn file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(snapshot, tmp)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: torch.save(snapshot, f))
 
 
 def load_partial(path: Path, key: str, steps: int) -> dict | None:

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import tyro
 
-from vespo.outputs import OutputError, OwnedDir, claim
+from vespo.outputs import OutputError, OwnedDir, claim, read_regular
 
 C = TypeVar("C")
 
@@ -31,10 +31,10 @@ def claim_grid_dir(
 
     def legacy(path: Path) -> bool:
         try:
-            with open(path / "results.csv") as f:
-                return columns <= set(f.readline(1 << 12).strip().split(","))
+            head = read_regular(path / "results.csv", 1 << 12).decode()
         except (OSError, UnicodeDecodeError):
             return False
+        return columns <= set(head.splitlines()[0].strip().split(",") if head else ())
 
     out = claim(out_dir, kind, outputs, label="out_dir", overwrite=overwrite, legacy=legacy)
     if overwrite:

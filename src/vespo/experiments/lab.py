@@ -18,6 +18,7 @@ gradient (share of the per-sequence score coefficient held by the top 1%).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import signal
@@ -342,10 +343,11 @@ def write_tables(out: Path, results: list[dict], preset: str = "v2") -> None:
     significant; then the regime diagnostics per method and N), mechanism.csv (per mini-batch index); `preset` says
     whether E[R] is exact (v1) or estimated on v2's evaluation sample."""
     rows = [r["summary"] for r in results]
-    with open(out / "results.csv", "w", newline="") as f:  # cells from before a column existed leave it empty
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
-        writer.writeheader()
-        writer.writerows(rows)
+    f = io.StringIO(newline="")  # cells from before a column existed leave it empty
+    writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(out / "results.csv", f.getvalue())
     methods = list(dict.fromkeys(r["method"] for r in rows))
     baseline = "vespo" if "vespo" in methods else methods[0]
     what = "exact expected reward (v1)" if preset == "v1" else "expected reward on the fixed evaluation sample (v2)"
@@ -371,16 +373,17 @@ def write_tables(out: Path, results: list[dict], preset: str = "v2") -> None:
     lines.append("")
     initial = sorted({(r["length"], round(r["initial_reward"], 3)) for r in rows})
     lines.append("Initial expected reward per T: " + ", ".join(f"T={t}: {v}" for t, v in initial))
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    with open(out / "mechanism.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        keys = list(results[0]["per_k"])
-        writer.writerow(["method", "length", "staleness", "lr_scale", "seed", "k", *keys])
-        for r in results:
-            s = r["summary"]
-            for k in range(s["staleness"]):
-                vals = [r["per_k"][key][k] for key in keys]
-                writer.writerow([s["method"], s["length"], s["staleness"], s["lr_scale"], s["seed"], k, *vals])
+    write_atomic(out / "results.md", "\n".join(lines) + "\n")
+    f = io.StringIO(newline="")
+    writer = csv.writer(f)
+    keys = list(results[0]["per_k"])
+    writer.writerow(["method", "length", "staleness", "lr_scale", "seed", "k", *keys])
+    for r in results:
+        s = r["summary"]
+        for k in range(s["staleness"]):
+            vals = [r["per_k"][key][k] for key in keys]
+            writer.writerow([s["method"], s["length"], s["staleness"], s["lr_scale"], s["seed"], k, *vals])
+    write_atomic(out / "mechanism.csv", f.getvalue())
 
 
 def plot(out: Path, results: list[dict]) -> None:

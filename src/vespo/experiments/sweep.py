@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from vespo.experiments.compare import diagnostics_markdown
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
 from vespo.losses import default_loss_agg_mode
+from vespo.outputs import open_append, read_regular, write_atomic
 from vespo.plots import Panel, Series, category_color, panel_figure, save_figure, sequential_color
 from vespo.train.config import TrainConfig, check_output_dir
 from vespo.train.config_io import parse_args
@@ -356,22 +359,31 @@ def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
 
 def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     """Run one cell in a subprocess (resuming a half-finished one); returns its summary (also saved as summary.json).
-    Nothing is deleted: the cell's run dir is its own (named by `cell_key`)."""
+    Nothing is deleted: the cell's run dir is its own (named by `cell_key`). A finished cell whose summary.json is
+    damaged (a crash of an older vespo that wrote it in place) is summarised again from its metrics, saying so."""
     tc = train_config(cfg, cell)
     run_dir = Path(tc.run_dir)
     done = run_dir / "summary.json"
-    if done.is_file():  # finished: summarised afresh from its metrics when present (a newer summary reports more)
-        saved = json.loads(done.read_text())
-        if not (run_dir / "metrics.jsonl").is_file():
+    if os.path.lexists(done):  # finished: summarised afresh from its metrics when present (newer summaries say more)
+        saved = _read_summary(done)
+        has_metrics = (run_dir / "metrics.jsonl").is_file()
+        if saved is not None and not has_metrics:
             return saved
-        return summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {
-            "wall_s": saved.get("wall_s", float("nan"))
-        }
+        if has_metrics:
+            summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio)
+            if saved is None:
+                print(f"vespo sweep: cell {cell.name}: {done} is damaged; summarised again from its metrics.jsonl",
+                      file=sys.stderr)  # fmt: skip
+                write_atomic(done, json.dumps(summary | {"wall_s": float("nan")}))
+            return summary | {"wall_s": (saved or {}).get("wall_s", float("nan"))}
+        print(f"vespo sweep: cell {cell.name}: {done} is damaged and the cell has no metrics.jsonl; running it again",
+              file=sys.stderr)  # fmt: skip
+        done.unlink()
     resume = (run_dir / CHECKPOINT).is_file()  # else a fresh run; one killed before its checkpoint is started over
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with log.open("a") as f:
+    with open_append(log) as f:
         argv = [sys.executable, "-m", "vespo", "train", *cell_flags(cfg, cell), *(["--resume"] if resume else [])]
         returncode = _CELLS.run(argv, stdout=f, stderr=subprocess.STDOUT)
     if returncode is None:  # the sweep is stopping: the cell was never started, or stopped
@@ -379,8 +391,17 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     if returncode != 0:
         raise RuntimeError(f"cell {cell.name} failed (exit {returncode}); see {log}")
     summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": time.perf_counter() - t0}
-    done.write_text(json.dumps(summary))
+    write_atomic(done, json.dumps(summary))
     return summary
+
+
+def _read_summary(path: Path) -> dict | None:
+    """A cell's summary.json, or None when it is not a regular file holding a JSON object."""
+    try:
+        saved = json.loads(read_regular(path, 1 << 22))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return saved if isinstance(saved, dict) else None
 
 
 class _Cells:
@@ -480,10 +501,11 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
     aggregation said), one column per N, and the evaluation noise floor beside the held-out tables. Differences are
     not marked here: `vespo compare results.csv` tests them."""
     keys = list(dict.fromkeys(k for s in summaries for k in s))  # a cell summarised before a column existed: empty
-    with (out_dir / "results.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, restval="")
-        w.writeheader()
-        w.writerows(summaries)
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=keys, restval="")
+    w.writeheader()
+    w.writerows(summaries)
+    write_atomic(out_dir / "results.csv", f.getvalue())
     ns = sorted({s["N"] for s in summaries})
     names = list(dict.fromkeys(s["variant"] for s in summaries))
     lines = ["Variants: " + "; ".join(_describe(v, summaries) for v in names) + ".", ""]
@@ -511,7 +533,7 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
         if metric == "best_eval_acc":  # the regime the accuracies were measured in, beside them
             cells = {(v, n): [s for s in summaries if s["variant"] == v and s["N"] == n] for v in names for n in ns}
             lines += [diagnostics_markdown(cells, "Held-out accuracy"), ""]
-    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+    write_atomic(out_dir / "results.md", "\n".join(lines) + "\n")
 
 
 def _describe(variant: str, summaries: list[dict]) -> str:
@@ -605,9 +627,9 @@ def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
     out_dir = Path(cfg.out_dir)
     paths = {c.name: out_dir / "cells" / c.name / "summary.json" for c in grid}
     summaries = [
-        json.loads(p.read_text()) | {"lr": c.lr, "variant": c.variant, "task": c.task, "N": c.n}
+        saved | {"lr": c.lr, "variant": c.variant, "task": c.task, "N": c.n}
         for c in grid
-        if (p := paths[c.name]).is_file()
+        if (saved := _read_summary(paths[c.name])) is not None
     ]
     save_figure(lr_robustness_figure(summaries, list(cfg.staleness)), out_dir / "fig_lr_robustness.png")
 

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from vespo.outputs import OwnedDir
+from vespo.outputs import OwnedDir, write_atomic
 from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
@@ -405,7 +405,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         "lost_batches": pool.lost_batches,
         "samples_dropped": dropped_total,
     }
-    (run.dir / "async_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(run.dir / "async_summary.json", json.dumps(summary, indent=2) + "\n")
     run.finish(model, tokenizer)
     return metrics
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vespo.outputs import OutputError, OwnedDir, claim
+from vespo.outputs import OutputError, OwnedDir, atomic_dir, claim, open_append, read_regular, write_atomic
 from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, default_reward_fn
 from vespo.train.config_io import load_yaml, to_yaml
 
@@ -123,13 +123,8 @@ def save_checkpoint(
     `keep` saves are also kept as checkpoints/step_<step>.pt. The one writer of a checkpoint."""
     path = Path(run_dir) / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     state = {"step": step, **learner.state_dict(), "rng": rng_state(gen)} | (loop or {})
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old or the new file, never a torn one
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: torch.save(state, f))  # a crash leaves the old or the new file, never a torn one
     if keep > 1:
         numbered = path.parent / f"step_{step}.pt"
         numbered.unlink(missing_ok=True)
@@ -335,7 +330,7 @@ def start_run(cfg: TrainConfig, out: OwnedDir) -> Path:
         out.clear()
     # what the run is, not how this command started it: fed back with --config it starts the same run again
     saved = dataclasses.replace(cfg, resume=False, overwrite_output_dir=False, allow_change=())
-    (out.path / "config.yaml").write_text(to_yaml(saved))
+    write_atomic(out.path / "config.yaml", to_yaml(saved))
     return out.path
 
 
@@ -382,14 +377,14 @@ class Logger:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Append one step's scalars to every sink."""
-        with self.path.open("a") as f:
+        with open_append(self.path) as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
         for sink in self.sinks:
             sink(metrics, step)
 
     def log_completions(self, rows: list[dict], step: int) -> None:
         """Sampled completions of one step: appended to completions.jsonl, and a text table in TensorBoard."""
-        with (self.path.parent / "completions.jsonl").open("a") as f:
+        with open_append(self.path.parent / "completions.jsonl") as f:
             f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
         if hasattr(self, "_tb"):
             cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
@@ -422,8 +417,8 @@ def truncate_log(path: Path, step: int) -> list[dict]:
     them. A missing file, or lines that are not step rows (damaged by a crash or by hand), cost only their history:
     one stderr line says what was lost, and the run continues from its checkpoint."""
     rows, bad = [], []
-    if path.exists():
-        lines = path.read_text(errors="replace").splitlines()
+    if os.path.lexists(path):
+        lines = read_regular(path).decode(errors="replace").splitlines()
         for i, line in enumerate(lines, 1):
             try:
                 row = json.loads(line)
@@ -434,7 +429,7 @@ def truncate_log(path: Path, step: int) -> list[dict]:
                     rows.append(row)
             elif line.strip() and i < len(lines):  # a torn last line is a write the kill interrupted: redone anyway
                 bad.append(i)
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     elif step > 0 and path.name == "metrics.jsonl":
         print(f"vespo train: resume: {path} is missing; the history of steps 1-{step} is lost, training continues "
               f"from the checkpoint at step {step}", file=sys.stderr)  # fmt: skip
@@ -448,7 +443,7 @@ def truncate_log(path: Path, step: int) -> list[dict]:
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """The run's metrics.jsonl as a list of dicts; a torn last line (a run killed mid-write) is ignored."""
     path = Path(run_dir) / "metrics.jsonl"
-    lines = path.read_text().splitlines()
+    lines = read_regular(path).decode().splitlines()
     rows = []
     for i, line in enumerate(lines):
         try:
@@ -571,12 +566,14 @@ class Run:
 def save_policy(model, tokenizer, folder: Path) -> None:
     """A policy as a Hugging Face model directory that `from_pretrained` and `vespo eval --model` load: a LoRA policy
     (peft) is saved merged (base weights + adapters, on a copy: `model` keeps its adapters), its adapters alone in
-    `folder`/adapter for peft users."""
-    if hasattr(model, "merge_and_unload"):  # a peft model
-        model.save_pretrained(Path(folder) / "adapter")
-        model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    `folder`/adapter for peft users. Written whole (`atomic_dir`): a kill leaves the earlier folder or none, never a
+    part; an earlier `folder` is replaced (callers pass only folders vespo writes: a run's final/, a checked --out)."""
+    with atomic_dir(folder, replace=True) as tmp:
+        if hasattr(model, "merge_and_unload"):  # a peft model
+            model.save_pretrained(tmp / "adapter")
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
 
 
 def progress_bar(cfg: TrainConfig, start: int):

@@ -1,0 +1,195 @@
+"""vespo.outputs, the one place that decides what vespo may write: locks and temporary files never follow a link,
+never block on a FIFO, never write through a second hard link; `clear` respects the locks of nested output dirs;
+the writer leaves the old or the new file after a failure; a lock removed in the claim's window is not trusted."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from vespo import outputs
+from vespo.outputs import LOCK, MARKER, OutputError, atomic_dir, claim, open_append, read_regular, write_atomic
+
+OUTSIDE = b"precious data outside the run dir\n" * 80  # ~2.6 KB, like the reproducer's
+
+
+@pytest.fixture
+def outside(tmp_path):
+    path = tmp_path / "outside.txt"
+    path.write_bytes(OUTSIDE)
+    return path
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path, outside):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK).symlink_to(outside)  # a directory that otherwise counts as empty
+    with pytest.raises(OutputError, match="symbolic link"):
+        claim(run, "train", ["metrics.jsonl"], label="run_dir")
+    assert outside.read_bytes() == OUTSIDE
+    assert not (run / MARKER).exists()
+
+
+def test_a_hard_linked_lock_is_refused_and_its_other_name_untouched(tmp_path, outside):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.link(outside, run / LOCK)
+    with pytest.raises(OutputError, match="hard links"):
+        claim(run, "train", ["metrics.jsonl"], label="run_dir")
+    assert outside.read_bytes() == OUTSIDE
+
+
+def test_a_symlinked_marker_is_not_replaced(tmp_path, outside):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / MARKER).symlink_to(outside)
+    with pytest.raises(OutputError, match="not a marker vespo wrote"):
+        claim(run, "train", ["metrics.jsonl"], label="run_dir")
+    assert (run / MARKER).is_symlink() and outside.read_bytes() == OUTSIDE
+
+
+def _returns_within(fn, seconds=120.0):
+    """Run `fn` in a thread; what it raised, or "hung" if it is still blocked after `seconds` (a deadlock guard
+    for a call that must not block at all, not a speed limit)."""
+    box = []
+
+    def target():
+        try:
+            box.append(fn())
+        except BaseException as exc:  # noqa: BLE001 (reported to the test)
+            box.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return "hung" if thread.is_alive() else box[0]
+
+
+@pytest.mark.parametrize("name", [MARKER, LOCK])
+def test_a_fifo_in_place_of_marker_or_lock_is_refused_without_blocking(tmp_path, name):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / name)
+    result = _returns_within(lambda: claim(run, "train", ["metrics.jsonl"], label="run_dir"))
+    assert isinstance(result, OutputError), result
+
+
+def test_open_regular_refuses_links_fifos_and_directories(tmp_path, outside):
+    (tmp_path / "link").symlink_to(outside)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name in ("link", "fifo", "dir"):
+        result = _returns_within(lambda name=name: read_regular(tmp_path / name))
+        assert isinstance(result, OSError), (name, result)
+    with pytest.raises(OSError):
+        open_append(tmp_path / "link")
+    assert outside.read_bytes() == OUTSIDE
+    with open_append(tmp_path / "log.jsonl") as f:
+        f.write("a\n")
+    with open_append(tmp_path / "log.jsonl") as f:
+        f.write("b\n")
+    assert read_regular(tmp_path / "log.jsonl") == b"a\nb\n"
+
+
+def test_write_atomic_never_writes_through_a_planted_temporary_name(tmp_path, outside):
+    target = tmp_path / "config.yaml"
+    for pid in (os.getpid(), os.getpid() + 1):  # the names the old writer predicted
+        (tmp_path / f".config.yaml.{pid}.tmp").symlink_to(outside)
+    (tmp_path / "config.yaml.tmp").symlink_to(outside)
+    write_atomic(target, "a: 1\n")
+    write_atomic(target, b"a: 2\n")
+    write_atomic(target, lambda f: f.write(b"a: 3\n"))
+    assert target.read_text() == "a: 3\n" and not target.is_symlink()
+    assert outside.read_bytes() == OUTSIDE
+    assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_write_atomic_replaces_a_link_at_the_target_not_the_file_it_points_to(tmp_path, outside):
+    (tmp_path / "summary.json").symlink_to(outside)
+    write_atomic(tmp_path / "summary.json", "{}")
+    assert outside.read_bytes() == OUTSIDE and (tmp_path / "summary.json").read_text() == "{}"
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "summary.json"
+    write_atomic(target, '{"old": 1}')
+
+    def torn(f):
+        f.write(b'{"ne')
+        raise KeyboardInterrupt  # a Ctrl-C mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, torn)
+    assert json.loads(target.read_text()) == {"old": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_atomic_dir_publishes_whole_or_not_at_all_and_cleans_a_killed_build(tmp_path):
+    out = tmp_path / "model"
+    with pytest.raises(RuntimeError), atomic_dir(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+        raise RuntimeError("killed between config.json and the weights")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    killed = tmp_path / ".model.abc123.tmp"  # what a SIGKILL leaves (no Python cleanup runs)
+    killed.mkdir()
+    (killed / outputs._ATOMIC_TAG).touch()
+    (killed / "config.json").write_text("{}")
+    foreign = tmp_path / ".model.user.tmp"  # a user's directory of the same shape is not vespo's: kept
+    foreign.mkdir()
+    with atomic_dir(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"w")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert not killed.exists() and foreign.is_dir()
+    with atomic_dir(out, replace=True) as tmp:
+        (tmp / "config.json").write_text('{"v": 2}')
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.user.tmp", "model"]
+
+
+def test_clear_refuses_to_delete_a_nested_output_dir_another_process_holds(tmp_path):
+    sweep = claim(tmp_path / "sweep", "sweep", ["cells", "results.csv"], label="out_dir")
+    (sweep.path / "results.csv").write_text("x\n")
+    cell = claim(sweep.path / "cells" / "vespo-n64-s1", "train", ["metrics.jsonl"], label="run_dir")  # a live train
+    (cell.path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(OutputError, match="in use by another vespo process"):
+        sweep.clear()
+    assert (cell.path / "metrics.jsonl").is_file() and (sweep.path / "results.csv").is_file()
+    cell.release()
+    assert sorted(sweep.clear()) == ["cells", "results.csv"]
+    assert not (sweep.path / "cells").exists()
+    sweep.release()
+
+
+def test_a_lock_file_removed_in_the_claims_window_is_not_trusted(tmp_path, monkeypatch):
+    """Process A releases (unlinks LOCK) between our open and our flock: the flock on the orphaned file would let a
+    third process lock a fresh LOCK at the same time. The claim must end up holding the file LOCK names."""
+    run = tmp_path / "run"
+    run.mkdir()
+    real_flock, calls = fcntl.flock, []
+
+    def flock(fd, op):
+        if not calls:  # the first attempt: the file is removed under us, as `release` does
+            os.unlink(run / LOCK)
+        calls.append(op)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(outputs.fcntl, "flock", flock)
+    owned = claim(run, "train", ["metrics.jsonl"], label="run_dir")
+    assert len(calls) == 2
+    assert os.fstat(owned._lock.fileno()).st_ino == os.lstat(run / LOCK).st_ino
+    assert read_regular(run / LOCK) == f"{os.getpid()}\n".encode()
+    owned.release()
+
+
+def test_a_second_claim_is_refused_with_the_holders_pid(tmp_path):
+    first = claim(tmp_path / "run", "train", ["metrics.jsonl"], label="run_dir")
+    with pytest.raises(OutputError, match=f"pid {os.getpid()}"):
+        claim(tmp_path / "run", "train", ["metrics.jsonl"], label="run_dir")
+    first.release()
+    assert not Path(tmp_path / "run").exists()  # a claim that wrote nothing leaves nothing
