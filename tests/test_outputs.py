@@ -193,3 +193,53 @@ def test_a_second_claim_is_refused_with_the_holders_pid(tmp_path):
         claim(tmp_path / "run", "train", ["metrics.jsonl"], label="run_dir")
     first.release()
     assert not Path(tmp_path / "run").exists()  # a claim that wrote nothing leaves nothing
+
+
+def test_the_samplers_fork_server_does_not_import_from_the_working_directory(tmp_path):
+    """`vespo train --async` started in a directory holding `regex.py` must not run it: the fork server's
+    `python -c` interpreter would put '' first on its path (breakage 4 of round 5)."""
+    import subprocess
+    import sys
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    planted = tmp_path / "planted.log"
+    (cwd / "vespo_planted_module.py").write_text(f"open({str(planted)!r}, 'a').write('imported\\n')\n")
+    script = tmp_path / "start.py"  # outside cwd: its own directory is the parent's sys.path[0], as for `vespo`
+    script.write_text(
+        "import os\n"
+        "from vespo.train import forkserver\n"
+        "if __name__ == '__main__':\n"
+        "    forkserver.PRELOAD = ('vespo_planted_module',)\n"
+        "    ctx = forkserver.sampler_context()\n"
+        "    p = ctx.Process(target=os.getpid)  # the preload has run once a process is forked from the server\n"
+        "    p.start(); p.join(); assert p.exitcode == 0, p.exitcode\n"
+        "    assert os.getcwd() == os.environ['EXPECT_CWD']\n"
+    )
+    env = os.environ | {"EXPECT_CWD": str(cwd)}
+    env.pop("PYTHONSAFEPATH", None)
+    subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, check=True, timeout=300)
+    assert not planted.exists()
+
+
+def test_sweep_overwrite_refuses_while_a_cell_is_held_and_a_fifo_results_csv_does_not_hang(tmp_path):
+    from vespo.experiments.grid import claim_grid_dir
+    from vespo.experiments.sweep import SWEEP_OUTPUTS
+
+    out = tmp_path / "sweep"
+    first = claim_grid_dir("sweep", out, SWEEP_OUTPUTS, overwrite=False, columns={"variant"})
+    cell = claim(out / "cells" / "vespo-N64-s1", "train", ["metrics.jsonl"], label="run_dir")  # a live `vespo train`
+    (cell.path / "metrics.jsonl").write_text("{}\n")
+    first.release()
+    with pytest.raises(OutputError, match="in use by another vespo process"):
+        claim_grid_dir("sweep", out, SWEEP_OUTPUTS, overwrite=True, columns={"variant"})
+    assert (cell.path / "metrics.jsonl").is_file()
+    cell.release()
+    claim_grid_dir("sweep", out, SWEEP_OUTPUTS, overwrite=True, columns={"variant"}).release()
+    assert not (out / "cells").exists()
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    os.mkfifo(foreign / "results.csv")  # the legacy check reads results.csv: it must not block on a FIFO
+    result = _returns_within(lambda: claim_grid_dir("sweep", foreign, SWEEP_OUTPUTS, overwrite=False, columns={"x"}))
+    assert isinstance(result, OutputError) and "not empty" in str(result)

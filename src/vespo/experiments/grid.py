@@ -38,7 +38,11 @@ def claim_grid_dir(
 
     out = claim(out_dir, kind, outputs, label="out_dir", overwrite=overwrite, legacy=legacy)
     if overwrite:
-        out.clear()
+        try:
+            out.clear()  # refused while a cell's `vespo train` still holds its run dir: nothing is deleted
+        except OutputError:
+            out.release()
+            raise
     return out
 
 

@@ -8,6 +8,11 @@ This module imports nothing heavy: the `vespo` command loads it before torch.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+
 PRELOAD = (
     "torch",
     "torch.multiprocessing",  # its tensor reductions: shared-memory weights arrive as arguments
@@ -34,8 +39,36 @@ def sampler_context():
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
-    forkserver.ensure_running()
+    with _no_working_directory_on_path():
+        forkserver.ensure_running()
     return ctx
+
+
+@contextlib.contextmanager
+def _no_working_directory_on_path():
+    """Start the server so that the directory `vespo train` runs in is not on its import path: Python puts '' first on
+    the path of the server's `python -c` interpreter, so a `regex.py` there would be imported by the preload (and by
+    every sampler forked from it). Python >= 3.11 leaves it out under PYTHONSAFEPATH; 3.10 starts the server in an
+    empty directory of its own that nobody can write to (each sampler changes back to the learner's directory, and
+    takes the learner's import path, when it starts: multiprocessing's `spawn.prepare`)."""
+    if sys.version_info >= (3, 11):
+        old = os.environ.get("PYTHONSAFEPATH")
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["PYTHONSAFEPATH"]
+            else:
+                os.environ["PYTHONSAFEPATH"] = old
+        return
+    here, empty = os.getcwd(), tempfile.mkdtemp(prefix="vespo-forkserver-")
+    os.chmod(empty, 0o500)
+    os.chdir(empty)
+    try:
+        yield
+    finally:
+        os.chdir(here)
 
 
 def wants_async(argv: list[str]) -> bool:
