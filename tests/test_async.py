@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _clock import HANG_GUARD_S
 
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.rewards import math_reward
@@ -210,11 +211,9 @@ def test_decoupled_loss_and_a_crashed_sampler_restarted(tiny_model, tmp_path, mo
 @pytest.mark.slow
 def test_sampler_that_keeps_crashing_fails_the_run_with_its_error(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(async_trainer, "_MAX_RESTARTS", 0)  # the same path as after 3 restarts, without 3 spawns
-    t0 = time.perf_counter()
     message = r"sampler 0 .* exit code 1: RuntimeError: reward server unreachable; 0 restarts"
-    with pytest.raises(RuntimeError, match=message):
+    with pytest.raises(RuntimeError, match=message):  # fails, never hangs
         train(_cfg(tiny_model, tmp_path / "f", reward_fn="test_async:always_crash_reward"))
-    assert time.perf_counter() - t0 < 120  # fails, never hangs
 
 
 def _descendants(pid: int) -> list[int]:
@@ -254,10 +253,10 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + HANG_GUARD_S
         while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
             assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.time() < deadline, "no training step within 90 s"
+            assert time.time() < deadline, "no training step (hang guard)"
             time.sleep(0.2)
         samplers = _descendants(proc.pid)  # the fork server and the samplers it forked
         assert len(samplers) >= 2, "no sampler process found"
@@ -265,8 +264,8 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
             os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
         else:
             os.kill(proc.pid, signal.SIGKILL)  # no shutdown code runs: the kernel's parent-death signal must act
-        code = proc.wait(timeout=30)
-        deadline = time.time() + 10
+        code = proc.wait(timeout=HANG_GUARD_S)
+        deadline = time.time() + HANG_GUARD_S  # the parent-death signal acts at once; teardown on a busy box is slow
         while any(_alive(p) for p in samplers) and time.time() < deadline:
             time.sleep(0.1)
         assert not any(_alive(p) for p in samplers), "sampler outlived the learner"

@@ -161,9 +161,8 @@ def test_checker_cpu_is_capped():
     only by the case's wall clock (old: it ran until the 40 s deadline; now about 1 s)."""
     limits = SandboxLimits(cpu_s=1, wall_s=90.0, test_timeout_s=40.0)
     tests = [{"assert": "for _ in range(f()):\n    pass", "entry_point": "f"}, {"assert": "assert f() > 1"}]
-    start = time.monotonic()
     grade = grade_code("def f():\n    return 10**12\n", tests, limits=limits)
-    assert time.monotonic() - start < 20 and grade.pass_fraction == 0.5 and not grade.timed_out, grade
+    assert grade.pass_fraction == 0.5 and not grade.timed_out, grade  # uncapped, the case runs into its 40 s limit
 
 
 # ---- 7: a broken case never affects the next; host failures raise ------------------------------------------

@@ -11,14 +11,13 @@ import threading
 import time
 
 import pytest
+from _clock import cpu_seconds
 from math_verify.utils import timeout as math_verify_timeout
 
 from vespo.rewards import GraderHostError, grade_math, score_math
 from vespo.rewards import math as math_mod
 
-FAST_S = 1.0  # extraction bombs: linear work on at most TAIL_CHARS characters takes milliseconds
-SLACK_S = 0.5  # past the deadline: signal delivery and clean-up on a loaded machine
-POOL_SLACK_S = 1.5  # the same plus forking a worker pool
+FAST_S = 1.0  # CPU seconds: extraction bombs are linear work on at most TAIL_CHARS characters (milliseconds)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,10 +34,7 @@ def fresh_pool():
     math_mod._shutdown_pool()
 
 
-def _timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start
+_timed = cpu_seconds  # in-process work; the deadlines below are tested by the grades they mark, not by a clock
 
 
 def test_nested_boxes_80kb():
@@ -87,16 +83,23 @@ def test_one_deadline_covers_hedge_parses_and_comparison(monkeypatch, fresh_pool
     monkeypatch.setattr(math_mod, "hedge", slow(math_mod.hedge))
     monkeypatch.setattr(math_mod, "parse", slow(math_mod.parse, "parsing_timeout"))
     monkeypatch.setattr(math_mod, "verify", slow(math_mod.verify, "timeout_seconds"))
-    scores, elapsed = _timed(score_math, ["\\boxed{\\frac{1}{2}}"], ["0.5"], timeout_s=budget, num_workers=num_workers)
+    scores = score_math(["\\boxed{\\frac{1}{2}}"], ["0.5"], timeout_s=budget, num_workers=num_workers)
+    # each stage alone stays within the budget: only one deadline over all of them times the grade out
     assert scores.grades[0].timed_out and scores.metrics()["reward/math/timeouts"] == 1.0
-    assert elapsed < budget + (POOL_SLACK_S if num_workers else SLACK_S)
 
 
-def test_only_the_tail_is_graded():
+def test_only_the_tail_is_graded(monkeypatch):
     """Math-Verify's own extraction is superlinear on long text (20 KB of "\\(" cost its whole 5 s limit before the
     answer was read); it now sees the last TAIL_CHARS characters only."""
-    grade, elapsed = _timed(grade_math, "\\(" * 10_000 + " so \\boxed{\\frac{1}{2}}", "0.5")
-    assert grade.score == 1.0 and elapsed < FAST_S
+    seen, real_parse = [], math_mod.parse
+
+    def parse(text, **kwargs):
+        seen.append(len(text))
+        return real_parse(text, **kwargs)
+
+    monkeypatch.setattr(math_mod, "parse", parse)
+    grade = grade_math("\\(" * 10_000 + " so \\boxed{\\frac{1}{2}}", "0.5")
+    assert grade.score == 1.0 and seen and max(seen) <= math_mod.TAIL_CHARS, seen  # Math-Verify sees the tail only
     # a box further back than TAIL_CHARS is not read, so it is no second answer
     assert grade_math("\\boxed{3}" + " " * math_mod.TAIL_CHARS + "\\boxed{7}", "7").score == 1.0
 
@@ -138,9 +141,9 @@ def test_stuck_worker_is_killed_and_counted(monkeypatch, fresh_pool):
     monkeypatch.setattr(math_mod, "grade_math", grade_or_hang)
     monkeypatch.setattr(math_mod, "_BACKSTOP_GRACE_S", 0.5)
     completions = ["\\boxed{1}", "HANG", "\\boxed{2}", "\\boxed{3}"]
-    scores, elapsed = _timed(score_math, completions, ["1", "1", "2", "4"], timeout_s=1, num_workers=2)
+    scores = score_math(completions, ["1", "1", "2", "4"], timeout_s=1, num_workers=2)
+    # not killed, the hung task would finish after 60 s as an untimed wrong answer: the timeout count says it was
     assert scores.scores == [1.0, 0.0, 1.0, 0.0] and scores.metrics()["reward/math/timeouts"] == 1.0
-    assert elapsed < 1 + 0.5 + 2 * POOL_SLACK_S
 
 
 def test_off_the_main_thread_grade_math_refuses_and_score_math_uses_the_pool(fresh_pool):

@@ -112,13 +112,13 @@ def test_unreachable_hub_fails_fast_in_one_line(tmp_path, flag):
     """A Hub id while the Hub cannot be reached (here: an endpoint nothing listens on) and nothing is cached: one line
     naming it, in seconds, instead of a long traceback after retries."""
     import os
-    import time
+
+    from _clock import HANG_GUARD_S
 
     env = os.environ | {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
     argv = ["train", flag, "someorg/not-cached", "--run-dir", str(tmp_path / "run"), "--no-progress"]
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "vespo", *argv], capture_output=True, text=True, env=env, timeout=120)
-    assert time.perf_counter() - t0 < 30
+    done = subprocess.run([sys.executable, "-m", "vespo", *argv], capture_output=True, text=True, env=env,
+                          timeout=HANG_GUARD_S)  # fmt: skip
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-1500:]
     assert "someorg/not-cached" in errors[0] and "cached" in errors[0]

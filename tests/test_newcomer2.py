@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _clock import HANG_GUARD_S
 
 from vespo.embedded.task import build_tokenizer
 
@@ -38,20 +39,20 @@ class _Running:
         for chunk in iter(lambda: self.proc.stderr.read(1), ""):
             self.err += chunk
 
-    def wait_for(self, predicate, timeout=300.0):
+    def wait_for(self, predicate, timeout=HANG_GUARD_S):
         deadline = time.monotonic() + timeout
         while not predicate():
             assert self.proc.poll() is None, f"exited early ({self.proc.returncode}): {self.err[-2000:]}"
             assert time.monotonic() < deadline, f"timed out waiting: {self.err[-2000:]}"
             time.sleep(0.1)
 
-    def interrupt(self, within: float = 20.0) -> tuple[int, float]:
-        """SIGINT to this process only (not its group: it must pass it on itself); (exit code, seconds to exit)."""
-        t0 = time.monotonic()
+    def interrupt(self) -> int:
+        """SIGINT to this process only (not its group: it must pass it on itself); its exit code. That it stopped
+        promptly is read from what it left (cells or SFT steps unfinished, nothing written), not from a clock."""
         self.proc.send_signal(signal.SIGINT)
-        code = self.proc.wait(timeout=within + 30)
-        self._reader.join(timeout=5)
-        return code, time.monotonic() - t0
+        code = self.proc.wait(timeout=HANG_GUARD_S)
+        self._reader.join(timeout=HANG_GUARD_S)
+        return code
 
 
 def _descendants(pid: int) -> set[int]:
@@ -146,9 +147,9 @@ def test_one_sigint_stops_a_sweep_and_its_cells(tmp_path):
     run.wait_for(lambda: len(list((out / "cells").rglob("*.log"))) == 1 and _descendants(run.proc.pid))
     time.sleep(2)
     workers = _descendants(run.proc.pid)
-    code, took = run.interrupt()
+    code = run.interrupt()
     lines = [line for line in run.err.splitlines() if "vespo sweep" in line and "interrupted" in line]
-    assert code == 130 and took < 20 and "Traceback" not in run.err, run.err[-3000:]
+    assert code == 130 and "Traceback" not in run.err, run.err[-3000:]
     assert len(lines) == 1 and "0 of 4 cells finished" in lines[0] and "same command continues" in lines[0], lines
     time.sleep(1)
     assert not [p for p in workers if _alive(p)], "a cell process outlived the sweep"
@@ -165,8 +166,8 @@ def test_one_sigint_stops_a_lab_grid_and_its_worker_processes(tmp_path):
     run.wait_for(lambda: len(_descendants(run.proc.pid)) >= 2)
     time.sleep(2)
     workers = _descendants(run.proc.pid)
-    code, took = run.interrupt()
-    assert code == 130 and took < 15 and "Traceback" not in run.err, run.err[-3000:]
+    code = run.interrupt()
+    assert code == 130 and "Traceback" not in run.err, run.err[-3000:]
     assert run.err.strip().splitlines()[-1].startswith("vespo lab: interrupted; 0 of 6 cells finished"), run.err
     time.sleep(1)
     assert not [p for p in workers if _alive(p)], "a lab worker outlived the grid"
@@ -182,9 +183,9 @@ def test_one_sigint_stops_an_evaluation_in_one_line(random_model, tmp_path):
                    "12", "--device", "cpu", "--out", str(out))  # fmt: skip
     run.wait_for(lambda: "many" in run.err)  # generating (the benchmark's progress bar)
     time.sleep(1)
-    code, took = run.interrupt()
+    code = run.interrupt()
     last = run.err.strip().splitlines()[-1]
-    assert code == 130 and took < 15 and "Traceback" not in run.err, run.err[-3000:]
+    assert code == 130 and "Traceback" not in run.err, run.err[-3000:]
     assert last == "vespo eval: interrupted; nothing was written to --out", last
     assert not out.exists()  # a claim that wrote nothing leaves nothing
 
@@ -215,8 +216,8 @@ def test_an_interrupted_warm_start_is_kept_resumed_and_equals_an_uninterrupted_o
                    "--sft-batch-size", "4", "--eval-size", "8", "--run-dir", str(tmp_path / "run"))  # fmt: skip
     run.wait_for(lambda: "SFT warm start" in run.err)  # its progress bar: the SFT steps are running
     time.sleep(2)
-    code, took = run.interrupt()
-    assert code == 130 and took < 10 and "Traceback" not in run.err, run.err[-2000:]
+    code = run.interrupt()
+    assert code == 130 and "Traceback" not in run.err, run.err[-2000:]
     last = run.err.strip().splitlines()[-1]
     kept = f"the warm start's progress is kept in {partial} and the next run resumes it"
     assert last == f"vespo train: interrupted; {kept}"
@@ -399,11 +400,10 @@ def _one_error_line(done, *words):
 
 def test_eval_of_a_hub_benchmark_offline_is_one_line_before_the_model_loads(random_model, tmp_path):
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path)}
-    t0 = time.perf_counter()
     out = tmp_path / "o"
     done = _vespo("eval", "--model", str(random_model), "--benchmarks", "math500", "--out", str(out), env=env)
     _one_error_line(done, "--benchmarks math500", "HuggingFaceH4/MATH-500", "no cached copy")
-    assert time.perf_counter() - t0 < 60 and not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is not None, reason="wandb is installed")
@@ -449,11 +449,10 @@ def test_trl_snippet_with_a_hub_id_offline_fails_fast_with_one_message(tmp_path)
     snippet = (ROOT / "README.md").read_text().split("```python\nfrom datasets import Dataset")[1].split("```")[0]
     code = "from datasets import Dataset" + snippet.replace("trainer.train()", "")
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300)  # fmt: skip
+                          timeout=HANG_GUARD_S)  # fmt: skip
     last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode == 1 and time.perf_counter() - t0 < 120, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]
     assert last.startswith("ValueError: model 'Qwen/Qwen3-0.6B': the Hugging Face Hub cannot be used"), last
 
 

