@@ -4,6 +4,7 @@ them, resume refuses a changed config and never overwrites the saved one, and a 
 import dataclasses
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,3 +267,38 @@ def test_release_free_memory_trims_only_a_heap_with_enough_free_bytes(monkeypatc
         assert calls == ([0] if trimmed else [])
     monkeypatch.setattr(runs, "_libc", lambda: None)
     runs.release_free_memory()  # another C library: a no-op
+
+
+def test_a_killed_export_leaves_out_as_it_was_and_the_same_command_then_succeeds(tmp_path):
+    """`save_policy` (vespo export, a run's final/) builds the model directory beside --out and renames it into place:
+    an interrupt between config.json and the weights leaves --out empty, and what a SIGKILL leaves (a tagged
+    temporary directory, no Python clean-up) is removed by the next export, which succeeds."""
+    from vespo import outputs
+    from vespo.train.runs import save_policy
+
+    class Model:
+        def __init__(self, killed: bool):
+            self.killed = killed
+
+        def save_pretrained(self, folder):
+            (Path(folder) / "config.json").write_text("{}")
+            if self.killed:
+                raise KeyboardInterrupt
+            (Path(folder) / "model.safetensors").write_bytes(b"weights")
+
+    class Tokenizer:
+        def save_pretrained(self, folder):
+            (Path(folder) / "tokenizer.json").write_text("{}")
+
+    out = tmp_path / "exported"
+    out.mkdir()  # the user's new, empty --out
+    with pytest.raises(KeyboardInterrupt):
+        save_policy(Model(killed=True), Tokenizer(), out)
+    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
+    sigkilled = tmp_path / ".exported.k1ll3d.tmp"
+    sigkilled.mkdir()
+    (sigkilled / outputs._ATOMIC_TAG).touch()
+    (sigkilled / "config.json").write_text("{}")
+    save_policy(Model(killed=False), Tokenizer(), out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
