@@ -8,8 +8,8 @@ import zlib
 import pytest
 
 from vespo.data import benchmarks as data
+from vespo.data.prompts import PROMPT_SUFFIX
 from vespo.rewards import code_reward
-from vespo.rewards.math import PROMPT_SUFFIX
 
 
 def _write_jsonl(path, rows):

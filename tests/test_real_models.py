@@ -15,11 +15,11 @@ from _gguf import write_tiny_gguf
 
 from vespo.data import load_records, record_kind
 from vespo.data.benchmarks import resolve_benchmark
-from vespo.data.reasoning_gym import HELD_OUT_OFFSET, load_reasoning_gym, parse_spec
+from vespo.data.reasoning_gym import HELD_OUT_OFFSET, load_reasoning_gym, parse_spec, task_entry
 from vespo.models import check_model_source, gguf_file, load_policy, model_path
 from vespo.rewards import reasoning_gym as rg_reward
 from vespo.rewards import reasoning_gym_reward, score_tasks
-from vespo.rewards.reasoning_gym import task_answer, task_entry
+from vespo.rewards.reasoning_gym import task_answer
 
 
 @pytest.fixture(scope="module")

@@ -369,7 +369,7 @@ def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
     """`--dataset BytedTsinghua-SIA/DAPO-Math-17k` is deduplicated and reformatted; `--eval-dataset math500` loads the
     benchmark in the paper's prompt format; both as the trainer's records."""
     from vespo.data import benchmarks as data
-    from vespo.rewards.math import PROMPT_SUFFIX
+    from vespo.data.prompts import PROMPT_SUFFIX
 
     def fake_hub(hub_id, split, **kwargs):
         if hub_id == data.DAPO_MATH_HUB_ID:

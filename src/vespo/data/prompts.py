@@ -3,8 +3,8 @@ optional chat template."""
 
 from __future__ import annotations
 
-from vespo.rewards.math import PROMPT_SUFFIX
-
+PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
+"""The paper's instruction appended to every math question (VESPO Sec. 4 setup; official preprocess_datasets.py)."""
 CODE_INSTRUCTION = "Write a complete Python solution and put it in a single ```python code block."
 
 

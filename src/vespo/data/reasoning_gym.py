@@ -13,11 +13,11 @@ drops any question the training split of the same spec also holds). A record kee
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 
 from vespo.data.prompts import math_prompt
-from vespo.rewards.reasoning_gym import task_dataset
 
 PREFIX = "reasoning-gym:"
 TRAIN_SIZE = 1000
@@ -161,3 +161,20 @@ def load_reasoning_gym(source: str, *, held_out: bool = False, size: int | None 
         per_task.append(kept)
     # round-robin over the tasks, so the first eval_size records cover every task
     return [r for row in itertools.zip_longest(*per_task) for r in row if r is not None]
+
+
+@functools.lru_cache(maxsize=64)
+def task_dataset(name: str, size: int, seed: int, config_json: str):
+    """reasoning-gym's generator `name` for seeds ``seed .. seed + size - 1`` with its config (cached: generators are
+    rebuilt only once per process)."""
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config_json))
+
+
+def task_entry(item: str) -> tuple[object, dict, str]:
+    """The generator, entry and answer format a record's ``rg_item`` ``[name, config, seed, size, index, format]``
+    addresses."""
+    name, config, seed, size, index, form = json.loads(item)
+    ds = task_dataset(name, size, seed, json.dumps(config, sort_keys=True))
+    return ds, ds[index], form

@@ -1,6 +1,7 @@
 """The one record type: ``{"prompt": str, "answer": str}`` (math) or ``{"prompt": str, "tests": list[dict]}`` (code,
-test cases in the formats of `vespo.rewards.code`); other columns are kept and reach the reward function as keyword
-lists. Checking and local JSON/JSONL loading live here; named sets and benchmarks in `vespo.data.benchmarks`.
+test cases in the formats `parse_tests` reads; `vespo.rewards.code` runs them); other columns are kept and reach the
+reward function as keyword lists. Checking and local JSON/JSONL loading live here; named sets and benchmarks in
+`vespo.data.benchmarks`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-
-from vespo.rewards.code import parse_tests
 
 Record = dict
 """A record is a plain dict (see the module docstring), so it travels to TRL, datasets and sampler processes as is."""
@@ -178,3 +177,44 @@ def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list
             raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
         lines.append(lineno)
     return check_records(rows, str(path), where=lambda i: f"{path}:{lines[i]}", skip_bad=skip_bad, **keys)
+
+
+def parse_tests(tests) -> tuple[str, list, list, str | None]:
+    """Normalise a problem's tests to ``(mode, sandbox_cases, expected_outputs, fn_name)``."""
+    if isinstance(tests, str):
+        tests = json.loads(tests)
+    if isinstance(tests, dict):
+        tests = [tests]
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
+        raise ValueError("tests must be a non-empty list of test-case dicts (see docs/rewards.md)")
+    if all("assert" in t for t in tests):
+        cases = [{"test": t["assert"], "setup": t.get("setup"), "entry_point": t.get("entry_point")} for t in tests]
+        if not all(isinstance(c["test"], str) and isinstance(c["setup"] or "", str) for c in cases) or not all(
+            c["entry_point"] is None or str(c["entry_point"]).isidentifier() for c in cases
+        ):
+            raise ValueError(
+                "assertion tests need a string 'assert', optional string 'setup' and identifier 'entry_point'"
+            )
+        return "assert", cases, ["passed"] * len(tests), None
+    if all("fn_name" in t and "input" in t and "output" in t for t in tests):
+        if not all(isinstance(t["fn_name"], str) and t["fn_name"].isidentifier() for t in tests):
+            raise ValueError("function-call tests need an identifier 'fn_name'")
+        names = {t["fn_name"] for t in tests}
+        if len(names) != 1:
+            raise ValueError(f"function-call tests of one problem must share fn_name, got {sorted(names)}")
+        args = [_call_args(t["input"]) for t in tests]
+        return "call", args, [_json_value(t["output"]) for t in tests], names.pop()
+    if all("input" in t and "output" in t for t in tests):
+        return "stdio", [str(t["input"]) for t in tests], [str(t["output"]) for t in tests], None
+    raise ValueError("a problem's tests must all be stdio {input, output}, call {fn_name, input, output} or {assert}")
+
+
+def _call_args(value) -> list:
+    """Argument list from a list, or from LiveCodeBench's newline-separated JSON values."""
+    if isinstance(value, list):
+        return value
+    return [json.loads(line) for line in str(value).splitlines() if line.strip()]
+
+
+def _json_value(value):
+    return json.loads(value) if isinstance(value, str) else value

@@ -22,13 +22,13 @@ raise: any failure inside a case fails that case. A failure of the host raises `
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import zip_longest
 
+from vespo.data.records import parse_tests
 from vespo.rewards.batch import GraderHostError, Scores
 from vespo.rewards.math import completion_text
 from vespo.rewards.sandbox import SandboxLimits, run_in_sandbox
@@ -82,47 +82,6 @@ def _fenced_blocks(text: str):
             return
         yield lang.group(1), text[newline + 1 : close]
         pos = close + 3
-
-
-def parse_tests(tests) -> tuple[str, list, list, str | None]:
-    """Normalise a problem's tests to ``(mode, sandbox_cases, expected_outputs, fn_name)``."""
-    if isinstance(tests, str):
-        tests = json.loads(tests)
-    if isinstance(tests, dict):
-        tests = [tests]
-    if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
-        raise ValueError("tests must be a non-empty list of test-case dicts (see vespo.rewards.code docstring)")
-    if all("assert" in t for t in tests):
-        cases = [{"test": t["assert"], "setup": t.get("setup"), "entry_point": t.get("entry_point")} for t in tests]
-        if not all(isinstance(c["test"], str) and isinstance(c["setup"] or "", str) for c in cases) or not all(
-            c["entry_point"] is None or str(c["entry_point"]).isidentifier() for c in cases
-        ):
-            raise ValueError(
-                "assertion tests need a string 'assert', optional string 'setup' and identifier 'entry_point'"
-            )
-        return "assert", cases, ["passed"] * len(tests), None
-    if all("fn_name" in t and "input" in t and "output" in t for t in tests):
-        if not all(isinstance(t["fn_name"], str) and t["fn_name"].isidentifier() for t in tests):
-            raise ValueError("function-call tests need an identifier 'fn_name'")
-        names = {t["fn_name"] for t in tests}
-        if len(names) != 1:
-            raise ValueError(f"function-call tests of one problem must share fn_name, got {sorted(names)}")
-        args = [_call_args(t["input"]) for t in tests]
-        return "call", args, [_json_value(t["output"]) for t in tests], names.pop()
-    if all("input" in t and "output" in t for t in tests):
-        return "stdio", [str(t["input"]) for t in tests], [str(t["output"]) for t in tests], None
-    raise ValueError("a problem's tests must all be stdio {input, output}, call {fn_name, input, output} or {assert}")
-
-
-def _call_args(value) -> list:
-    """Argument list from a list, or from LiveCodeBench's newline-separated JSON values."""
-    if isinstance(value, list):
-        return value
-    return [json.loads(line) for line in str(value).splitlines() if line.strip()]
-
-
-def _json_value(value):
-    return json.loads(value) if isinstance(value, str) else value
 
 
 _TOKEN_BLOCK = 1 << 14

@@ -34,9 +34,6 @@ from math_verify.errors import TimeoutException
 
 from vespo.rewards.batch import GraderHostError, Scores
 
-PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
-"""The paper's instruction appended to every math question (VESPO Sec. 4 setup; official preprocess_datasets.py)."""
-
 INPROCESS_MAX_BATCH = 256
 """Batches up to this size are graded in-process (Math-Verify takes ~2 ms per short completion)."""
 

@@ -9,36 +9,18 @@ A verifier that raises, returns a non-number or overruns its deadline scores 0 a
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 import re
 import threading
 from dataclasses import dataclass
 
+from vespo.data.reasoning_gym import task_entry
 from vespo.rewards.batch import RewardList, Scores
 from vespo.rewards.math import TAIL_CHARS, TimeoutException, boxed_answer, completion_text, deadline
 
 TIMEOUT_S = 5.0
 """Wall-clock limit per verifier call (SIGALRM in the main thread; threads run without one)."""
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-@functools.lru_cache(maxsize=64)
-def task_dataset(name: str, size: int, seed: int, config_json: str):
-    """reasoning-gym's generator `name` for seeds ``seed .. seed + size - 1`` with its config (cached: generators are
-    rebuilt only once per process)."""
-    import reasoning_gym
-
-    return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config_json))
-
-
-def task_entry(item: str) -> tuple[object, dict, str]:
-    """The generator, entry and answer format a record's ``rg_item`` ``[name, config, seed, size, index, format]``
-    addresses."""
-    name, config, seed, size, index, form = json.loads(item)
-    ds = task_dataset(name, size, seed, json.dumps(config, sort_keys=True))
-    return ds, ds[index], form
 
 
 def task_answer(completion: str, form: str = "boxed") -> str | None:
