@@ -30,7 +30,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "compare": (
         "vespo.experiments.compare",
         "cli",
-        "significance of a sweep's differences (Welch / paired bootstrap, Holm)",
+        "significance of a sweep's differences (--test auto: paired t-test, Fisher's exact test where a seed "
+        "collapsed, Welch where seeds differ; Holm)",
     ),
     "eval": ("vespo.evaluation", "cli", "avg@k / pass@k on math and code benchmarks"),
     "kernels": ("vespo.plots", "kernels_cli", "draw the paper's Figure 2: phi(W) and surrogates per method"),
