@@ -464,3 +464,27 @@ def test_vespo_side_rollout_correction_from_trl_sampling_log_probs(tokenizer, da
     ]:
         with pytest.raises(ValueError, match=message):
             _config(VespoGRPOConfig, tmp_path, **kw)
+
+
+def test_trl_example_builds_its_config_without_trls_sequence_mask_default(tmp_path):
+    """examples/trl/vespo_grpo.py: VESPO with vLLM, N = steps_per_generation, and TRL's correction at the token level
+    truncated at 2 (the official code's), not TRL's default `sequence_mask`, which zeroes whole sequences."""
+    import dataclasses
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "trl" / "vespo_grpo.py"
+    spec = importlib.util.spec_from_file_location("vespo_trl_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = example.build_config(str(tmp_path), staleness=4, use_cpu=True, bf16=False, report_to=[])
+    assert isinstance(args, VespoGRPOConfig) and args.vespo_method == "vespo" and args.steps_per_generation == 4
+    assert args.use_vllm and args.vllm_importance_sampling_correction and args.beta == 0.0
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
+    trl_default = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}["vllm_importance_sampling_mode"]
+    assert trl_default == "sequence_mask" != args.vllm_importance_sampling_mode  # the trap the example avoids
+    mask = torch.ones(2, 40)
+    gaps = torch.full((2, 40), 0.05)  # pi_old / pi_vLLM = e^0.05 per token: e^2 over 40 tokens
+    assert _trl_ratio(gaps, torch.zeros_like(gaps), mask, trl_default).eq(0).all()  # default: every sequence dropped
+    kept = _trl_ratio(gaps, torch.zeros_like(gaps), mask, args.vllm_importance_sampling_mode, clip_max=2.0)
+    torch.testing.assert_close(kept, torch.full_like(gaps, math.exp(0.05)))  # the example's: every token kept, < 2

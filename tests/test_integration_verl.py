@@ -419,6 +419,78 @@ def test_example_launch_scripts_compose_with_verl_config(script, env, loss_mode,
         assert actor.policy_loss.rollout_is == "token" and cfg.algorithm.rollout_correction.rollout_is == "token"
 
 
+def _fully_async_config(overrides: list[str]):
+    """veRL's fully-async trainer config (its own YAML, as `fully_async_main` composes and resolves it)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    cfg_dir = os.path.join(os.path.dirname(verl.__file__), "experimental", "fully_async_policy", "config")
+    with initialize_config_dir(config_dir=cfg_dir, version_base=None):
+        cfg = compose(config_name="fully_async_ppo_megatron_trainer", overrides=overrides)
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def test_fully_async_example_composes_with_verls_fully_async_config():
+    """examples/verl/fully_async_megatron.sh against veRL's fully-async schema: the official recipe's async settings,
+    what veRL's rollouter asserts, vespo's loss with an untruncated sequence weight, and bypass mode off (the YAML's
+    default turns it on, which the plugin refuses: veRL would replace the loss)."""
+    import subprocess
+
+    from verl.trainer.ppo.rollout_corr_helper import SAFETY_BOUND
+    from verl.utils.config import omega_conf_to_dataclass
+
+    out = subprocess.run(
+        ["bash", os.path.join(EXAMPLES, "fully_async_megatron.sh")],
+        env={**os.environ, "VESPO_DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == "--config-name=fully_async_ppo_megatron_trainer"
+    cfg = _fully_async_config(out[1:])
+    sync = cfg.async_training
+    assert (sync.staleness_threshold, sync.trigger_parameter_sync_step, sync.require_batches) == (1.0, 4, 1)
+    assert sync.partial_rollout is True and cfg.actor_rollout_ref.actor.use_rollout_log_probs is True
+    # FullyAsyncRollouter.__init__'s assertions, and fully_async_main's use of the rollout pool
+    assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.data.train_batch_size == 0
+    assert cfg.data.gen_batch_size == 1 and cfg.actor_rollout_ref.rollout.calculate_log_probs is True
+    assert (cfg.trainer.nnodes, cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node) == (2, 6, 8)
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 256
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, vverl.VespoPolicyLossConfig) and actor.loss_agg_mode == "token-mean"
+    assert actor.policy_loss.loss_mode == "vespo" and actor.policy_loss.rollout_is == "sequence"
+    correction = cfg.algorithm.rollout_correction
+    assert correction.bypass_mode is False and correction.rollout_is == "sequence"
+    assert float(correction.rollout_is_threshold) > math.exp(SAFETY_BOUND)  # never truncates: W = pi / mu exactly
+    without = [o for o in out[1:] if o != "algorithm.rollout_correction.bypass_mode=False"]
+    with pytest.raises(Exception, match="bypass_mode"):
+        omega_conf_to_dataclass(_fully_async_config(without).actor_rollout_ref.actor)
+
+
+def test_partial_rollout_weight_through_the_plugin_is_the_trajectorys_own():
+    """A partial rollout's tokens come from two weight versions: mu(y|x) = prod_t mu_v(t)(y_t | ...). veRL's
+    decoupled sequence weight pi_old / mu, untruncated as in the fully-async example, folded into vespo's W gives the
+    loss and gradient of the official recipe, which uses the rollout log-probs themselves as the old log-probs."""
+    old, lp, adv, mask = _batch(5, scale=0.05)
+    g = torch.Generator().manual_seed(12)
+    version_a = -(old + 0.05 * torch.randn(B, T, generator=g, dtype=old.dtype)).abs()
+    version_b = -(old + 0.05 * torch.randn(B, T, generator=g, dtype=old.dtype)).abs()
+    cut = torch.tensor([3, 0, 2, 1, 9, 4])[:, None]  # tokens before the cut were sampled before the weight sync
+    mu = torch.where(torch.arange(T)[None, :] < cut, version_a, version_b)
+    w, _ = compute_rollout_correction_weights(old - mu, mask.double(), rollout_is="sequence", rollout_is_threshold=1e9)
+    fn = core_algos.get_policy_loss_fn("vespo")
+    loss, _ = fn(old, lp, adv, mask, config=_actor(vverl.VespoPolicyLossConfig(rollout_is="sequence")),
+                 rollout_is_weights=w)  # fmt: skip
+    ref, _ = vespo.compute_policy_loss("vespo", log_prob=lp, old_log_prob=mu, advantages=adv, response_mask=mask)
+    torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), rtol=1e-10, atol=1e-12)
+    # one version for the whole trajectory would be a different weight: the splice matters
+    single, _ = vespo.compute_policy_loss("vespo", log_prob=lp, old_log_prob=version_b, advantages=adv,
+                                          response_mask=mask)  # fmt: skip
+    assert not torch.allclose(single, ref, rtol=1e-6)
+
+
 def test_example_reward_function():
     import importlib.util
 

@@ -1,7 +1,8 @@
 # Shared settings of the paper's veRL runs (sourced by the launch scripts in this directory).
 # Paper Sec. 4.1 / App. F: GRPO advantages, n = 8 responses, mini-batch 256 prompts, lr 1e-6, max length 16k,
 # no KL, vLLM rollouts with their log-probs (needed for rollout correction), token-mean aggregation.
-# Usage from a script: build ARGS, then `launch ppo_trainer|ppo_megatron_trainer "${ARGS[@]}"`.
+# Usage from a script: build ARGS, then `launch ppo_trainer|ppo_megatron_trainer "${ARGS[@]}"` (VERL_MAIN names
+# another veRL entry module, e.g. the fully-async trainer's).
 # VESPO_DRY_RUN=1 prints the overrides (one per line) instead of launching; tests use it to check every key.
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -97,5 +98,5 @@ launch() {
     printf '%s\n' "--config-name=${config_name}" "$@"
     return 0
   fi
-  python3 -m verl.trainer.main_ppo --config-name="${config_name}" "$@"
+  python3 -m "${VERL_MAIN:-verl.trainer.main_ppo}" --config-name="${config_name}" "$@"
 }
