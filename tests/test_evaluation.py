@@ -1,6 +1,7 @@
 """Evaluation: exact pass@k / avg@k arithmetic on fixed outputs, report files, and one tiny end-to-end `vespo eval`."""
 
 import json
+import re
 from math import comb
 
 import pytest
@@ -41,11 +42,41 @@ def test_report_files(tmp_path):
     rows = [summarize("aime24", "math", 2, [[1, 0]]), summarize("mbpp+", "code", 2, [[0, 1], [0, 0]])]
     md, js = evaluation.write_report(rows, tmp_path, meta={"model": "m"})
     assert md.read_text().splitlines()[2:] == [
-        "| aime24 | 1 | 2 | **50.00** | 100.00 |",
-        "| mbpp+ | 2 | 2 | 25.00 | **50.00** |",
-    ]
+        "| aime24 | 1 | 2 | **50.00** | 100.00 | none |",
+        "| mbpp+ | 2 | 2 | 25.00 | **50.00** | none |",
+    ]  # no partial scores: no note under the table
     payload = json.loads(js.read_text())
     assert payload["meta"] == {"model": "m"} and payload["results"][1]["pass_at_k"] == 50.0
+
+
+def test_partial_scores_are_counted_and_explained_under_the_table():
+    """Issue 42: reasoning-gym's partial credit (scores in (0, 1)) makes avg@k no multiple of 100 / (problems x k);
+    the row says how many samples had it and the note how avg@k (averages them) and pass@k (needs 1.0) treat them."""
+    scores = [[1.0, 0.5], [0.25, 0.0]]  # 2 problems x k = 2; two partial samples
+    row = summarize("reasoning-gym:basic_arithmetic", "task", 2, scores)
+    assert (row.num_samples, row.partial_samples) == (4, 2)
+    assert row.avg_at_k == pytest.approx(100 * (1.0 + 0.5 + 0.25 + 0.0) / 4)  # 43.75: the scores as they are
+    assert row.pass_at_k == pytest.approx(50.0)  # pass@2: only problem 1 has a score of 1.0
+    lines = evaluation.markdown_table([row, summarize("toy", "math", 2, [[1, 0]])]).splitlines()
+    assert lines[2] == "| reasoning-gym:basic_arithmetic | 2 | 2 | **43.75** | 50.00 | 2 of 4 |"
+    assert lines[3] == "| toy | 1 | 2 | **50.00** | 100.00 | none |"
+    assert lines[5] == evaluation.PARTIAL_NOTE and "avg@k averages" in lines[5] and "only a score of 1" in lines[5]
+
+
+def test_evaluation_shows_progress_and_the_time_left_on_stderr(monkeypatch, capsys):
+    """Issue 42: an evaluation draws a bar on stderr after every chunk of prompts, with problems done and tqdm's
+    estimate of the time left; `progress=False` prints nothing."""
+    monkeypatch.setattr(
+        "vespo.rollout.generate_texts", lambda m, t, prompts, *, n, **kw: [["\\boxed{1}"] * n for _ in prompts]
+    )
+    records = [{"prompt": f"p{i}", "answer": "1"} for i in range(4)]
+    evaluation.evaluate_records(None, object(), records, n=1, name="heldout", chunk=1)
+    err = capsys.readouterr().err
+    assert "eval heldout" in err and "problem" in err
+    for done in range(1, 5):  # every chunk redrawn, each with a numeric time-left estimate (elapsed<remaining)
+        assert re.search(rf"{done}/4 \[\d\d:\d\d<\d\d:\d\d", err), err
+    evaluation.evaluate_records(None, object(), records, n=1, name="heldout", chunk=1, progress=False)
+    assert capsys.readouterr().err == ""
 
 
 def test_vespo_eval_end_to_end_on_a_tiny_local_model(tmp_path, capsys):
@@ -97,3 +128,20 @@ def test_trainer_held_out_evaluation_is_the_shared_evaluator(monkeypatch):
     records = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
     assert evaluate(None, object(), records, TrainConfig()) == {"eval/accuracy": 0.5}
     assert seen["prompts"] == ["1+2=", "2+2="]
+
+
+def test_trainer_evaluation_has_a_progress_bar_unless_progress_is_off(monkeypatch, capsys):
+    """Issue 42: the trainer's held-out evaluation (step 0 took minutes on a real model, silently) shows the same bar
+    as `vespo eval`; `--no-progress` hides it with the training bar."""
+    from vespo.train.config import TrainConfig
+    from vespo.train.setup import evaluate
+
+    monkeypatch.setattr(
+        "vespo.rollout.generate_texts", lambda m, t, prompts, *, n, **kw: [["\\boxed{3}"] for _ in prompts]
+    )
+    records = [{"prompt": f"{i}+2=", "answer": "3"} for i in range(3)]
+    evaluate(None, object(), records, TrainConfig(micro_batch_size=1))
+    err = capsys.readouterr().err
+    assert "eval heldout" in err and re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", err), err
+    evaluate(None, object(), records, TrainConfig(micro_batch_size=1, progress=False))
+    assert capsys.readouterr().err == ""

@@ -54,7 +54,9 @@ def mean_pass_at_k(scores: list[list[float]], k: int) -> float:
 
 @dataclass(frozen=True)
 class BenchmarkResult:
-    """One row of the report: avg@k (= pass@1 estimate) and pass@k, in percent, over ``num_problems``."""
+    """One row of the report: avg@k (= pass@1 estimate) and pass@k, in percent, over ``num_problems``;
+    ``partial_samples`` of the ``num_samples`` scored strictly between 0 and 1 (a verifier's partial credit, e.g.
+    reasoning-gym's), which avg@k averages as they are and pass@k does not count as correct."""
 
     benchmark: str
     kind: str
@@ -63,6 +65,8 @@ class BenchmarkResult:
     avg_at_k: float
     pass_at_k: float
     seconds: float
+    num_samples: int
+    partial_samples: int
 
     @property
     def headline(self) -> str:
@@ -80,6 +84,8 @@ def summarize(benchmark: str, kind: str, k: int, scores: list[list[float]], seco
         avg_at_k=100.0 * avg_at_k(scores),
         pass_at_k=100.0 * mean_pass_at_k(scores, k),
         seconds=seconds,
+        num_samples=sum(len(s) for s in scores),
+        partial_samples=sum(0.0 < x < 1.0 for s in scores for x in s),
     )
 
 
@@ -103,17 +109,21 @@ def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[fl
 def sample_completions(
     model, tokenizer, records: list[dict], *, n: int, chat: bool = False, chunk: int = 8, desc: str = "", **gen_kwargs
 ) -> list[list[str]]:
-    """``n`` completions per record via `vespo.rollout.generate_texts`, ``chunk`` prompts at a time (progress bar)."""
+    """``n`` completions per record via `vespo.rollout.generate_texts`, ``chunk`` prompts at a time, with a progress
+    bar on stderr (problems done and the time left, redrawn after every chunk; ``progress=False`` hides it)."""
     from vespo.rollout import generate_texts  # deferred: vespo.rollout imports transformers
 
     prompts = format_prompts(tokenizer, [r["prompt"] for r in records], chat=chat)
     seed = gen_kwargs.pop("seed", None)
     progress = gen_kwargs.pop("progress", True)
     samples: list[list[str]] = []
-    starts = range(0, len(prompts), chunk)
-    for i in tqdm(starts, desc=desc or "generate", unit="chunk", leave=False, disable=not progress):
-        chunk_seed = None if seed is None else seed + i  # distinct streams per chunk, reproducible overall
-        samples += generate_texts(model, tokenizer, prompts[i : i + chunk], n=n, seed=chunk_seed, **gen_kwargs)
+    bar = tqdm(total=len(prompts), desc=desc or "generate", unit="problem", leave=False, mininterval=0,
+               file=sys.stderr, disable=not progress)  # fmt: skip
+    with bar:  # a chunk takes seconds to minutes: every one is shown, with tqdm's estimate of the time left
+        for i in range(0, len(prompts), chunk):
+            chunk_seed = None if seed is None else seed + i  # distinct streams per chunk, reproducible overall
+            samples += generate_texts(model, tokenizer, prompts[i : i + chunk], n=n, seed=chunk_seed, **gen_kwargs)
+            bar.update(len(prompts[i : i + chunk]))
     return samples
 
 
@@ -125,7 +135,7 @@ def sample_scores(model, tokenizer, records: list[dict], *, n: int, **gen_kwargs
 def evaluate_records(model, tokenizer, records: list[dict], *, n: int, name: str = "heldout", **gen_kwargs) -> dict:
     """Score a held-out set with the verifier of its kind (math, code or task): ``eval/<name>/avg@n`` and ``pass@n`` in
     [0, 1]. The one evaluator: the trainer's held-out evaluation and `vespo eval` both come through here."""
-    scores = sample_scores(model, tokenizer, records, n=n, desc=name, **gen_kwargs)
+    scores = sample_scores(model, tokenizer, records, n=n, desc=f"eval {name}", **gen_kwargs)
     return {f"eval/{name}/avg@{n}": avg_at_k(scores), f"eval/{name}/pass@{n}": mean_pass_at_k(scores, n)}
 
 
@@ -168,13 +178,25 @@ def _open_samples(path: str | Path):
     return open(open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8")
 
 
+PARTIAL_NOTE = (
+    "Partial scores: samples the verifier scored strictly between 0 and 1 (partial credit, e.g. reasoning-gym's). "
+    "avg@k averages the scores as they are (a 0.5 counts half), so it need not be a multiple of 100 / (problems x k); "
+    "pass@k counts only a score of 1 as correct."
+)
+"""The note under `vespo eval`'s table when a row has partial scores."""
+
+
 def markdown_table(results: list[BenchmarkResult]) -> str:
-    """Results as a markdown table; the paper's headline metric per row is in bold."""
-    lines = ["| benchmark | problems | k | avg@k (%) | pass@k (%) |", "|---|---:|---:|---:|---:|"]
+    """Results as a markdown table; the paper's headline metric per row is in bold. A row with partial scores says
+    how many, and a note under the table says how avg@k and pass@k treat them."""
+    lines = ["| benchmark | problems | k | avg@k (%) | pass@k (%) | partial scores |", "|---|---:|---:|---:|---:|---:|"]
     for r in results:
         avg, pas = f"{r.avg_at_k:.2f}", f"{r.pass_at_k:.2f}"
         avg, pas = (f"**{avg}**", pas) if r.headline == "avg" else (avg, f"**{pas}**")
-        lines.append(f"| {r.benchmark} | {r.num_problems} | {r.k} | {avg} | {pas} |")
+        partial = f"{r.partial_samples} of {r.num_samples}" if r.partial_samples else "none"
+        lines.append(f"| {r.benchmark} | {r.num_problems} | {r.k} | {avg} | {pas} | {partial} |")
+    if any(r.partial_samples for r in results):
+        lines += ["", PARTIAL_NOTE]
     return "\n".join(lines) + "\n"
 
 

@@ -229,7 +229,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch
 def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[str, float]:
     """Held-out accuracy (avg@eval_n) through the shared evaluator (`vespo.evaluation.evaluate_records`): `eval_n`
     responses per prompt at the training temperature and prompt format, seeded apart from training, graded by the
-    records' verifier."""
+    records' verifier; with `progress`, a bar with the time left (a real model's evaluation can take minutes)."""
     scores = evaluate_records(
         model,
         tokenizer,
@@ -238,7 +238,7 @@ def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[st
         chat=cfg.apply_chat_template,
         chunk=cfg.micro_batch_size,
         seed=cfg.seed + 12345,
-        progress=False,
+        progress=cfg.progress,
         **{k: getattr(cfg.sampling, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k")},
     )
     return {"eval/accuracy": scores[f"eval/heldout/avg@{cfg.eval_n}"]}
