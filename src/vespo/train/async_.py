@@ -339,63 +339,32 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                 old_log_prob = learner.log_probs(unit.rollout) if cfg.use_decoupled_loss else mu
                 t_old = clock(device)
                 # 3. one optimizer step on it, then publish every sync_every steps
-                update = learner.update(
-                    unit.rollout,
-                    unit.advantages,
-                    old_log_prob,
-                    ref_log_prob=learner.reference_log_probs(unit.rollout),
-                    rollout_log_prob=mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None,
-                )
+                ref_log_prob = learner.reference_log_probs(unit.rollout)
+                rollout_log_prob = mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None
+                update = learner.update(unit.rollout, unit.advantages, old_log_prob, ref_log_prob=ref_log_prob,
+                                        rollout_log_prob=rollout_log_prob)  # fmt: skip
                 t_update = clock(device)
                 opt_step += 1
                 pool.schedule.consume(1, trained=True)
                 if opt_step % cfg.sync_every == 0:
                     pool.store.publish(model, opt_step)
                 # 4. per-unit metrics, by lag (no train-inference gap: the sampler's weights are not the learner's)
-                unit_metrics = rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length)
-                m = to_floats(unit_metrics | update)
-                m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
-                m["time/old_log_prob_s"], m["time/update_s"] = t_old - t_score, t_update - t_old
-                per_unit.append(m)
+                per_unit.append(_unit_metrics(cfg, unit, update, old_log_prob, lag, stats, (t_score, t_old, t_update)))
                 rewards.append(unit.rewards)
                 if cfg.log_completions and len(per_unit) == 1:  # the step's first mini-batch
                     limit = cfg.num_completions_to_print
                     rows = completion_rows(tokenizer, unit.rollout, unit.rewards, unit.advantages, limit)
                     run.logger.log_completions(rows, step)
-                bucket = f"lag_{lag_bucket(lag)}"
-                log_w = m.get("is/log_w_mean", 0.0)
-                if cfg.use_decoupled_loss:  # the stale part of W is pi_prox / mu
-                    mask = unit.rollout.response_mask
-                    log_w = float(((old_log_prob - mu) * mask).sum(-1).mean())
-                stats.add(f"lag_hist/{lag}", 1.0)
-                stats.add("lag_mean", float(lag))
-                stats.add(f"{bucket}/log_w_mean", log_w)
-                if "weight/ess" in m:
-                    stats.add(f"{bucket}/weight_ess", m["weight/ess"])
             # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
             release_free_memory()  # the updates' freed transients go back to the OS
             step_s = time.perf_counter() - t0
-            metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
-            # sampler seconds behind this step's samples (overlapped with the learner), and the learner's own
-            for key in ("time/gen_s", "time/reward_s", "time/old_log_prob_s", "time/update_s"):
-                metrics[key] = float(np.sum([u[key] for u in per_unit]))
-            all_rewards = torch.cat(rewards)
-            metrics["reward/mean"] = float(all_rewards.mean())
-            metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
-            metrics["actor/num_mini_batches"] = float(n_mini)
-            metrics |= stats.flush()
-            metrics["async/lag_max"] = max(
-                float(k.removeprefix("async/lag_hist/")) for k in metrics if "lag_hist/" in k
-            )
-            metrics |= {
-                "time/step_s": step_s,
-                "async/queue_wait_s": waited,
-                "async/learner_util": 1.0 - waited / step_s,
-                "async/sampler_util": (pool.busy_s - busy0) / max(pool.busy_s - busy0 + pool.idle_s - idle0, 1e-9),
-                "async/policy_version": float(opt_step),
-                "async/samples_dropped_total": float(dropped_total),
-                "async/sampler_restarts": float(pool.restarts),
-            }
+            metrics = _step_metrics(per_unit, rewards, n_mini) | stats.flush()
+            metrics["async/lag_max"] = max(float(k.rpartition("/")[2]) for k in metrics if "lag_hist/" in k)
+            busy, idle = pool.busy_s - busy0, pool.idle_s - idle0
+            metrics |= {"time/step_s": step_s, "async/queue_wait_s": waited, "async/learner_util": 1 - waited / step_s,
+                        "async/sampler_util": busy / max(busy + idle, 1e-9), "async/policy_version": float(opt_step),
+                        "async/samples_dropped_total": float(dropped_total),
+                        "async/sampler_restarts": float(pool.restarts)}  # fmt: skip
             loop = {"async": {"next_batch": pool.next_batch}}
             if run.end_step(step, metrics, learner, state.gen, show="async/lag_mean", loop=loop):
                 break
@@ -407,6 +376,39 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     }
     write_atomic(run.dir / "async_summary.json", json.dumps(summary, indent=2) + "\n")
     run.finish(model, tokenizer)
+    return metrics
+
+
+def _unit_metrics(cfg: TrainConfig, unit, update: dict, old_log_prob, lag: int, stats: LagStats, times) -> dict:
+    """One trained mini-batch's metrics as floats (its rollout, its update, the sampler's and the learner's seconds),
+    and its log W / ESS added to the lag statistics (with the decoupled loss the stale part of W is pi_prox / mu)."""
+    t_score, t_old, t_update = times
+    m = to_floats(rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length) | update)
+    m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
+    m["time/old_log_prob_s"], m["time/update_s"] = t_old - t_score, t_update - t_old
+    bucket = f"lag_{lag_bucket(lag)}"
+    log_w = m.get("is/log_w_mean", 0.0)
+    if cfg.use_decoupled_loss:
+        mu, mask = unit.rollout.rollout_log_prob, unit.rollout.response_mask
+        log_w = float(((old_log_prob - mu) * mask).sum(-1).mean())
+    stats.add(f"lag_hist/{lag}", 1.0)
+    stats.add("lag_mean", float(lag))
+    stats.add(f"{bucket}/log_w_mean", log_w)
+    if "weight/ess" in m:
+        stats.add(f"{bucket}/weight_ess", m["weight/ess"])
+    return m
+
+
+def _step_metrics(per_unit: list[dict], rewards: list[torch.Tensor], n_mini: int) -> dict[str, float]:
+    """A rollout step's metrics from its N mini-batches: means, except the seconds (sampler time behind the step's
+    samples, overlapped with the learner, and the learner's own), which add up; reward over all its samples."""
+    metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
+    for key in ("time/gen_s", "time/reward_s", "time/old_log_prob_s", "time/update_s"):
+        metrics[key] = float(np.sum([u[key] for u in per_unit]))
+    all_rewards = torch.cat(rewards)
+    metrics["reward/mean"] = float(all_rewards.mean())
+    metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
+    metrics["actor/num_mini_batches"] = float(n_mini)
     return metrics
 
 
