@@ -5,9 +5,30 @@ import re
 from math import comb
 
 import pytest
+import torch
 
 from vespo import evaluation
 from vespo.evaluation import avg_at_k, mean_pass_at_k, pass_at_k, summarize
+
+MODEL = torch.nn.Linear(1, 1)  # what the fake generation below is given: only its dtype and device are read
+
+
+def _fake_generation(monkeypatch, texts_for, seen=None):
+    """The evaluator's engine replaced: `texts_for(prompt, n)` gives a prompt's n completions."""
+
+    class Engine:
+        tokenizer = None
+
+        def __init__(self, n):
+            self.n = n
+
+        def generate(self, prompts, generator):
+            if seen is not None:
+                seen.extend(prompts)
+            return [t for p in prompts for t in texts_for(p, self.n)]
+
+    monkeypatch.setattr("vespo.rollout.build_engine", lambda kind, settings, **kw: Engine(settings.n))
+    monkeypatch.setattr("vespo.rollout.decode_responses", lambda tokenizer, texts: texts)
 
 
 def test_pass_at_k_hand_values():
@@ -32,8 +53,8 @@ def test_avg_and_pass_on_fixed_scores():
 def test_fixed_model_outputs_through_the_math_verifier(monkeypatch):
     records = [{"prompt": "p1", "answer": "2"}, {"prompt": "p2", "answer": "\\frac{1}{2}"}]
     outputs = {"p1": ["\\boxed{2}", "\\boxed{3}", "2", "none"], "p2": ["\\boxed{0.5}"] * 4}
-    monkeypatch.setattr("vespo.rollout.generate_texts", lambda m, t, prompts, *, n, **kw: [outputs[p] for p in prompts])
-    metrics = evaluation.evaluate_records(None, object(), records, n=4, name="toy")
+    _fake_generation(monkeypatch, lambda p, n: outputs[p])
+    metrics = evaluation.evaluate_records(MODEL, object(), records, n=4, name="toy")
     # p1: 2 of 4 correct ("2" alone is parsed by the plain-answer fallback), p2: 4 of 4
     assert metrics == {"eval/toy/avg@4": 0.75, "eval/toy/pass@4": 1.0}
 
@@ -66,16 +87,14 @@ def test_partial_scores_are_counted_and_explained_under_the_table():
 def test_evaluation_shows_progress_and_the_time_left_on_stderr(monkeypatch, capsys):
     """Issue 42: an evaluation draws a bar on stderr after every chunk of prompts, with problems done and tqdm's
     estimate of the time left; `progress=False` prints nothing."""
-    monkeypatch.setattr(
-        "vespo.rollout.generate_texts", lambda m, t, prompts, *, n, **kw: [["\\boxed{1}"] * n for _ in prompts]
-    )
+    _fake_generation(monkeypatch, lambda p, n: ["\\boxed{1}"] * n)
     records = [{"prompt": f"p{i}", "answer": "1"} for i in range(4)]
-    evaluation.evaluate_records(None, object(), records, n=1, name="heldout", chunk=1)
+    evaluation.evaluate_records(MODEL, object(), records, n=1, name="heldout", chunk=1)
     err = capsys.readouterr().err
     assert "eval heldout" in err and "problem" in err
     for done in range(1, 5):  # every chunk redrawn, each with a numeric time-left estimate (elapsed<remaining)
         assert re.search(rf"{done}/4 \[\d\d:\d\d<\d\d:\d\d", err), err
-    evaluation.evaluate_records(None, object(), records, n=1, name="heldout", chunk=1, progress=False)
+    evaluation.evaluate_records(MODEL, object(), records, n=1, name="heldout", chunk=1, progress=False)
     assert capsys.readouterr().err == ""
 
 
@@ -118,16 +137,11 @@ def test_trainer_held_out_evaluation_is_the_shared_evaluator(monkeypatch):
     from vespo.train.config import TrainConfig
     from vespo.train.setup import evaluate
 
-    seen = {}
-
-    def fake_generate(model, tok, prompts, *, n, **kw):
-        seen.setdefault("prompts", []).extend(prompts)
-        return [["\\boxed{3}"] for _ in prompts]
-
-    monkeypatch.setattr("vespo.rollout.generate_texts", fake_generate)
+    seen = []
+    _fake_generation(monkeypatch, lambda p, n: ["\\boxed{3}"] * n, seen)
     records = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
-    assert evaluate(None, object(), records, TrainConfig()) == {"eval/accuracy": 0.5}
-    assert seen["prompts"] == ["1+2=", "2+2="]
+    assert evaluate(MODEL, object(), records, TrainConfig(eval_n=1)) == {"eval/accuracy": 0.5}
+    assert seen == ["1+2=", "2+2="]
 
 
 def test_trainer_evaluation_has_a_progress_bar_unless_progress_is_off(monkeypatch, capsys):
@@ -136,12 +150,10 @@ def test_trainer_evaluation_has_a_progress_bar_unless_progress_is_off(monkeypatc
     from vespo.train.config import TrainConfig
     from vespo.train.setup import evaluate
 
-    monkeypatch.setattr(
-        "vespo.rollout.generate_texts", lambda m, t, prompts, *, n, **kw: [["\\boxed{3}"] for _ in prompts]
-    )
+    _fake_generation(monkeypatch, lambda p, n: ["\\boxed{3}"] * n)
     records = [{"prompt": f"{i}+2=", "answer": "3"} for i in range(3)]
-    evaluate(None, object(), records, TrainConfig(micro_batch_size=1))
+    evaluate(MODEL, object(), records, TrainConfig(micro_batch_size=1))
     err = capsys.readouterr().err
     assert "eval heldout" in err and re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", err), err
-    evaluate(None, object(), records, TrainConfig(micro_batch_size=1, progress=False))
+    evaluate(MODEL, object(), records, TrainConfig(micro_batch_size=1, progress=False))
     assert capsys.readouterr().err == ""

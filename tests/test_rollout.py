@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vespo.embedded.task import build_tiny_model, build_tokenizer
-from vespo.rollout import decode_responses, generate_texts, response_log_probs, sample
+from vespo.rollout import decode_responses, response_log_probs, sample
 from vespo.rollout.hf import top_p_filter
 
 
@@ -56,18 +56,37 @@ def test_top_p_keeps_smallest_nucleus():
     assert torch.isfinite(top_p_filter(logits, 1.0)).all()
 
 
-def test_generate_texts_is_seeded_and_shaped(tiny):
+def _records(*prompts):
+    return [{"prompt": p, "answer": "0"} for p in prompts]
+
+
+def test_evaluation_samples_through_the_engine_seeded_and_shaped(tiny):
+    """Evaluation generates with the loops' HF engine (`build_engine`) on the model itself: seeded per chunk, one
+    group of n per record, and the model's train/eval mode as it was."""
+    from vespo.evaluation import sample_completions
+    from vespo.rollout import HFEngine, SamplingSettings
+
     model, tok = tiny
-    a = generate_texts(model, tok, ["1+1=", "2+2+2=", "3="], n=2, max_new_tokens=6, seed=4, batch_size=4)
-    b = generate_texts(model, tok, ["1+1=", "2+2+2=", "3="], n=2, max_new_tokens=6, seed=4, batch_size=4)
+    model.train()
+    records = _records("1+1=", "2+2+2=", "3=")
+    a = sample_completions(model, tok, records, n=2, max_new_tokens=6, seed=4, chunk=2, progress=False)
+    b = sample_completions(model, tok, records, n=2, max_new_tokens=6, seed=4, chunk=2, progress=False)
     assert a == b and [len(x) for x in a] == [2, 2, 2] and all(isinstance(s, str) for x in a for s in x)
+    assert model.training
+    # the first chunk is exactly the engine's generation under the chunk's seed
+    engine = HFEngine.from_model(model, tok, SamplingSettings(n=2, max_new_tokens=6))
+    texts = decode_responses(tok, engine.generate(["1+1=", "2+2+2="], torch.Generator().manual_seed(4)))
+    assert a[:2] == [texts[:2], texts[2:]]
 
 
-def test_generate_texts_loads_a_local_path(tiny, tmp_path):
+def test_evaluation_loads_a_local_path(tiny, tmp_path):
+    from vespo.evaluation import sample_completions
+
     model, tok = tiny
     model.save_pretrained(tmp_path)
-    assert generate_texts(str(tmp_path), tok, ["1+1="], n=2, max_new_tokens=4, seed=0) == generate_texts(
-        model, tok, ["1+1="], n=2, max_new_tokens=4, seed=0
+    kw = {"n": 2, "max_new_tokens": 4, "seed": 0, "progress": False}
+    assert sample_completions(str(tmp_path), tok, _records("1+1="), **kw) == sample_completions(
+        model, tok, _records("1+1="), **kw
     )
 
 

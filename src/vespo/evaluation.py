@@ -1,9 +1,9 @@
 """Benchmark evaluation with the paper's protocol: avg@k for math (k=32 AIME, 16 AMC, 4 MATH-500), pass@10 for code.
 
 avg@k is the mean accuracy over k samples per problem, averaged over problems; pass@k is the unbiased estimator of
-Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", Eq. 1). Generation goes through
-`vespo.rollout.generate_texts` (HF or vLLM), scoring through `vespo.rewards`, so training reward and evaluation
-share one verifier.
+Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", Eq. 1). Generation goes through the training
+loops' own engine (`vespo.rollout.build_engine`: HF or vLLM), scoring through `vespo.rewards`, so training reward and
+evaluation share one verifier.
 """
 
 from __future__ import annotations
@@ -107,23 +107,57 @@ def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[fl
 
 
 def sample_completions(
-    model, tokenizer, records: list[dict], *, n: int, chat: bool = False, chunk: int = 8, desc: str = "", **gen_kwargs
+    model,
+    tokenizer,
+    records: list[dict],
+    *,
+    n: int,
+    chat: bool = False,
+    chunk: int = 8,
+    desc: str = "",
+    seed: int | None = None,
+    progress: bool = True,
+    use_vllm: bool = False,
+    **sampling,
 ) -> list[list[str]]:
-    """``n`` completions per record via `vespo.rollout.generate_texts`, ``chunk`` prompts at a time, with a progress
-    bar on stderr (problems done and the time left, redrawn after every chunk; ``progress=False`` hides it)."""
-    from vespo.rollout import generate_texts  # deferred: vespo.rollout imports transformers
+    """``n`` completions per record from the loops' own generation engine (`vespo.rollout.build_engine`: HF on the
+    model itself, or vLLM on `model`, a path or an in-memory model), ``chunk`` prompts at a time (each chunk's
+    stream seeded ``seed + i``), with a progress bar on stderr (problems done and the time left, redrawn after every
+    chunk). ``sampling``: max_new_tokens, temperature, top_p, top_k."""
+    import torch
+
+    from vespo.rollout import SamplingSettings, build_engine, decode_responses  # deferred: imports transformers
 
     prompts = format_prompts(tokenizer, [r["prompt"] for r in records], chat=chat)
-    seed = gen_kwargs.pop("seed", None)
-    progress = gen_kwargs.pop("progress", True)
+    path = model if isinstance(model, str) else None
+    if path is not None and not use_vllm:
+        from vespo.models import load_model
+
+        model = load_model(path)
+    dtype = "auto" if use_vllm else str(next(model.parameters()).dtype).removeprefix("torch.")  # HF: no copy
+    settings = SamplingSettings(n=n, dtype=dtype, **sampling)
+    engine = build_engine("vllm" if use_vllm else "hf", settings, policy_path=path if use_vllm else None,
+                          seed=seed or 0, model=model, tokenizer=tokenizer)  # fmt: skip
+    device = torch.device("cpu") if use_vllm else next(model.parameters()).device
+    was_training = not use_vllm and model.training
+    step = max(1, 64 // n)  # prompts per `generate` call: at most 64 sequences in flight
     samples: list[list[str]] = []
     bar = tqdm(total=len(prompts), desc=desc or "generate", unit="problem", leave=False, mininterval=0,
                file=sys.stderr, disable=not progress)  # fmt: skip
-    with bar:  # a chunk takes seconds to minutes: every one is shown, with tqdm's estimate of the time left
-        for i in range(0, len(prompts), chunk):
-            chunk_seed = None if seed is None else seed + i  # distinct streams per chunk, reproducible overall
-            samples += generate_texts(model, tokenizer, prompts[i : i + chunk], n=n, seed=chunk_seed, **gen_kwargs)
-            bar.update(len(prompts[i : i + chunk]))
+    try:
+        with bar:  # a chunk takes seconds to minutes: every one is shown, with tqdm's estimate of the time left
+            for i in range(0, len(prompts), chunk):
+                generator = torch.Generator(device=device)
+                if seed is not None:
+                    generator.manual_seed(seed + i)  # distinct streams per chunk, reproducible overall
+                for j in range(i, min(i + chunk, len(prompts)), step):
+                    texts = decode_responses(engine.tokenizer, engine.generate(prompts[j : min(j + step, i + chunk)],
+                                                                               generator))  # fmt: skip
+                    samples += [texts[k : k + n] for k in range(0, len(texts), n)]
+                bar.update(len(prompts[i : i + chunk]))
+    finally:
+        if was_training:
+            model.train()
     return samples
 
 
@@ -390,12 +424,13 @@ def _loaded(bench: Benchmark) -> Benchmark:
 
 def _evaluate(args: argparse.Namespace, device, benchmarks: list[Benchmark], out: Path) -> int:
     """`vespo eval` once every input is checked and --out is claimed: load, evaluate, write and print the table."""
-    from vespo.models import load_policy
+    from vespo.models import load_policy, load_tokenizer
 
-    model, tokenizer = load_policy(args.model)
-    model.to(device)
     if args.backend == "vllm":
-        model = args.model  # vLLM loads the weights itself
+        model, tokenizer = args.model, load_tokenizer(args.model)  # vLLM loads the weights itself
+    else:
+        model, tokenizer = load_policy(args.model)
+        model.to(device)
     gen = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
            "top_k": args.top_k}  # fmt: skip
     gen["use_vllm"] = args.backend == "vllm"

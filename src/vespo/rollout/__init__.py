@@ -1,16 +1,21 @@
 """Generation: the `Rollout` record and `Engine` protocol (`types`), the Hugging Face sampler and log-prob scorer
 (`hf`), and vLLM (`vllm`, CUDA only)."""
 
-from vespo.rollout.hf import HFEngine, decode_responses, generate_texts, response_log_probs, sample
+from vespo.rollout.hf import HFEngine, decode_responses, response_log_probs, sample
 from vespo.rollout.types import Engine, Rollout, SamplingSettings, pack_rollout
 
 
-def build_engine(kind: str, settings: SamplingSettings, *, policy_path: str, seed: int = 0, model=None, tokenizer=None):
-    """The one way a loop gets its generation engine: "vllm" (CUDA; its own weights, loaded from `policy_path`), or
-    "hf" on the learner's `model` (shared, or a cast copy) when given, else a private copy from `policy_path`."""
+def build_engine(
+    kind: str, settings: SamplingSettings, *, policy_path: str | None = None, seed: int = 0, model=None, tokenizer=None
+):
+    """The one way a loop or an evaluation gets its generation engine: "vllm" (CUDA; its own weights, loaded from
+    `policy_path`, else from the in-memory `model`), or "hf" on `model` (the learner's, shared, or a cast copy when
+    `settings.dtype` differs) when given, else a private copy from `policy_path`."""
     if kind == "vllm":
         from vespo.rollout.vllm import VLLMEngine
 
+        if policy_path is None:
+            return VLLMEngine.from_model(model, tokenizer, settings, seed=seed)
         return VLLMEngine(policy_path, settings, seed=seed)
     if model is not None:
         return HFEngine.from_model(model, tokenizer, settings)
@@ -24,7 +29,6 @@ __all__ = [
     "SamplingSettings",
     "build_engine",
     "decode_responses",
-    "generate_texts",
     "pack_rollout",
     "response_log_probs",
     "sample",

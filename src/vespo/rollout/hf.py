@@ -331,46 +331,6 @@ def decode_responses(tokenizer: transformers.PreTrainedTokenizerBase, rollout: R
     return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
 
 
-def generate_texts(
-    model: transformers.PreTrainedModel | str,
-    tokenizer: transformers.PreTrainedTokenizerBase,
-    prompts: list[str],
-    *,
-    n: int,
-    seed: int | None = None,
-    batch_size: int = 64,
-    use_vllm: bool = False,
-    **sampling: float,
-) -> list[list[str]]:
-    """Per prompt, `n` sampled completion strings. `model` is a loaded HF model or a local path / Hub id;
-    `sampling` is `sample`'s max_new_tokens, temperature, top_p and top_k.
-
-    Uses vLLM when `use_vllm` (CUDA; `vespo eval --backend vllm`), the HF sampler otherwise (prompts are processed
-    in chunks of `batch_size`).
-    """
-    if use_vllm:
-        from vespo.rollout.vllm import generate_texts_vllm
-
-        return generate_texts_vllm(model, tokenizer, prompts, n=n, seed=seed, **sampling)
-    if isinstance(model, str):
-        from vespo.models import load_model
-
-        model = load_model(model)
-    generator = torch.Generator(device=next(model.parameters()).device)
-    if seed is not None:
-        generator.manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    out: list[list[str]] = []
-    chunk = max(1, batch_size // n)
-    for i in range(0, len(prompts), chunk):
-        rollout = sample(model, tokenizer, prompts[i : i + chunk], n=n, generator=generator, **sampling)
-        texts = decode_responses(tokenizer, rollout)
-        out += [texts[j : j + n] for j in range(0, len(texts), n)]
-    model.train(was_training)
-    return out
-
-
 class HFEngine:
     """`vespo.rollout.sample` on a Hugging Face model: the learner's own (`shared`: a weight sync is a no-op), or a
     copy in `settings.dtype` (`from_model` in the sync loop, `from_path` in an async sampler process)."""

@@ -1,5 +1,5 @@
-"""vLLM generation (CUDA only; written against vLLM's `LLM` API and not run on the CPU CI): the async samplers'
-engine and `vespo eval`'s backend.
+"""vLLM generation (CUDA only; written against vLLM's `LLM` API and not run on the CPU CI): the one vLLM engine, for
+the sync loop, the async samplers and evaluation (`vespo eval --backend vllm`).
 
 Log-probs are vLLM's "processed" ones (after temperature, top-k and top-p): the log-probs of the distribution actually
 sampled, the convention of `vespo.rollout.hf.sample` and of the learner's `response_log_probs`.
@@ -7,12 +7,10 @@ sampled, the convention of `vespo.rollout.hf.sample` and of the learner's `respo
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import tempfile
 
 import torch
-import transformers
 
 from vespo.models import load_tokenizer
 from vespo.rollout.types import SamplingSettings, pack_rollout
@@ -46,6 +44,15 @@ class VLLMEngine:
         )
         self.settings = settings
 
+    @classmethod
+    def from_model(cls, model, tokenizer, settings: SamplingSettings, *, seed: int = 0) -> VLLMEngine:
+        """An engine on an in-memory HF model (an evaluation during training): saved to a temporary directory,
+        which vLLM reads once while it builds its own copy of the weights."""
+        with tempfile.TemporaryDirectory() as path:
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            return cls(path, settings, seed=seed)
+
     def load(self, named: list[tuple[str, Tensor]]) -> None:
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.model.load_weights(named)
@@ -72,32 +79,3 @@ class VLLMEngine:
                 response_ids.append(list(comp.token_ids))
                 logps.append([d[t].logprob for d, t in zip(comp.logprobs, comp.token_ids, strict=True)])
         return pack_rollout(prompt_ids, response_ids, logps, pad_id=self.tokenizer.pad_token_id)
-
-
-def generate_texts_vllm(
-    model: transformers.PreTrainedModel | str,
-    tokenizer: transformers.PreTrainedTokenizerBase,
-    prompts: list[str],
-    *,
-    n: int,
-    seed: int | None,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-) -> list[list[str]]:
-    """vLLM backend of `generate_texts` (an in-memory model is saved to a temp dir first). Not exercised on CPU CI."""
-    from vllm import LLM, SamplingParams
-
-    with contextlib.ExitStack() as stack:
-        path = model
-        if not isinstance(model, str):
-            path = stack.enter_context(tempfile.TemporaryDirectory())
-            model.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-        llm = LLM(model=path, seed=seed or 0)
-        params = SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, top_k=top_k or -1, max_tokens=max_new_tokens, seed=seed
-        )
-        results = llm.generate(prompts, params)
-    return [[c.text for c in r.outputs] for r in results]

@@ -25,6 +25,7 @@ PRELOAD = (
     "vespo.rewards.batch",
     "vespo.rollout",
     "vespo.train.config",
+    "vespo.train.produce",
     "vespo.train.runs",
     "vespo.train.sampler",
 )

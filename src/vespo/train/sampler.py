@@ -186,12 +186,10 @@ def sampler_main(rank, cfg, policy_path, problems, store, schedule, batches, eve
 def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, events, stop) -> None:
     import transformers
 
-    from vespo.advantages import group_advantages
-    from vespo.data import format_prompts
-    from vespo.rewards.batch import grade_batch, load_reward_fn
-    from vespo.rollout import build_engine, decode_responses
+    from vespo.rewards.batch import load_reward_fn
+    from vespo.rollout import build_engine
     from vespo.train.config import reward_spec
-    from vespo.train.runs import release_free_memory
+    from vespo.train.produce import make_batch
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
@@ -210,22 +208,17 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         seed = batch_seed(cfg.seed, batch)
         order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed))
         chosen = [problems[i] for i in order[: cfg.train_batch_size].tolist()]
-        prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in chosen], chat=cfg.apply_chat_template)
-        rollout = engine.generate(prompts, torch.Generator().manual_seed(seed))
-        release_free_memory()
-        t1 = time.perf_counter()
-        rewards, _ = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), chosen, cfg.rollout_n)  # (B,)
-        advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+        scored = make_batch(engine, chosen, reward_fn, torch.Generator().manual_seed(seed), cfg)
         t2 = time.perf_counter()
         item = SampledBatch(
             batch=batch,
             version=version,
             rank=rank,
-            rollout={k: v.numpy() for k, v in vars(rollout).items()},
-            rewards=rewards.numpy(),
-            advantages=advantages.numpy(),
-            gen_s=t1 - t0,
-            reward_s=t2 - t1,
+            rollout={k: v.numpy() for k, v in vars(scored.rollout).items()},
+            rewards=scored.rewards.numpy(),
+            advantages=scored.advantages.numpy(),
+            gen_s=scored.gen_s,
+            reward_s=scored.reward_s,
             idle_s=t0 - idle_since,
             created=time.time(),
         )

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from vespo.advantages import group_advantages
-from vespo.data import format_prompts
 from vespo.outputs import OwnedDir
-from vespo.rewards.batch import grade_batch
-from vespo.rollout import build_engine, decode_responses
+from vespo.rollout import build_engine
 from vespo.train.config import TrainConfig
 from vespo.train.learner import rollout_metrics, to_floats
+from vespo.train.produce import make_batch
 from vespo.train.runs import clock, release_free_memory
 from vespo.train.setup import completion_rows, setup_run, update_settings
 
@@ -39,18 +37,11 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         t0 = clock(device)
         # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)
         idx = torch.randperm(len(state.train_set))[: cfg.train_batch_size].tolist()
-        batch = [state.train_set[i] for i in idx]
-        prompts = format_prompts(tokenizer, [r["prompt"] for r in batch], chat=cfg.apply_chat_template)
-        # 2. generate n responses per prompt with the engine, recording its log-probs
-        engine.load(list(model.named_parameters()))  # weight sync (a no-op when the engine is the policy itself)
-        rollout = engine.generate(prompts, gen)
-        release_free_memory()  # generation's transients, before the update's activations need the room
-        t_gen = clock(device)
-        # 3. rewards and group advantages
-        rewards, grading = grade_batch(state.reward_fn, decode_responses(tokenizer, rollout), batch, cfg.rollout_n)
-        rewards = rewards.to(rollout.response_mask.device)  # (B,)
-        t_reward = clock(device)
-        advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+        # 2. the engine's weight sync (a no-op when it is the policy itself), then n responses per prompt with its
+        # log-probs recorded, 3. rewards and group advantages
+        engine.load(list(model.named_parameters()))
+        scored = make_batch(engine, [state.train_set[i] for i in idx], state.reward_fn, gen, cfg, lambda: clock(device))
+        rollout, rewards, advantages = scored.rollout, scored.rewards, scored.advantages
         if cfg.log_completions:
             rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
             run.logger.log_completions(rows, step)
@@ -70,13 +61,13 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         t_update = clock(device)
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
         step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length)
-        metrics = to_floats(step_metrics | update) | grading
+        metrics = to_floats(step_metrics | update) | scored.grading
         metrics |= {  # the step's phases (veRL's timing_s/{gen,reward,ref,update_actor}); the rest of
             # time/step_s is bookkeeping: prompts, advantages, logged completions, metrics (evaluation and
             # checkpoints come after it)
             "time/step_s": clock(device) - t0,
-            "time/gen_s": t_gen - t0,
-            "time/reward_s": t_reward - t_gen,
+            "time/gen_s": scored.gen_s,
+            "time/reward_s": scored.reward_s,
             "time/ref_log_prob_s": t_ref - t_score,
             "time/update_s": t_update - t_ref,
         }
