@@ -17,13 +17,15 @@ from vespo.losses.adaptive import ADAPTIVE_METHODS
 # vespo_schedule needs the staleness index of its mini-batch (a BatchContext); tests/test_adaptive.py covers it.
 METHODS = [m for m in vespo.available_methods() if m != "vespo_schedule"]
 # BAPO picks its clip bounds from the whole batch, so per-row or per-micro-batch calls differ from one batch by design;
-# so do the adaptive VESPO variants unless given the mini-batch's statistics (tests/test_adaptive.py).
-BATCH_INDEPENDENT = [m for m in METHODS if m != "bapo" and m not in ADAPTIVE_METHODS]
+# so do M2PO and the adaptive VESPO variants unless given the mini-batch's statistics (tests/test_adaptive.py,
+# tests/test_offpolicy.py).
+BATCH_INDEPENDENT = [m for m in METHODS if m != "bapo" and not vespo.losses.uses_batch_context(m)]
 
 
 def test_registry_names():
-    assert vespo.available_methods() == ["bapo", "cispo", "grpo", "gspo", "reinforce", "sapo", "topr", "vespo"] + list(
-        ADAPTIVE_METHODS
+    assert vespo.available_methods() == sorted(
+        ["aipo", "bapo", "cispo", "grpo", "gspo", "m2po", "opsm", "reinforce", "sapo", "topr", "vcpo", "vespo"]
+        + list(ADAPTIVE_METHODS)
     )
     with pytest.raises(ValueError, match="already registered"):
         register_method("vespo")(lambda *a, **k: None)
@@ -55,6 +57,12 @@ def test_default_aggregation_is_each_primary_sources():
         "gspo": "seq-mean-token-mean",
         "sapo": "seq-mean-token-mean",
         "topr": "seq-mean-token-sum",
+        # M2PO's objective and prime-rl's AIPO divide by all tokens; DeepSeek-V3.2's GRPO objective and VCPO's scripts
+        # average tokens, then sequences
+        "m2po": "token-mean",
+        "aipo": "token-mean",
+        "opsm": "seq-mean-token-mean",
+        "vcpo": "seq-mean-token-mean",
     } | {m: "token-mean" for m in ADAPTIVE_METHODS}  # adaptive VESPO keeps VESPO's aggregation
     assert {m: default_loss_agg_mode(m) for m in vespo.available_methods()} == want
     from pathlib import Path
@@ -539,7 +547,7 @@ def test_bad_inputs_raise_clear_errors():
         call(length_norm="log")
     with pytest.raises(ValueError, match="unknown loss_agg_mode"):
         call(loss_agg_mode="sum")
-    with pytest.raises(ValueError, match=r"known methods: \['bapo'"):
+    with pytest.raises(ValueError, match=r"known methods: \['aipo'"):
         call(method="ppo")
     with pytest.raises(ValueError, match=r"clip_ratio_c must be in \(1, inf\)"):
         call(method="grpo", clip_ratio_c=0.5)

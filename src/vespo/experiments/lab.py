@@ -166,9 +166,10 @@ class LabConfig:
     """Adam's epsilon: the floor under its per-parameter normaliser."""
     beta1: float = 0.9
     """Adam's first-moment decay (beta2 stays 0.99); 0 = no momentum: every step follows the current gradient."""
-    step_scale: Literal["none", "mean_phi"] = "none"
-    """"mean_phi": move the weights by Z x Adam's step, Z = the mini-batch's mean phi(W) capped at 1 (the trainer's
-    `step_scale`; VESPO family only)."""
+    step_scale: Literal["none", "mean_phi", "ess_sqrt"] = "none"
+    """The trainer's `step_scale` (`vespo.step_control`): "mean_phi" moves the weights by Z x Adam's step, Z = the
+    mini-batch's mean phi(W) capped at 1 (VESPO family only); "ess_sqrt" by sqrt of the normalised ESS of its sequence
+    weights pi/pi_sampler (VCPO's rule; any method)."""
     momentum_scale: Literal["none", "mean_phi"] = "none"
     """"mean_phi": multiply Adam's first moment by Z (as above) before each step, so a stale mini-batch whose phi has
     collapsed does not keep taking the fresh mini-batches' momentum (beyond the paper, issue 29; VESPO family only)."""
@@ -291,8 +292,8 @@ def cells(cfg: LabConfig) -> list[LabCell]:
         ("beta1", 0 <= cfg.beta1 < 1, "a number in [0, 1)"),
         (
             "step_scale",
-            cfg.step_scale == "none" or all(rollout_correction(m) == "fold" for m in cfg.methods),
-            "none unless every method is VESPO-family (it scales by mean phi)",
+            cfg.step_scale != "mean_phi" or all(rollout_correction(m) == "fold" for m in cfg.methods),
+            "none or ess_sqrt unless every method is VESPO-family (mean_phi scales by mean phi)",
         ),
         (
             "momentum_scale",

@@ -41,6 +41,7 @@ from vespo.advantages import group_advantages
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
 from vespo.losses.core import seq_log_ratio, top_share
+from vespo.step_control import sampler_log_w, scale_step, step_scale
 
 Tensor = torch.Tensor
 EOS = 0
@@ -313,10 +314,10 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     sequence log W); whether grad_clip cut the step, KL(mu || pi) and the std of log W, mean phi (nan without phi)
     and the momentum share of the step (`vespo.diagnostics`).
 
-    Controls (beyond the paper; VESPO family, Z = the mini-batch's mean phi capped at 1): `cfg.step_scale="mean_phi"`
-    moves the weights by Z x Adam's step (the trainer's `step_scale`); `cfg.momentum_scale="mean_phi"` multiplies
-    Adam's first moment by Z before the step, so a mini-batch whose phi has collapsed also silences the momentum the
-    fresh mini-batches left (the echo), not only its own gradient."""
+    Controls (Z = the mini-batch's mean phi capped at 1, VESPO family): `cfg.step_scale` moves the weights by s x
+    Adam's step as the trainer does (`vespo.step_control`: s = Z, or VCPO's sqrt ESS);
+    `cfg.momentum_scale="mean_phi"` multiplies Adam's first moment by Z before the step, so a mini-batch whose phi
+    has collapsed also silences the momentum the fresh mini-batches left (the echo), not only its own gradient."""
     lp.retain_grad()
     context = BatchContext(mini_batch_index=k, num_mini_batches=cell.staleness)
     loss, metrics = compute_policy_loss(
@@ -345,10 +346,12 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     u_g, _ = diagnostics.momentum_parts(opt)
     before = [p.detach().clone() for p in params]
     opt.step()
-    if getattr(cfg, "step_scale", "none") == "mean_phi":  # theta <- theta_old + Z (theta_adam - theta_old)
-        with torch.no_grad():
-            for p, b in zip(params, before, strict=True):
-                p.lerp_(b, 1.0 - z)
+    kind = getattr(cfg, "step_scale", "none")
+    if kind != "none":  # theta <- theta_old + s (theta_adam - theta_old)
+        log_w = sampler_log_w(lp.detach(), old_lp, rollout_lp, mask)
+        scale_step(
+            params, before, step_scale(kind, mean_phi=z, log_w=log_w, valid=mask.sum(-1) > 0)["actor/step_scale"]
+        )
     with torch.no_grad():
         log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,) exact
         guarded = seq_log_ratio(lp.detach(), old_lp, mask)  # (M,) the losses' log W (tokens clamped at +-20)

@@ -50,6 +50,9 @@ NAMED: dict[str, Variant] = {
     # plain "topr" is TOPR's own definition (its gradient sums over the sequence: seq-mean-token-sum)
     "topr-tokenmean": ("topr", {}, {"loss_agg_mode": "token-mean"}),
     "vespo-unitpos": ("vespo", {"positive_weight": "one"}, {}),  # issue 29: VESPO with TOPR's weight 1 on A >= 0
+    # VCPO as its scripts run it: its loss with sequence-level rollout IS at threshold 8, ESS step scaling and the
+    # off-policy optimal baseline (docs/losses.md); `vespo train --method vcpo` alone is the loss with GRPO advantages
+    "vcpo": ("vcpo", {"rollout_is_threshold": 8.0}, {"step_scale": "ess_sqrt", "adv_estimator": "opob"}),
 }
 """Variants selectable by name in `methods` besides the registered methods."""
 # preset -> {variant name: (method, hparams, settings)}; the default preset is filled from `methods`
@@ -78,6 +81,11 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "cispo": ("cispo", {}, {}),
         "topr": ("topr", {}, {}),
         "topr-tokenmean": NAMED["topr-tokenmean"],
+        # beyond the paper (issue 40): the off-policy corrections of 2025-26, each with its source's defaults
+        "m2po": ("m2po", {}, {}),
+        "opsm": ("opsm", {}, {}),
+        "aipo": ("aipo", {}, {}),
+        "vcpo": NAMED["vcpo"],
     },
 }
 PAPER_LR = 1e-4
@@ -121,8 +129,9 @@ class SweepConfig:
     """Delete an earlier sweep's outputs in `out_dir` first (its cells included), or write beside files vespo did not
     create there (never replacing them)."""
     methods: tuple[str, ...] = ("vespo", "grpo", "gspo", "sapo", "topr", "topr-tokenmean", "cispo", "bapo")
-    """Methods of the default grid (ignored when a preset is chosen): registered methods, or `topr-tokenmean` (the
-    length-normalised TOPR the VESPO paper compared against; `topr` is TOPR's own token-sum form)."""
+    """Methods of the default grid (ignored when a preset is chosen): registered methods, or a named variant:
+    `topr-tokenmean` (the length-normalised TOPR the VESPO paper compared against; `topr` is TOPR's own token-sum
+    form), `vespo-unitpos`, `vcpo` (VCPO: its loss with its ESS step scaling and optimal baseline)."""
     preset: str | None = None
     """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls | paper (the paper's staleness table
     in the paper's optimisation regime, docs/paper_regime.md: it also sets the task, N, seeds, mini-batch, steps, lr,
@@ -194,6 +203,9 @@ SWEEP_OWNED = {
 """`vespo train` fields the sweep sets for every cell (-> the sweep flag to use instead): `extra` may not set them."""
 NOT_IDENTITY = ("run_dir", "cache_dir", "resume", "allow_change", "overwrite_output_dir", "progress")
 """TrainConfig fields left out of a cell's identity: where it is written, and bookkeeping that changes no number."""
+LATER_FIELDS = {"adv_estimator": "grpo", "eval_top_p": None}
+"""TrainConfig fields added after sweeps were run -> the value that reproduces those runs: left out of a cell's
+identity at that value, so the cells run before the field existed keep their names (and are reused)."""
 
 
 @dataclass(frozen=True)
@@ -301,8 +313,11 @@ def cells(cfg: SweepConfig) -> list[Cell]:
 
 
 def cell_key(tc: TrainConfig) -> str:
-    """Identity of a cell: a hash of its resolved `vespo train` config, all but `NOT_IDENTITY`."""
-    return settings_key({k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY})
+    """Identity of a cell: a hash of its resolved `vespo train` config, all but `NOT_IDENTITY` (and `LATER_FIELDS`
+    at their earlier value)."""
+    config = dataclasses.asdict(tc)
+    later = {k for k, v in LATER_FIELDS.items() if config[k] == v}
+    return settings_key({k: v for k, v in config.items() if k not in NOT_IDENTITY and k not in later})
 
 
 def _optimizer_steps(cfg: SweepConfig, n: int) -> int:

@@ -34,9 +34,12 @@ from vespo.losses.core import (
     LOG_W_MIN,
     PolicyBatch,
     compact_advantages,
+    row_sum,
     seq_advantage,
     seq_log_ratio,
+    token_log_ratio,
     top_share,
+    trust_region_m2,
     weight_metrics,
 )
 from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
@@ -52,7 +55,8 @@ class BatchContext:
 
     `log_w` (M,) sequence log W of every sequence of the mini-batch (rollout fold included, as the method computes
     it), `advantages` (M,) their sequence advantages, `valid` (M,) which have at least one valid token;
-    `mini_batch_index` k in 0..N-1 and `num_mini_batches` N (the staleness) for `vespo_schedule`.
+    `mini_batch_index` k in 0..N-1 and `num_mini_batches` N (the staleness) for `vespo_schedule`; `m2` the
+    mini-batch's per-token M2 of M2PO's trust-region tokens, -1 for every other token, any shape (`m2po`).
     """
 
     log_w: Tensor | None = None
@@ -60,6 +64,7 @@ class BatchContext:
     valid: Tensor | None = None
     mini_batch_index: int | None = None
     num_mini_batches: int | None = None
+    m2: Tensor | None = None
 
 
 def batch_context(
@@ -72,7 +77,7 @@ def batch_context(
     """The `BatchContext` of a whole mini-batch `batch`, log W computed the way the loss computes it (token
     log-ratios clamped to +-20, summed, plus the folded rollout log-weight from `rollout_log_prob` under the
     rollout-correction options in `correction` (`CORRECTION_OPTIONS`, rejected tokens left out), or from an
-    engine's ready `rollout_is_weights` at `rollout_is_level`). Detached."""
+    engine's ready `rollout_is_weights` at `rollout_is_level`), and M2PO's trust-region M2 of its tokens. Detached."""
     b = batch.cast()
     mask, weights = b.response_mask, b.rollout_is_weights
     fold = None
@@ -84,11 +89,13 @@ def batch_context(
         level = level if level in ("token", "sequence") else "token"
         fold, keep, _ = rollout_correction(b.old_log_prob, b.rollout_log_prob, weights, mask, options, level, fold=True)
         mask = mask if keep is None else mask * keep
-    log_w = seq_log_ratio(b.log_prob.detach(), b.old_log_prob, mask)  # (M,)
+    log_ratio = token_log_ratio(b.log_prob.detach(), b.old_log_prob)  # (M, T)
+    log_w = row_sum(log_ratio, mask)  # (M,) = `seq_log_ratio`
     if fold is not None:
         log_w = log_w + fold
-    a_seq = seq_advantage(b.token_advantages(), mask)
-    return BatchContext(log_w, a_seq, mask.sum(-1) > 0, mini_batch_index, num_mini_batches)
+    adv = b.token_advantages()
+    m2 = trust_region_m2(log_ratio, compact_advantages(adv), mask)  # (M, T)
+    return BatchContext(log_w, seq_advantage(adv, mask), mask.sum(-1) > 0, mini_batch_index, num_mini_batches, m2)
 
 
 # --------------------------------------------------------------------------------------------------------------------

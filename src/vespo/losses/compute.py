@@ -109,7 +109,8 @@ def policy_loss_terms(
     if keep is not None:  # rejection sampling: rejected tokens leave W, the loss and the metrics
         mask = mask * keep
     log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
-    shared = {"log_ratio": log_ratio, "seq_log_ratio": row_sum(log_ratio, mask), "batch_context": batch_context}
+    shared = {"log_ratio": log_ratio, "seq_log_ratio": row_sum(log_ratio, mask), "batch_context": batch_context,
+              "rollout_log_prob": b.rollout_log_prob}  # fmt: skip
     if fold:
         shared["rollout_log_w"] = correction
     loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)

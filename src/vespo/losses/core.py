@@ -167,6 +167,17 @@ def kl_k3(log_ratio: Tensor, clamp: float | None = None) -> Tensor:
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
+def trust_region_m2(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """M2PO's per-token second moment M2 = (log r)^2 of its trust-region tokens, -1 elsewhere, (B, T).
+
+    Trust-region tokens are the valid ones whose ratio moved the way the advantage rewards, where PPO's clip would
+    bind: A > 0 with r > 1, or A < 0 with r < 1 (M2PO Algorithm 1's set T; the official code's
+    `_get_trust_region_tokens_delta_sq`). `advantages` (B, T) or (B, 1); `log_ratio` detached, clamped to +-20."""
+    up = (advantages > 0) & (log_ratio > 0)
+    down = (advantages < 0) & (log_ratio < 0)
+    return torch.where((up | down) & (mask > 0), log_ratio.square(), -1.0)
+
+
 def seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of a per-sequence quantity (B,) over the sequences with at least one valid token."""
     seq_valid = (mask.sum(-1) > 0).to(x.dtype)

@@ -44,6 +44,7 @@ _OPTIONAL_INPUTS = (
     "log_ratio",  # (B, T) detached log(pi/mu) per token, clamped to [-20, 20]
     "seq_log_ratio",  # (B,) masked row sum of `log_ratio`: log W with the per-token guard
     "batch_context",  # caller-supplied mini-batch statistics (`vespo.adaptive.BatchContext`) or None
+    "rollout_log_prob",  # (B, T) or None: the sampler's log-probs as given, for a method that measures its divergence
 )
 # Hyperparameters every method has, applied by the core (not passed to the method function).
 # The rollout-correction options (veRL's names, `vespo.losses.correction`) are checked by their parser.

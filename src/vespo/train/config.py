@@ -72,6 +72,9 @@ class TrainConfig:
     """How the per-token loss is normalised (`vespo.aggregation.agg_loss`); None = the method's default."""
     norm_adv_by_std: bool = True
     """Divide group-centred rewards by the group std (GRPO); False gives Dr. GRPO-style A = R - mean."""
+    adv_estimator: Literal["grpo", "opob"] = "grpo"
+    """Advantages (veRL's name): grpo (group-relative) | opob (VCPO's off-policy optimal baseline, recomputed per
+    mini-batch at its weights; one extra backward per sequence; sync mode, shuffle off; docs/losses.md)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the initial (reference) policy; 0 disables it and the reference model."""
     entropy_coeff: float = 0.0
@@ -115,10 +118,10 @@ class TrainConfig:
     """AdamW epsilon (TRL's name); a large value (e.g. 1e-2 with a ~100x lr) makes Adam's step follow the gradient."""
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step."""
-    step_scale: Literal["none", "mean_phi"] = "none"
-    """Step-size control for stale mini-batches (beyond the paper): "mean_phi" scales each optimizer step by the
-    mini-batch's mean VESPO weight Z = mean phi(W) (capped at 1), restoring the step-size meaning of phi that Adam's
-    normaliser removes. VESPO-family methods only."""
+    step_scale: Literal["none", "mean_phi", "ess_sqrt"] = "none"
+    """Step-size control for stale mini-batches (`vespo.step_control`): "mean_phi" scales each optimizer step by the
+    mini-batch's mean VESPO weight Z = mean phi(W) (capped at 1; VESPO-family methods only, beyond the paper);
+    "ess_sqrt" by sqrt(ESS/B) of its sequence weights pi/pi_sampler (VCPO's rule for AdamW; any method)."""
     target_kl: float | None = None
     """Trust region over stale mini-batches (PPO's name): skip the rest of a rollout's mini-batches once the k3
     estimate of KL(mu || pi) on the next one exceeds this; None = never."""
@@ -250,6 +253,9 @@ class TrainConfig:
     """Held-out prompts per evaluation, sampled at `temperature`: the first eval_size of `eval_dataset`, or of the
     embedded task's fixed held-out pool (500 sums for arithmetic, 1000 for chain/scratchpad; the training set and
     the warm start do not depend on it)."""
+    eval_top_p: float | None = None
+    """Nucleus mass of held-out sampling; None: the training `top_p`. The official VESPO evaluation samples at 0.7
+    (its scripts' val_kwargs; docs/paper_regime.md)."""
     eval_n: int = 1
     """Samples per held-out prompt: the logged eval/accuracy is avg@eval_n, whose binomial SD is about
     sqrt(p (1 - p) / (eval_size * eval_n)) (0.011 at 500 prompts x 4 and p = 0.5; 0.035 at 200 x 1)."""
@@ -453,7 +459,7 @@ _RANGES_BY_INTERVAL: dict[str | tuple[str, str], tuple[str, ...]] = {
     ("[0.01, inf)", "vLLM raises lower temperatures to 0.01; below it float32 rounding of the logits grows into "
      "log-ratio errors above 0.01, and below ~1e-37 logits / temperature overflow"): ("temperature",),
     ("[1e-06, 1]", "a smaller nucleus is always the single most likely token, i.e. greedy decoding with identical "
-     "responses per group; below ~1e-45 it rounds to 0 in float32 and the nucleus is empty"): ("top_p",),
+     "responses per group; below ~1e-45 it rounds to 0 in float32 and the nucleus is empty"): ("top_p", "eval_top_p"),
     ("[0, 100]", "logits are of order 10, so std 100 already samples at random; near 1e37 the logits overflow "
      "float32"): ("rollout_logit_noise",),
     (f"[1, {_usable_cores()}]", "one sampler process per usable CPU core, each with its own copy of the policy"):
@@ -500,6 +506,11 @@ def check_consistency(cfg: TrainConfig) -> None:
     if cfg.step_scale == "mean_phi" and rollout_correction(cfg.method) != "fold":
         raise ConfigError(
             f"step_scale=mean_phi needs a VESPO-family method (it scales by the mean phi(W)); {cfg.method!r} has none"
+        )
+    if cfg.adv_estimator == "opob" and (cfg.mode != "sync" or cfg.shuffle):
+        raise ConfigError(
+            "adv_estimator=opob recomputes each mini-batch's baseline from whole groups at its weights: it needs "
+            f"mode=sync and shuffle=false, got mode={cfg.mode}, shuffle={cfg.shuffle}"
         )
     _validate_task(cfg)
     _validate_hardware(cfg)

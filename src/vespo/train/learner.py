@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from vespo import diagnostics
+from vespo.advantages import opob_advantages
 from vespo.aggregation import agg_loss
 from vespo.losses import (
     CORRECTION_OPTIONS,
@@ -26,8 +27,9 @@ from vespo.losses import (
     kl_k3,
     uses_batch_context,
 )
-from vespo.losses.core import seq_log_ratio, top_share
+from vespo.losses.core import row_sum, seq_log_ratio, token_log_ratio, top_share
 from vespo.rollout import Rollout, response_log_probs
+from vespo.step_control import sampler_log_w, scale_step, step_scale
 
 Tensor = torch.Tensor
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
@@ -44,10 +46,11 @@ PER_INDEX = (
     "is/log_w_std",
     diagnostics.MEAN_PHI,
     "actor/momentum_share",
+    "actor/step_ess",
 )
 """Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results.md, mechanism); the
 last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z` and `actor/momentum_share` are the regime diagnostics at
-the stalest mini-batch (`vespo.diagnostics`)."""
+the stalest mini-batch (`vespo.diagnostics`); `actor/step_ess` is VCPO's ESS (with `step_scale="ess_sqrt"`)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,17 @@ class UpdateSettings:
     log_update_norm: bool = False
     """Log the size of each optimizer step (one copy of the weights per mini-batch)."""
     step_scale: str = "none"
-    """"mean_phi": scale each mini-batch's optimizer step by its mean VESPO weight Z = mean phi(W) (at most 1), so a
-    stale mini-batch whose phi shrank moves the weights less; Adam's normaliser otherwise undoes the scale of phi."""
+    """Step control (`vespo.step_control`): "mean_phi" scales each mini-batch's optimizer step by its mean VESPO weight
+    Z = mean phi(W) (at most 1), so a stale mini-batch whose phi shrank moves the weights less (Adam's normaliser
+    otherwise undoes the scale of phi); "ess_sqrt" by sqrt of the normalised ESS of its sequence weights pi/pi_sampler
+    (VCPO's rule)."""
+    adv_estimator: str = "grpo"
+    """"grpo": the advantages the loop passes; "opob": VCPO's off-policy optimal baseline, recomputed per mini-batch
+    from the rewards at the mini-batch's weights (`opob_advantages`; one backward per sequence)."""
+    group_size: int = 8
+    """Responses per prompt (consecutive rows), for "opob"."""
+    norm_adv_by_std: bool = True
+    """"opob": divide by the group's reward std (VCPO's `norm_by_std`)."""
     target_kl: float | None = None
     """Stop the update (skip the rest of the rollout's mini-batches) once the k3 estimate of KL(mu || pi) on the
     next mini-batch exceeds this (PPO's target_kl); None never stops."""
@@ -146,9 +158,10 @@ class Learner:
         *,
         ref_log_prob: Tensor | None = None,
         rollout_log_prob: Tensor | None = None,
+        rewards: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """`settings.num_mini_batches` sequential optimizer steps on the rollout (`ppo_update`); the update's metrics
-        summarised over its mini-batches, as tensors.
+        summarised over its mini-batches, as tensors. `rewards` (B,): needed by `adv_estimator="opob"`.
 
         `old_log_prob` None: the rollout was sampled from the current weights, so mu is scored here under them, with
         mini-batch 0's rows taken from that mini-batch's own forward (the same weights: W == 1 exactly), TRL's
@@ -170,6 +183,7 @@ class Learner:
             self.settings,
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout_log_prob,
+            rewards=rewards,
             scheduler=self.scheduler,
             scaler=self.scaler,
             score_old=in_update,
@@ -254,6 +268,7 @@ def ppo_update(
     *,
     ref_log_prob: Tensor | None = None,
     rollout_log_prob: Tensor | None = None,
+    rewards: Tensor | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
     score_old: bool = False,
@@ -277,6 +292,11 @@ def ppo_update(
     token, also target_kl's estimate), `is/log_w_std` (std of sequence log W over sequences) and
     `actor/momentum_share` (share of the optimizer step from the current gradient, from the state before the step;
     nan for a skipped non-finite step).
+
+    `settings.step_scale` moves the weights by s x the optimizer's step (`vespo.step_control`; `actor/step_scale`,
+    and `actor/step_ess` for VCPO's rule). `settings.adv_estimator="opob"` replaces each mini-batch's advantages by
+    VCPO's baseline from `rewards` at the mini-batch's weights (rows in whole groups: shuffle off); `opob/baseline_gap`
+    is the mean |b - group mean reward|.
     """
     s = settings
     mode = s.agg_mode
@@ -289,6 +309,11 @@ def ppo_update(
     )
     n_rows = advantages.shape[0]
     order = torch.randperm(n_rows) if s.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
+    opob = s.adv_estimator == "opob"
+    if opob:
+        if rewards is None or s.shuffle:
+            raise ValueError("adv_estimator='opob' needs the rewards and whole groups per mini-batch (shuffle off)")
+        advantages = advantages.clone()  # each mini-batch's rows are overwritten with the baseline at its weights
     params = [p for group in optimizer.param_groups for p in group["params"]]  # all weights, or the LoRA adapters
     if score_old and n_rows > s.seqs_per_mini_batch:  # the stale mini-batches' mu, before any step
         later = order[s.seqs_per_mini_batch :]
@@ -299,11 +324,15 @@ def ppo_update(
         rows = order[k * s.seqs_per_mini_batch : (k + 1) * s.seqs_per_mini_batch]
         mini_mask = rollout.response_mask[rows]
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
-        optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor] = {}
+        optimizer.zero_grad(set_to_none=True)
         mini_log_prob = []  # detached log pi of each micro-batch: the mini-batch's log W, KL and drift diagnostics
         micro = micro_batches(rows, s.micro_batch_size)
         on_policy = score_old and k == 0  # this mini-batch's own forward gives its mu
+        if opob:
+            log_v = opob_log_weights(model, rollout, rows, old_log_prob, rollout_log_prob, s, on_policy)  # (M,)
+            advantages[rows] = opob_advantages(rewards[rows], s.group_size, log_v, norm_by_std=s.norm_adv_by_std)
+            sums["opob/baseline_gap"] = _baseline_gap(rewards[rows], advantages[rows], s)
         ctx = _batch_context(
             model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro), on_policy
         )
@@ -383,12 +412,15 @@ def ppo_update(
                 scaler.update()
             if scheduler is not None:
                 scheduler.step()
-        if s.step_scale == "mean_phi" and finite:  # theta <- theta_old + Z * (theta_adam - theta_old), Z <= 1
-            scale = sums["vespo/Z"].clamp(max=1.0)
-            sums["actor/step_scale"] = scale
-            with torch.no_grad():
-                for p, b in zip(params, before, strict=True):
-                    p.lerp_(b, 1.0 - scale)
+        if s.step_scale != "none" and finite:  # theta <- theta_old + s * (theta_opt - theta_old), s <= 1
+            rollout_rows = None if rollout_log_prob is None else rollout_log_prob[rows]
+            sums |= step_scale(
+                s.step_scale,
+                mean_phi=sums.get(diagnostics.MEAN_PHI),
+                log_w=sampler_log_w(mini_lp, mini_old, rollout_rows, mini_mask.to(mini_lp.dtype)),
+                valid=mini_mask.sum(-1) > 0,
+            )
+            scale_step(params, before, sums["actor/step_scale"])
         if s.log_update_norm:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
             sums["actor/update_norm"] = torch.stack(
                 [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
@@ -397,6 +429,47 @@ def ppo_update(
             sums["actor/kl_stopped"] = torch.tensor(0.0)
         history.append({key: v.detach() for key, v in sums.items()})
     return history
+
+
+def opob_log_weights(
+    model,
+    rollout: Rollout,
+    rows: Tensor,
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor | None,
+    s: UpdateSettings,
+    on_policy: bool,
+) -> Tensor:
+    """log of VCPO's baseline weight of each row, log(||grad_theta sum_t r_t||^2 w^2), (M,): r_t = pi/mu per token (its
+    per-trajectory gradient with A = 1, summed over tokens), w = pi/pi_sampler per sequence (`sampler_log_w`,
+    unclipped). One forward and backward per sequence (`torch.autograd.grad`: the accumulated gradient is untouched),
+    at the weights the mini-batch is trained at; `on_policy`: mu is this forward itself (W == 1)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = []
+    for row in rows.split(1):
+        with autocast(model, s.autocast_dtype):
+            lp, _ = response_log_probs(
+                model, rollout.select(row), temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
+            )  # (1, T)
+        old = lp.detach() if on_policy else old_log_prob[row]
+        mask = rollout.response_mask[row].to(lp.dtype)
+        score = row_sum(torch.exp(token_log_ratio(lp, old)), mask).sum()
+        grads = [g for g in torch.autograd.grad(score, params, allow_unused=True) if g is not None]
+        sq_norm = torch.stack([g.float().square().sum() for g in grads]).sum()
+        rollout_row = None if rollout_log_prob is None else rollout_log_prob[row]
+        log_w = sampler_log_w(lp.detach(), old, rollout_row, mask)[0]
+        out.append(torch.log(sq_norm) + 2.0 * log_w)
+    return torch.stack(out)
+
+
+def _baseline_gap(rewards: Tensor, advantages: Tensor, s: UpdateSettings) -> Tensor:
+    """Mean over groups of |b - mean R|: how far VCPO's baseline moved from GRPO's group mean (0-dim)."""
+    r = rewards.double().view(-1, s.group_size)
+    a = advantages.double().view(-1, s.group_size)
+    std = r.std(-1, keepdim=True, unbiased=False)
+    scale = torch.where((std > 1e-8) & s.norm_adv_by_std, std, torch.ones_like(std))
+    baseline = (r - a * scale).mean(-1)  # A = (R - b) / s  =>  b = R - A s, the same for every row of the group
+    return (baseline - r.mean(-1)).abs().mean().float()
 
 
 def _batch_context(

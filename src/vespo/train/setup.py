@@ -172,6 +172,9 @@ def update_settings(cfg: TrainConfig, *, num_mini_batches: int, shuffle: bool) -
     return UpdateSettings(
         autocast_dtype=autocast,
         **{name: getattr(cfg, name) for name in (*shared, "log_update_norm", "step_scale", "target_kl")},
+        adv_estimator=cfg.adv_estimator,
+        group_size=cfg.rollout_n,
+        norm_adv_by_std=cfg.norm_adv_by_std,
         hparams=dict(cfg.hparams),
         num_mini_batches=num_mini_batches,
         seqs_per_mini_batch=cfg.ppo_mini_batch_size * cfg.rollout_n,
@@ -228,8 +231,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch
 @torch.no_grad()
 def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[str, float]:
     """Held-out accuracy (avg@eval_n) through the shared evaluator (`vespo.evaluation.evaluate_records`): `eval_n`
-    responses per prompt at the training temperature and prompt format, seeded apart from training, graded by the
-    records' verifier; with `progress`, a bar with the time left (a real model's evaluation can take minutes)."""
+    responses per prompt at the training temperature, top-k and prompt format and at `eval_top_p` (the training
+    top_p when None), seeded apart from training, graded by the records' verifier; with `progress`, a bar with the
+    time left (a real model's evaluation can take minutes)."""
     scores = evaluate_records(
         model,
         tokenizer,
@@ -239,6 +243,7 @@ def evaluate(model, tokenizer, records: list[dict], cfg: TrainConfig) -> dict[st
         chunk=cfg.micro_batch_size,
         seed=cfg.seed + 12345,
         progress=cfg.progress,
-        **{k: getattr(cfg.sampling, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k")},
+        **{k: getattr(cfg.sampling, k) for k in ("max_new_tokens", "temperature", "top_k")},
+        top_p=cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p,
     )
     return {"eval/accuracy": scores[f"eval/heldout/avg@{cfg.eval_n}"]}
