@@ -23,7 +23,9 @@ from vespo.losses import (
     default_loss_agg_mode,
     kl_k3,
     policy_loss_terms,
+    rollout_correction,
     uses_batch_context,
+    uses_rollout_log_prob,
     validate_hparams,
 )
 
@@ -62,8 +64,10 @@ class VespoGRPOConfig(GRPOConfig):
     ratio; or, with `vllm_importance_sampling_correction=False` and vLLM, vespo's rollout-correction options in
     `vespo_hparams` (veRL's names: `rollout_is`, `rollout_is_threshold`, `rollout_rs`, `rollout_rs_threshold`) correct
     from TRL's sampling log-probs. TRL options the vespo loss does not implement (`importance_sampling_level=
-    "sequence"`, `top_entropy_quantile`, `off_policy_mask_threshold`, `delta`, entropy bonus) raise instead of being
-    ignored.
+    "sequence"`, `top_entropy_quantile`, `off_policy_mask_threshold` (vespo's is the method `opsm`), `delta`, entropy
+    bonus) raise instead of being ignored. Refused as traps: `token_mask` with a method that folds the ratio into its
+    sequence weight (one masked token sets the whole sequence's W to 1e-8, phi ~ 0, as TRL's own vespo does), and
+    `opsm` with TRL's correction on (it needs TRL's sampling log-probs, and vespo receives only the ratio).
     """
 
     vespo_method: str = field(
@@ -83,7 +87,10 @@ class VespoGRPOConfig(GRPOConfig):
         }
         bad = [name for name, is_set in unsupported.items() if is_set]
         if bad:
-            raise ValueError(f"VespoGRPOTrainer does not implement the TRL option(s) {bad}; leave them at defaults")
+            raise ValueError(
+                f"VespoGRPOTrainer does not implement the TRL option(s) {bad}; leave them at defaults"
+                + " (off-policy sequence masking is vespo_method='opsm')" * ("off_policy_mask_threshold" in bad)
+            )
         if self.vespo_loss_agg_mode is not None and self.vespo_loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"vespo_loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.vespo_loss_agg_mode!r}"
@@ -106,6 +113,22 @@ class VespoGRPOConfig(GRPOConfig):
                 "drop them and use vllm_importance_sampling_mode / vllm_importance_sampling_clip_max"
             )
         validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
+        trl_ratio = self.use_vllm and self.vllm_importance_sampling_correction
+        mode = self.vllm_importance_sampling_mode
+        if trl_ratio and mode == "token_mask" and rollout_correction(self.vespo_method) == "fold":
+            raise ValueError(
+                f"vllm_importance_sampling_mode='token_mask' with vespo_method={self.vespo_method!r}: a masked token's "
+                "ratio 0 enters the sequence weight W as log 1e-8, so one masked token sets phi(W) of its whole "
+                "sequence to ~0 (TRL's own vespo does the same); use token_truncate, or sequence_mask to drop whole "
+                "sequences on purpose"
+            )
+        if trl_ratio and uses_rollout_log_prob(self.vespo_method):
+            raise ValueError(
+                f"vespo_method={self.vespo_method!r} measures its divergence from TRL's sampling log-probs, and with "
+                "TRL's vLLM importance sampling vespo receives only the ratio: set "
+                "vllm_importance_sampling_correction=False (add vespo_hparams rollout_is/rollout_is_threshold to "
+                "correct from the sampling log-probs)"
+            )
 
 
 def _check_hub_model(model: object) -> None:
@@ -192,7 +215,7 @@ class VespoGRPOTrainer(GRPOTrainer):
             allow_empty_rows=True,  # TRL pads micro-batches and masks tool tokens
             validate=False,  # model log-probs; no host sync per micro-batch
             **({"batch_context": self._step_context(model)} if uses_batch_context(self.args.vespo_method) else {}),
-            **self.args.vespo_hparams,
+            **self._loss_hparams(),
         )
         mode = "train" if self.model.training else "eval"
         pg_loss = agg_loss(loss_mat, mask, self.vespo_loss_agg_mode, **self._global_counts(inputs, mask, mode))
@@ -214,13 +237,23 @@ class VespoGRPOTrainer(GRPOTrainer):
         TRL's vLLM sampling log-probs (vespo corrects; a NaN log-prob, which vLLM may leave, counts as ratio 1, as TRL
         does); otherwise TRL's ready vLLM importance-sampling ratio at its level, (B, T) token modes, (B, 1) sequence
         ones."""
-        if any(k in self.args.vespo_hparams for k in CORRECTION_OPTIONS):
+        if any(k in self.args.vespo_hparams for k in CORRECTION_OPTIONS) or uses_rollout_log_prob(
+            self.args.vespo_method
+        ):
             sampled = inputs.get("sampling_per_token_logps")
             rollout = {"rollout_log_prob": None if sampled is None else torch.where(sampled.isnan(), old, sampled)}
         else:
             level = "sequence" if self.args.vllm_importance_sampling_mode.startswith("sequence") else "token"
             rollout = {"rollout_is_weights": inputs.get("importance_sampling_ratio"), "rollout_is_level": level}
         return PolicyBatch(log_prob, old, inputs["advantages"], _loss_mask(inputs), **rollout)
+
+    def _loss_hparams(self) -> dict[str, object]:
+        """The method's hyperparameters; a method that reads the sampling log-probs (`opsm`) without vespo's correction
+        options takes no importance weight from them (`rollout_is=None`), as TRL with its correction off."""
+        hp = dict(self.args.vespo_hparams)
+        if uses_rollout_log_prob(self.args.vespo_method) and not set(hp) & set(CORRECTION_OPTIONS):
+            hp["rollout_is"] = None
+        return hp
 
     def _log_probs(self, model: torch.nn.Module, inputs: dict[str, Any], compute_entropy: bool) -> tuple[Tensor, Any]:
         """Per-token log-probs (B, T) of a micro-batch's completions under `model` (and entropies if asked)."""
@@ -235,13 +268,15 @@ class VespoGRPOTrainer(GRPOTrainer):
         return logps, entropies
 
     def _step_context(self, model: torch.nn.Module) -> BatchContext:
-        """The adaptive methods' statistics for the current optimizer step, computed once per step and cached.
+        """The batch-deciding methods' statistics (adaptive VESPO, M2PO) for the current optimizer step, computed once
+        per step and cached.
 
         Train: the step's accumulation window is micro-batches `_step - _step % GA` .. + GA - 1 of TRL's generation
         buffer (`_step` counts micro-batches and advances after the loss; the window lies in one generation batch,
         checked in `__init__`). At its first micro-batch one no-grad forward over the window gives every sequence's
-        log W (`vespo.losses.adaptive.batch_context`, as the loss computes it), gathered across processes, so every
-        micro-batch of every process decides on the same statistics, as one pass over the step's inputs would. k is
+        log W and every token's M2PO trust-region M2 (`vespo.losses.adaptive.batch_context`, as the loss computes
+        them), gathered across processes, so every micro-batch of every process decides on the same statistics, as
+        one pass over the step's inputs would. k is
         the step's position among the N = steps_per_generation * num_iterations / GA steps that reuse the generation
         batch. Eval: nothing is accumulated; the call's own batch decides (k = 0, N = 1).
         """
@@ -252,7 +287,7 @@ class VespoGRPOTrainer(GRPOTrainer):
         if self._vespo_context is not None and self._vespo_context[0] == start:
             return self._vespo_context[1]
         generate_every = self.args.steps_per_generation * self.num_iterations
-        rows = []  # (b, 3) per micro-batch: log W, A, valid
+        rows, m2 = [], []  # per micro-batch: (b, 3) log W, A, valid; M2PO's trust-region M2 of its tokens, flat
         with torch.no_grad():
             for step in range(start, start + ga):
                 mb = self._buffered_inputs[step % self.args.steps_per_generation]
@@ -261,17 +296,20 @@ class VespoGRPOTrainer(GRPOTrainer):
                 old = log_prob if old is None else old
                 ctx = batch_context(
                     self._policy_batch(mb, log_prob, old),
-                    **{k: v for k, v in self.args.vespo_hparams.items() if k in CORRECTION_OPTIONS},
+                    **{k: v for k, v in self._loss_hparams().items() if k in CORRECTION_OPTIONS},
                 )
                 rows.append(torch.stack([ctx.log_w, ctx.advantages, ctx.valid.to(ctx.log_w.dtype)], -1))
+                m2.append(ctx.m2.flatten())
         local = torch.cat(rows)  # (GA * B, 3)
         every = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0))  # padding: valid = 0
+        every_m2 = self.accelerator.gather(self.accelerator.pad_across_processes(torch.cat(m2), pad_index=-1.0))
         ctx = BatchContext(
             log_w=every[:, 0],
             advantages=every[:, 1],
             valid=every[:, 2] > 0,
             mini_batch_index=(start % generate_every) // ga,
             num_mini_batches=generate_every // ga,
+            m2=every_m2,  # padding -1: not a trust-region token
         )
         self._vespo_context = (start, ctx)
         return ctx

@@ -19,6 +19,7 @@ from vespo.losses.registry import (
     register_method,
     rollout_correction,
     uses_batch_context,
+    uses_rollout_log_prob,
     validate_hparams,
 )
 
@@ -41,5 +42,6 @@ __all__ = [
     "register_method",
     "rollout_correction",
     "uses_batch_context",
+    "uses_rollout_log_prob",
     "validate_hparams",
 ]

@@ -224,6 +224,12 @@ def get_method(method: str) -> MethodSpec:
 # Public entry points
 
 
+def uses_rollout_log_prob(method: str) -> bool:
+    """Whether `method` reads the sampler's log-probs themselves (it declares `rollout_log_prob`: OPSM's divergence
+    from the engine that sampled), beyond the train-inference correction the core applies."""
+    return "rollout_log_prob" in get_method(method).inputs
+
+
 def uses_batch_context(method: str) -> bool:
     """Whether `method` decides from mini-batch statistics (it declares `batch_context`; pass it a
     `vespo.losses.adaptive.BatchContext` per micro-batch)."""
