@@ -488,3 +488,94 @@ def test_trl_example_builds_its_config_without_trls_sequence_mask_default(tmp_pa
     assert _trl_ratio(gaps, torch.zeros_like(gaps), mask, trl_default).eq(0).all()  # default: every sequence dropped
     kept = _trl_ratio(gaps, torch.zeros_like(gaps), mask, args.vllm_importance_sampling_mode, clip_max=2.0)
     torch.testing.assert_close(kept, torch.full_like(gaps, math.exp(0.05)))  # the example's: every token kept, < 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 40: the off-policy corrections of 2025-26 in TRL, and TRL's token_mask trap
+
+
+def test_token_mask_trap_is_measured_and_refused(tmp_path):
+    """TRL's own vespo folds a token_mask ratio of 0 as log 1e-8 = -18.4 into the sequence's log W, so one masked token
+    drives phi of its whole sequence to ~0 (measured on TRL's `get_gamma_weights`; vespo's fold does the same): the
+    adapter refuses the combination with a real vLLM ratio, and keeps the token methods, which drop only the token."""
+    ratio = torch.ones(2, 6)
+    ratio[1, 3] = 0.0  # TRL's token_mask: one token's ratio above C_max set to 0
+    phi = GRPOTrainer.get_gamma_weights(
+        advantages=torch.tensor([[1.0], [1.0]]), log_ratio_per_token=torch.zeros(2, 6), mask=torch.ones(2, 6),
+        importance_sampling_ratio=ratio,
+    )  # fmt: skip
+    assert phi[0].item() == pytest.approx(1.0) and phi[1].item() < 1e-12  # five good tokens, weight ~0
+    lp = torch.full((2, 6), -1.0)
+    _, metrics = vespo.compute_policy_loss(
+        "vespo", log_prob=lp, old_log_prob=lp, advantages=torch.tensor([1.0, 1.0]), response_mask=torch.ones(2, 6),
+        rollout_is_weights=ratio, rollout_is_level="token",
+    )  # fmt: skip
+    assert metrics["weight/min_pos"].item() < 1e-12  # the same in vespo's fold: hence the refusal
+    for method in ("vespo", "vespo_selfnorm"):
+        with pytest.raises(ValueError, match="one masked token sets phi"):
+            _config(VespoGRPOConfig, tmp_path, vespo_method=method, use_vllm=True,
+                    vllm_importance_sampling_mode="token_mask")  # fmt: skip
+    for ok in (dict(vespo_method="grpo", vllm_importance_sampling_mode="token_mask"),
+               dict(vespo_method="vespo", vllm_importance_sampling_mode="token_truncate"),
+               dict(vespo_method="vespo", vllm_importance_sampling_mode="sequence_mask")):  # fmt: skip
+        _config(VespoGRPOConfig, tmp_path, use_vllm=True, **ok)
+    with pytest.raises(ValueError, match="off-policy sequence masking is vespo_method='opsm'"):
+        _config(VespoGRPOConfig, tmp_path, off_policy_mask_threshold=0.5)
+
+
+def test_opsm_reads_trls_sampling_log_probs(tokenizer, dataset, tmp_path):
+    """`opsm` measures its divergence from TRL's `sampling_per_token_logps` (vLLM with TRL's ratio off), with no
+    importance weight from them unless vespo's options ask for one: the loss of the core's `opsm` with the sampler's
+    log-probs and rollout_is=None; with TRL's ratio on it is refused (vespo would see the ratio only)."""
+    trainer = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path, vespo_method="opsm")
+    mb = _stale(trainer, _inputs(tokenizer, 60), 9)
+    mb["advantages"] = -mb["advantages"].abs()  # every sequence negative: each may be dropped
+    g = torch.Generator().manual_seed(3)
+    mb["sampling_per_token_logps"] = mb["old_per_token_logps"] + 1.5 * torch.rand(mb["completion_mask"].shape,
+                                                                                  generator=g)  # fmt: skip
+    loss = trainer._compute_loss(trainer.model, mb)
+    lp, _ = trainer._log_probs(trainer.model, mb, compute_entropy=False)
+    ref, metrics = vespo.compute_policy_loss(
+        "opsm", log_prob=lp, old_log_prob=mb["old_per_token_logps"], advantages=mb["advantages"],
+        response_mask=mb["completion_mask"], rollout_log_prob=mb["sampling_per_token_logps"], rollout_is=None,
+        global_num_seqs=2 * mb["completion_mask"].shape[0],  # TRL's sequence normaliser: rows x GA
+    )  # fmt: skip
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+    assert 0 < metrics["opsm/masked_frac"] < 1
+    with pytest.raises(ValueError, match="set vllm_importance_sampling_correction=False"):
+        _config(VespoGRPOConfig, tmp_path, vespo_method="opsm", use_vllm=True)
+
+
+def test_m2po_accumulation_equals_one_pass(tokenizer, dataset, tmp_path):
+    """M2PO's mask is decided over the optimizer step (TRL's accumulation window, gathered like the adaptive
+    methods' statistics): two micro-batches accumulate the gradient of one pass, and deciding per micro-batch differs."""
+    hp = {"m2_threshold": 0.05}
+    split = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", vespo_method="m2po",
+                     vespo_hparams=hp)  # fmt: skip
+    whole = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "b", vespo_method="m2po",
+                     vespo_hparams=hp, ga=1, steps_per_generation=1)  # fmt: skip
+    mbs = [_inputs(tokenizer, 70 + i) for i in range(2)]
+    for i, (mb, scale) in enumerate(zip(mbs, (0.05, 0.6), strict=True)):  # a fresh and a stale micro-batch
+        with torch.no_grad():
+            lp, _ = split._log_probs(split.model, mb, compute_entropy=False)
+        mb["old_per_token_logps"] = lp + scale * torch.randn(lp.shape, generator=torch.Generator().manual_seed(i))
+    for mb in mbs:
+        mb["num_items_in_batch"] = mbs[0]["completion_mask"].sum() + mbs[1]["completion_mask"].sum()
+    one = {k: torch.cat([mbs[0][k], mbs[1][k]]) for k in mbs[0] if k != "num_items_in_batch"}
+    one["num_items_in_batch"] = mbs[0]["num_items_in_batch"]
+
+    def grad_of(trainer, micro_batches):
+        trainer.model.zero_grad()
+        trainer._buffered_inputs, trainer._vespo_context = micro_batches, None
+        for step, mb in enumerate(micro_batches):
+            trainer._step = step
+            trainer._compute_loss(trainer.model, mb).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+    accumulated, single = grad_of(split, mbs), grad_of(whole, [one])
+    torch.testing.assert_close(accumulated, single, rtol=1e-5, atol=1e-8)
+    split._flush_vespo_metrics()
+    assert max(split._metrics["train"]["m2po/masked_frac"][-2:]) > 0  # the mask acted
+    split._step_context = lambda model: BatchContext(mini_batch_index=0, num_mini_batches=1)
+    per_micro = grad_of(split, mbs)
+    assert (per_micro - single).norm() > 1e-3 * single.norm()

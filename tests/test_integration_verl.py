@@ -542,3 +542,46 @@ def test_adaptive_methods_run_only_where_one_call_sees_the_whole_mini_batch(meth
 def test_schedule_is_refused_in_verl():
     with pytest.raises(ValueError, match="receives no mini-batch index"):
         vverl.VespoPolicyLossConfig(loss_mode="vespo_vespo_schedule")
+
+
+@pytest.mark.parametrize(
+    ("method", "hparams"),
+    [("m2po", {"m2_threshold": 0.02}), ("opsm", {"off_policy_mask_threshold": 0.05}), ("aipo", {"delta": 1.2}),
+     ("vcpo", {})],
+)  # fmt: skip
+@pytest.mark.parametrize("with_is", [False, True])
+def test_issue_40_methods_through_the_plugin_equal_vespo(method, hparams, with_is):
+    """M2PO, OPSM, AIPO and VCPO's loss as veRL loss modes (`vespo_<method>`, hyperparameters through Hydra's config
+    object) give vespo's loss, gradient and their own metrics, with veRL's rollout IS weights too. veRL passes a
+    policy loss no sampler log-probs, so OPSM measures its divergence from old_log_prob (as TRL without vLLM); M2PO
+    decides on the call, which must be the whole mini-batch (checked, as for the adaptive methods)."""
+    old, lp, adv, mask = _batch(4, scale=0.6)
+    name = vverl.verl_loss_name(method)
+    fn = core_algos.get_policy_loss_fn(name)
+    info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": B}
+    level = vespo.losses.rollout_correction(method)
+    level = "token" if level == "fold" else level
+    g = torch.Generator().manual_seed(9)
+    weights = None
+    if with_is:
+        w = torch.exp(0.3 * torch.randn(B, T, generator=g, dtype=old.dtype)).clamp(max=2.0) * mask
+        weights = w if level == "token" else w[:, :1]
+    cfg = _actor(vverl.VespoPolicyLossConfig(loss_mode=name, hparams=hparams, rollout_is=level),
+                 global_batch_info=info)  # fmt: skip
+    mode = vespo.losses.default_loss_agg_mode(method)
+    loss, metrics = fn(old, lp, adv, mask, loss_agg_mode=mode, config=cfg, rollout_is_weights=weights)
+    ref, ref_metrics = vespo.compute_policy_loss(
+        method, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, loss_agg_mode=mode,
+        rollout_is_weights=weights, rollout_is_level=level if with_is else None, **hparams,
+    )  # fmt: skip
+    tol = dict(rtol=1e-7, atol=1e-12) if mode == "seq-mean-token-mean" else dict(rtol=1e-12, atol=1e-14)  # veRL 1e-8
+    torch.testing.assert_close(loss, ref, **tol)
+    torch.testing.assert_close(_grad(loss, lp), _grad(ref, lp), **tol)
+    own = {"m2po": "m2po/masked_frac", "opsm": "opsm/masked_frac", "aipo": "clip/frac", "vcpo": "weight/ess"}[method]
+    got = metrics["actor/pg_clipfrac"] if own == "clip/frac" else metrics[f"actor/{own}"]
+    assert got == pytest.approx(float(ref_metrics[own]), rel=1e-12)
+    if method != "vcpo":
+        assert 0 < got < 1  # the method's mask or cap acted on part of the batch
+    if method == "m2po":
+        with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu >= ppo_mini_batch_size \* rollout.n"):
+            fn(old[:2], lp[:2], adv[:2], mask[:2], loss_agg_mode=mode, config=cfg)
