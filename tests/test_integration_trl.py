@@ -548,7 +548,7 @@ def test_opsm_reads_trls_sampling_log_probs(tokenizer, dataset, tmp_path):
 
 def test_m2po_accumulation_equals_one_pass(tokenizer, dataset, tmp_path):
     """M2PO's mask is decided over the optimizer step (TRL's accumulation window, gathered like the adaptive
-    methods' statistics): two micro-batches accumulate the gradient of one pass, and deciding per micro-batch differs."""
+    methods' statistics): two micro-batches accumulate the gradient of one pass; deciding per micro-batch differs."""
     hp = {"m2_threshold": 0.05}
     split = _trainer(VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", vespo_method="m2po",
                      vespo_hparams=hp)  # fmt: skip

@@ -24,7 +24,7 @@ def run(method, lp, old, adv, mask, **kw):
 
 
 def batch(B=6, T=7, scale=0.4, seed=0):
-    """Random off-policy batch in float64: ragged rows, per-token log(pi/mu) ~ N(0, scale^2), advantages of both signs."""
+    """Random off-policy batch in float64: ragged rows, per-token log(pi/mu) ~ N(0, scale^2), A of both signs."""
     g = torch.Generator().manual_seed(seed)
     lp = (-torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 4.0).requires_grad_()
     old = lp.detach() - scale * torch.randn(B, T, generator=g, dtype=torch.float64)  # log-probs <= 0 for scale <= 1
@@ -443,3 +443,28 @@ def test_the_four_are_registered_with_their_sources_defaults():
     ]:
         with pytest.raises(ValueError, match=message):
             vespo.validate_hparams(method, **bad)
+
+
+@pytest.mark.parametrize("method", ["m2po", "opsm", "aipo", "vcpo"])
+def test_lab_trains_the_four(method):
+    from vespo.experiments.lab import LabCell, LabConfig, run_cell
+
+    out = run_cell(LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
+    assert out["summary"]["finite"] == 1 and math.isfinite(out["summary"]["final_reward"])
+
+
+def test_lab_step_scale_ess_sqrt_is_the_learners():
+    """The lab's `--step-scale ess_sqrt` is the learner's control (`vespo.step_control`): accepted for any method (it
+    needs no phi), and it shrinks a stale mini-batch's step; `mean_phi` stays VESPO-family only."""
+    from vespo.experiments.lab import LabCell, LabConfig, cells, run_cell
+
+    assert len(cells(LabConfig(methods=("grpo", "vcpo"), step_scale="ess_sqrt", length=(8,), staleness=(4,),
+                               lr_scale=(1.0,), seeds=(0,)))) == 2  # fmt: skip
+    with pytest.raises(ValueError, match="step_scale must be none or ess_sqrt unless every method is VESPO-family"):
+        cells(LabConfig(methods=("grpo",), step_scale="mean_phi"))
+    runs = {}
+    for kind in ("none", "ess_sqrt"):
+        cfg = LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1, step_scale=kind)  # one rollout step
+        runs[kind] = run_cell(cfg, LabCell("grpo", 16, 4, 3.0, 0))["per_k"]["update_norm"]
+    assert runs["ess_sqrt"][0] == pytest.approx(runs["none"][0], rel=1e-6)  # k = 0: W = 1, ESS = 1, s = 1
+    assert runs["ess_sqrt"][-1] < runs["none"][-1]  # the stalest mini-batch moves less

@@ -77,7 +77,8 @@ def test_paper_preset_resolves_to_the_documented_regime():
                                                                (PAPER_LR,))  # fmt: skip
     assert full.min_rollout_steps >= 8 and full.num_operands == 4
     grid = cells(SweepConfig(preset="paper", staleness=(1, 64), seeds=(0,)))
-    assert [c.variant for c in grid if c.n == 1] == ["vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean"]
+    assert [c.variant for c in grid if c.n == 1] == ["vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean",
+                                                    "m2po", "opsm", "aipo", "vcpo"]  # fmt: skip
     for c in grid:
         tc = train_config(SweepConfig(preset="paper", staleness=(1, 64), seeds=(0,)), c)
         assert (tc.betas, tc.weight_decay, tc.grad_clip) == ((0.9, 0.999), 0.01, 1.0)
@@ -247,6 +248,7 @@ def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
         {"optimizer_steps": 8},
         {"extra": {"rollout_logit_noise": "0.3"}},
         {"extra": {"tensorboard": "False"}},
+        {"extra": {"eval_top_p": "0.7"}},
     ]
     for change in changes:
         assert set(run_dirs(dataclasses.replace(base, **change))).isdisjoint(first), change
@@ -292,3 +294,28 @@ def test_an_eval_size_above_the_held_out_pool_is_refused_before_any_cell_runs(tm
         cells(SweepConfig(eval_size=501))
     assert cli(["--eval-size", "501", "--out-dir", str(tmp_path / "sw")]) == 2
     assert "eval_size" in capsys.readouterr().err and not (tmp_path / "sw").exists()
+
+
+def test_issue_40_variants_reach_their_cells_and_earlier_cells_keep_their_names():
+    """The four corrections of issue 40 are variants of the paper preset (and `vcpo` a named method): VCPO as its
+    scripts run it (loss, threshold 8, ESS step scaling, optimal baseline). The fields added with them, at their
+    defaults, leave every earlier cell's identity as it was."""
+    import dataclasses
+
+    from vespo.experiments.grid import settings_key
+    from vespo.experiments.sweep import LATER_FIELDS, NOT_IDENTITY, cell_key
+
+    cfg = SweepConfig(preset="paper", variants=("m2po", "opsm", "aipo", "vcpo"), staleness=(64,), seeds=(0,))
+    tcs = {c.variant: train_config(cfg, c) for c in cells(cfg)}
+    assert {v: tc.method for v, tc in tcs.items()} == {v: v for v in ("m2po", "opsm", "aipo", "vcpo")}
+    vcpo = tcs["vcpo"]
+    assert (vcpo.step_scale, vcpo.adv_estimator) == ("ess_sqrt", "opob")
+    assert float(vcpo.hparams["rollout_is_threshold"]) == 8.0  # a correction option keeps its command-line text
+    assert tcs["m2po"].adv_estimator == "grpo" and tcs["m2po"].step_scale == "none"
+    named = cells(SweepConfig(methods=("vcpo", "aipo"), staleness=(1,), seeds=(0,)))
+    assert [train_config(SweepConfig(), c).adv_estimator for c in named] == ["opob", "grpo"]
+    tc = train_config(SweepConfig(methods=("vespo",), staleness=(4,), seeds=(0,)), cells(SweepConfig(
+        methods=("vespo",), staleness=(4,), seeds=(0,)))[0])  # fmt: skip
+    before = {k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY and k not in LATER_FIELDS}
+    assert cell_key(tc) == settings_key(before)  # the hash a cell had before the fields existed
+    assert cell_key(dataclasses.replace(tc, eval_top_p=0.7)) != cell_key(tc)
