@@ -468,3 +468,17 @@ def test_lab_step_scale_ess_sqrt_is_the_learners():
         runs[kind] = run_cell(cfg, LabCell("grpo", 16, 4, 3.0, 0))["per_k"]["update_norm"]
     assert runs["ess_sqrt"][0] == pytest.approx(runs["none"][0], rel=1e-6)  # k = 0: W = 1, ESS = 1, s = 1
     assert runs["ess_sqrt"][-1] < runs["none"][-1]  # the stalest mini-batch moves less
+
+
+@pytest.mark.parametrize(("eval_top_p", "want"), [(None, 0.9), (0.7, 0.7)])
+def test_eval_top_p_is_the_held_out_nucleus(monkeypatch, eval_top_p, want):
+    """The official VESPO evaluation samples at top_p 0.7 (its scripts' val_kwargs): `eval_top_p` sets the held-out
+    nucleus; None keeps the training top_p (every earlier result)."""
+    import vespo.train.setup as setup
+    from vespo.train.config import TrainConfig
+
+    seen = {}
+    monkeypatch.setattr(setup, "evaluate_records", lambda *a, **kw: seen.update(kw) or {"eval/heldout/avg@1": 0.5})
+    cfg = TrainConfig(top_p=0.9, eval_top_p=eval_top_p, temperature=0.8)
+    assert setup.evaluate(None, None, [], cfg) == {"eval/accuracy": 0.5}
+    assert (seen["top_p"], seen["temperature"]) == (want, 0.8)
