@@ -74,7 +74,7 @@ def _cfg(root, run_dir, **kw) -> TrainConfig:
     ("argv", "message"),
     [
         (["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "must divide"),
-        (["--method", "ppo2"], "known methods: \\['bapo'"),
+        (["--method", "ppo2"], "known methods: \\['aipo'"),
         (["--method", "grpo", "--hparams", "c1_pos", "2"], "unknown hyperparameter"),
         (["--dataset", "/nonexistent/x.jsonl"], "dataset: file not found"),
     ],
