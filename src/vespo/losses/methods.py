@@ -458,7 +458,7 @@ def opsm(
     clip_ratio_high: float = 0.2,
     off_policy_mask_threshold: float = 0.5,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GRPO with DeepSeek-V3.2's off-policy sequence masking (Sec. 3.1, Eq. 9; TRL's `off_policy_mask_threshold`).
+    """GRPO with DeepSeek-V3.2's off-policy sequence masking (its Eq. 9; TRL's `off_policy_mask_threshold`).
 
     PPO clip per token, r = pi/mu clipped to [1 - 0.2, 1 + 0.2] (no dual clip), times the mask
     `off_policy_sequence_mask` with pi_sampler = `rollout_log_prob` (the engine that sampled) when given, else mu,

@@ -324,8 +324,8 @@ def ppo_update(
         rows = order[k * s.seqs_per_mini_batch : (k + 1) * s.seqs_per_mini_batch]
         mini_mask = rollout.response_mask[rows]
         n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
-        sums: dict[str, Tensor] = {}
         optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, Tensor] = {}
         mini_log_prob = []  # detached log pi of each micro-batch: the mini-batch's log W, KL and drift diagnostics
         micro = micro_batches(rows, s.micro_batch_size)
         on_policy = score_old and k == 0  # this mini-batch's own forward gives its mu
