@@ -30,7 +30,7 @@ import numpy as np
 
 from vespo.experiments.compare import DIAGNOSTICS, comparison_inputs, load_rows, markdown
 from vespo.experiments.stats import TEST_NAMES, compare
-from vespo.experiments.sweep import PRESETS, SweepConfig, preset_config, resolve, sweep
+from vespo.experiments.sweep import PAPER_TABLE, SweepConfig, preset_config, resolve, sweep
 
 OUT = Path("benchmarks/results/paper_staleness")
 PAPER_N = (4, 16, 32, 64)
@@ -205,7 +205,7 @@ def coverage(rows: list[dict]) -> str:
     ran_n = sorted({int(r["N"]) for r in rows})
     ran_s = sorted({int(r["seed"]) for r in rows})
     text = f"{COVERAGE} variants {', '.join(ran_v)}; N = {', '.join(map(str, ran_n))}; seeds {ran_s}."
-    left = [f"variants {', '.join(v for v in PRESETS['paper'] if v not in ran_v)}",
+    left = [f"variants {', '.join(v for v in PAPER_TABLE if v not in ran_v)}",
             f"N = {', '.join(str(n) for n in full.staleness if n not in ran_n)}",
             f"seeds {[x for x in full.seeds if x not in ran_s]}"]  # fmt: skip
     left = [x for x in left if not x.endswith((" ", "= ", "[]"))]
@@ -264,7 +264,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--jobs", type=int, default=1, help="cells in parallel (one torch thread each)")
-    p.add_argument("--variants", nargs="+", default=list(PRESETS["paper"]), help="a subset of the paper preset's")
+    p.add_argument("--variants", nargs="+", default=list(PAPER_TABLE),
+                   help="the paper's table (default), or any of the paper preset's variants")  # fmt: skip
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 4, 8, 16, 64])
     p.add_argument("--out-dir", type=Path, default=OUT, help="where the sweep and its verdicts go")
     p.add_argument("--smoke", action="store_true", help="two tiny cells, in seconds (CI)")

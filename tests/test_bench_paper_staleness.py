@@ -82,6 +82,6 @@ def test_coverage_names_what_of_the_preset_table_is_left_to_run():
     text = bench.coverage(rows)
     assert "not run: variants grpo, gspo, cispo, topr, topr-tokenmean; N = 1, 8, 16." in text
     assert "seeds [" not in text.split("not run:")[1]  # all 5 seeds ran
-    full = [{"variant": v, "N": str(n), "seed": str(s)} for v in bench.PRESETS["paper"] for n in (1, 4, 8, 16, 64)
+    full = [{"variant": v, "N": str(n), "seed": str(s)} for v in bench.PAPER_TABLE for n in (1, 4, 8, 16, 64)
             for s in range(5)]  # fmt: skip
     assert "not run" not in bench.coverage(full)

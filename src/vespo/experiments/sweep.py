@@ -88,6 +88,8 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "vcpo": NAMED["vcpo"],
     },
 }
+PAPER_TABLE = ("vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean")
+"""The paper preset's variants that are the paper's staleness table (its others go beyond the paper: issue 40)."""
 PAPER_LR = 1e-4
 """The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
 PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
