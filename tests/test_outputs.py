@@ -243,3 +243,24 @@ def test_sweep_overwrite_refuses_while_a_cell_is_held_and_a_fifo_results_csv_doe
     os.mkfifo(foreign / "results.csv")  # the legacy check reads results.csv: it must not block on a FIFO
     result = _returns_within(lambda: claim_grid_dir("sweep", foreign, SWEEP_OUTPUTS, overwrite=False, columns={"x"}))
     assert isinstance(result, OutputError) and "not empty" in str(result)
+
+
+def test_atomic_dir_leaves_a_concurrent_build_alone_and_creates_the_parent(tmp_path):
+    import fcntl as _fcntl
+
+    out = tmp_path / "cache" / "embedded-abc"  # the cache directory does not exist yet
+    with atomic_dir(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert (out / "config.json").is_file()
+    running, killed = (tmp_path / "cache" / f".embedded-abc.{name}.tmp" for name in ("live", "dead"))
+    for d in (running, killed):
+        d.mkdir()
+        (d / outputs._ATOMIC_TAG).touch()
+    fd = os.open(running / outputs._ATOMIC_TAG, os.O_RDWR)
+    _fcntl.flock(fd, _fcntl.LOCK_EX)  # another process building the same directory right now
+    try:
+        with atomic_dir(out, replace=True) as tmp:
+            (tmp / "config.json").write_text('{"v": 2}')
+    finally:
+        os.close(fd)
+    assert running.is_dir() and not killed.exists() and (out / "config.json").read_text() == '{"v": 2}'

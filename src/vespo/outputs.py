@@ -319,16 +319,19 @@ def atomic_dir(path: str | Path, *, replace: bool = False) -> Iterator[Path]:
     """Build directory `path` whole: the body writes into a fresh temporary directory beside it, which is fsynced and
     renamed to `path` (absent or an empty directory; with `replace`, a directory the caller knows vespo wrote, which
     is then deleted) when the body returns; on an error it is removed. A kill leaves `path` as it was and only a
-    `.NAME.*.tmp` directory, which the next `atomic_dir` of the same `path` removes."""
+    `.NAME.*.tmp` directory, which the next `atomic_dir` of the same `path` removes (a build still running in another
+    process holds its tag file locked and is left alone)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        if stale.is_dir() and not stale.is_symlink() and (stale / _ATOMIC_TAG).is_file():
+        if stale.is_dir() and not stale.is_symlink() and _abandoned(stale / _ATOMIC_TAG):
             shutil.rmtree(stale, ignore_errors=True)  # ours: an earlier build of `path` that a kill interrupted
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tag = os.open(tmp / _ATOMIC_TAG, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        (tmp / _ATOMIC_TAG).touch()
+        fcntl.flock(tag, fcntl.LOCK_EX)  # held while this process builds: the build is not abandoned
         yield tmp
-        (tmp / _ATOMIC_TAG).unlink()
+        os.unlink(tmp / _ATOMIC_TAG)
         for root, _, files in os.walk(tmp):
             for name in files:
                 with open(open_regular(Path(root) / name)) as f:
@@ -345,7 +348,25 @@ def atomic_dir(path: str | Path, *, replace: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(tag)
     _fsync_dir(path.parent)
+
+
+def _abandoned(tag: Path) -> bool:
+    """Whether `tag` marks a temporary directory of `atomic_dir` whose builder is gone: it exists, is a regular file,
+    and no process holds its lock."""
+    try:
+        fd = open_regular(tag, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # a build in progress
+    finally:
+        os.close(fd)
+    return True
 
 
 _ATOMIC_TAG = ".vespo-partial"
