@@ -264,8 +264,8 @@ class TrainConfig:
     trackio_project: str | None = None
     """Also log to trackio (if installed) under this project."""
     progress: bool = True
-    """Show progress bars on stderr: training (live reward and response length) and each held-out evaluation
-    (problems done, time left)."""
+    """Show progress bars on stderr: training (live reward and response length, and after the first step one line
+    estimating the time the run still needs) and each held-out evaluation (problems done, time left)."""
     log_completions: bool = False
     """Log sampled completions (TRL's name): prompt, completion, reward and advantage of the first
     `num_completions_to_print` rows of every rollout step, to run_dir/completions.jsonl and a TensorBoard text table."""

@@ -560,10 +560,10 @@ class Run:
             self.bar.update(1)
             shown = {"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"}
             self.bar.set_postfix(shown)
-        if step == self.start + 1:  # the first step of this process: the run's time can be estimated
+        if self.bar is not None and step == self.start + 1:  # this process's first step: the run's time is known
             estimate = time_estimate(cfg, step, step_s, self.eval_s if self.evaluate is not None else 0.0)
             if estimate is not None:
-                (self.bar.write if self.bar is not None else print)(estimate, file=sys.stderr)
+                self.bar.write(estimate, file=sys.stderr)
         return stop
 
     def finish(self, model, tokenizer) -> None:
