@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import importlib.metadata
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -181,6 +180,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def _version() -> str:
     """The installed package's version (its metadata), or the source tree's when vespo is not installed."""
+    import importlib.metadata  # 0.1 s: only --version reads it
+
     try:
         return importlib.metadata.version("vespo")
     except importlib.metadata.PackageNotFoundError:

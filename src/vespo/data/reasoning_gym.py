@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
 import itertools
 import json
 
@@ -80,6 +79,8 @@ holds them equal): a task name is checked without importing reasoning-gym (1.4 s
 
 def task_names() -> list[str]:
     """The installed reasoning-gym's tasks: `KNOWN_TASKS` for the version they were read from, else its registry."""
+    import importlib.metadata
+
     if importlib.metadata.version("reasoning-gym") == KNOWN_TASKS_VERSION:
         return list(KNOWN_TASKS)
     import reasoning_gym
