@@ -379,3 +379,20 @@ def test_train_prints_its_time_estimate_after_the_first_step(tmp_path, capsys):
     assert len(lines) == 1, lines
     assert re.search(r"vespo train: step 1 took [\d.]+ s, about [\d.]+ (s|min) left \(2 more steps x [\d.]+ s \+ "
                      r"2 evaluations x [\d.]+ s\), done ~\d\d:\d\d$", lines[0].split("\r")[-1]), lines  # fmt: skip
+
+
+def test_the_flag_check_accepts_every_flag_tyro_does():
+    """`parse_flags` refuses unknown flags itself, before tyro: aliases (the old spellings) and `--no-` booleans pass,
+    a suppressed field (`tyro.conf.Suppress`) has no flag."""
+    from vespo.cli import UsageError, parse_flags
+    from vespo.experiments.lab import LabConfig
+    from vespo.experiments.sweep import SweepConfig
+
+    old = ["--group-size", "4", "--optimizer", "sgd", "--adam-eps", "0.01", "--mismatch-std", "0.5"]
+    cfg = parse_flags(LabConfig, old, prog="vespo lab", description="")
+    assert (cfg.rollout_n, cfg.optim, cfg.adam_epsilon, cfg.rollout_logit_noise) == (4, "sgd", 0.01, 0.5)
+    old = ["--mini-batch-size", "2", "--chain_operands", "7", "--no-overwrite-output-dir"]
+    cfg = parse_flags(SweepConfig, old, prog="vespo sweep", description="")
+    assert (cfg.ppo_mini_batch_size, cfg.num_operands, cfg.overwrite_output_dir) == (2, 7, False)
+    with pytest.raises(UsageError, match=r"^unknown flag --regime-applied \(vespo sweep --help lists every flag\)$"):
+        parse_flags(SweepConfig, ["--regime-applied"], prog="vespo sweep", description="")

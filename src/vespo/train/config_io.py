@@ -404,18 +404,20 @@ def _from_trl(cfg: TrainConfig, trl: dict[str, str], given: set[str]) -> TrainCo
             raise ConfigError(f"{flag} must be {describe_type(kind)}, got {value!r}") from None
     cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if k not in _TRL_CONVERTED})
     if "ppo_mini_batch_size" in changes:
-        completions = changes["ppo_mini_batch_size"]
-        if completions < 1 or completions % cfg.rollout_n:
+        completions, group = changes["ppo_mini_batch_size"], max(cfg.rollout_n, 1)  # rollout_n < 2: resolve says so
+        if completions < 1 or completions % group:
             raise ConfigError(
                 f"--per-device-train-batch-size counts completions (TRL): it must be a positive multiple of "
                 f"rollout_n={cfg.rollout_n} (the optimizer step's prompts x responses), got {completions}"
             )
-        prompts = completions // cfg.rollout_n
+        prompts = completions // group
         cfg = dataclasses.replace(cfg, ppo_mini_batch_size=prompts)
         if "train_batch_size" not in given and cfg.staleness is None:  # TRL's default: N = 1
             cfg = dataclasses.replace(cfg, train_batch_size=prompts)
     if "total_training_steps" in changes:
-        steps, n = changes["total_training_steps"], cfg.staleness or cfg.train_batch_size // cfg.ppo_mini_batch_size
+        steps = changes["total_training_steps"]
+        mini = cfg.ppo_mini_batch_size
+        n = (cfg.staleness or cfg.train_batch_size // mini) if mini >= 1 else 0  # n < 1: resolve refuses the geometry
         if steps < 1 or (n >= 1 and steps % n):
             raise ConfigError(
                 f"--max-steps counts optimizer steps (TRL): it must be a positive multiple of the staleness N={n} "
