@@ -1,5 +1,7 @@
 """The `vespo` command and the kernel figure."""
 
+import json
+import re
 import subprocess
 import sys
 
@@ -157,3 +159,240 @@ def test_hparams_are_typed_by_the_methods_own_signature(argv, expected):
 
     got = parse_args(argv).hparams
     assert got == expected and all(type(got[k]) is type(v) for k, v in expected.items())
+
+
+# --- a command line that answers at once (issue 39 item 2): no heavy import before the config is valid
+_HEAVY = ("torch", "transformers", "datasets", "reasoning_gym", "trl", "matplotlib")
+_IMPORTS = """
+import json, sys
+from vespo.cli import main
+code = None
+try:
+    code = main(json.loads(sys.argv[1]))
+except SystemExit as exc:
+    code = exc.code
+with open(sys.argv[2], "w") as f:
+    json.dump({"code": code, "heavy": [m for m in json.loads(sys.argv[3]) if m in sys.modules]}, f)
+"""
+_ANSWERED_AT_ONCE = [  # (argv with {root}, exit code, what the one-line error names)
+    (["train", "--help"], 0, None),
+    (["sweep", "--help"], 0, None),
+    (["export", "--help"], 0, None),
+    (["train", "--method", "vesop", "--run-dir", "{root}/run"], 2, "unknown method 'vesop'"),
+    (["train", "--metod", "vespo"], 2, "unknown flag --metod; nearest: --method"),
+    (["train", "--output-dirr", "{root}/run"], 2, "nearest: --output-dir"),
+    (["train", "--lr", "-1"], 2, "lr must be"),
+    (["train", "--optim", "adam"], 2, "--optim must be one of ['adamw_torch', 'sgd'], got 'adam'"),
+    (["train", "--dataset", "reasoning-gym:chain_summ", "--run-dir", "{root}/run"], 2, "task 'chain_summ'"),
+    (["train", "--num-train-epochs", "3"], 2, "--total-training-steps"),
+    (["sweep", "--methods", "vesop", "--out-dir", "{root}/sw"], 2, "unknown method 'vesop'"),
+    (["sweep", "--mini-batch", "2"], 2, "nearest: --mini-batch-size"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "names"), _ANSWERED_AT_ONCE, ids=[" ".join(a) for a, _, _ in _ANSWERED_AT_ONCE]
+)
+def test_help_and_bad_input_are_answered_before_torch_is_imported(tmp_path, argv, code, names):
+    """`--help`, a bad flag, value, method or reasoning-gym task: the answer comes from a process that never imported
+    torch, transformers, datasets, reasoning-gym, trl or matplotlib (read from its sys.modules at the end); an error
+    is one line."""
+    argv = [a.replace("{root}", str(tmp_path)) for a in argv]
+    result = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, json.dumps(argv), str(result), json.dumps(_HEAVY)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    got = json.loads(result.read_text())
+    assert got == {"code": code, "heavy": []}, proc.stderr
+    if names is None:
+        assert "usage" in proc.stdout.lower() and not proc.stderr
+    else:
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and names in lines[0] and " error: " in lines[0], proc.stderr
+        assert not (tmp_path / "run").exists() and not (tmp_path / "sw").exists()
+
+
+def test_the_cached_method_list_is_the_registry():
+    """`BUILTIN_METHODS` (how --method is checked before torch) is what importing `vespo.losses` registers."""
+    code = "import json, vespo.losses; print(json.dumps(vespo.losses.available_methods()))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    from vespo.train.config import BUILTIN_METHODS
+
+    assert sorted(BUILTIN_METHODS) == json.loads(proc.stdout)
+
+
+def test_the_cached_reasoning_gym_tasks_are_the_installed_registry(monkeypatch):
+    """`KNOWN_TASKS` equals reasoning-gym's registry at `KNOWN_TASKS_VERSION` (update both when the version moves);
+    with another version installed the registry itself is read."""
+    reasoning_gym = pytest.importorskip("reasoning_gym")
+    from importlib.metadata import version
+
+    from vespo.data import reasoning_gym as rg
+
+    assert version("reasoning-gym") == rg.KNOWN_TASKS_VERSION, "update KNOWN_TASKS for this reasoning-gym"
+    assert rg.KNOWN_TASKS == sorted(reasoning_gym.factory.DATASETS)
+    monkeypatch.setattr(rg, "KNOWN_TASKS", ["only_this"])
+    assert rg.task_names() == ["only_this"]
+    monkeypatch.setattr(rg, "KNOWN_TASKS_VERSION", "0.0.0")
+    assert rg.task_names() == sorted(reasoning_gym.factory.DATASETS)
+
+
+@pytest.mark.parametrize(
+    ("accepted", "known", "message"),
+    [
+        (["--output-dir", "--overwrite-output-dir", "--run-dir"], ["--output-dirr"], "unknown flag --output-dirr; "
+         "nearest: --output-dir, --overwrite-output-dir"),
+        (["--lr-scheduler-type", "--lr"], ["--lr_schedule=x"], "unknown flag --lr_schedule; nearest: "
+         "--lr-scheduler-type"),
+        (["--progress", "--no-progress"], ["--progres"], "unknown flag --progres; nearest: --progress"),
+        (["--progress", "--no-progress"], ["--no-progres"], "unknown flag --no-progres; nearest: --no-progress, "
+         "--progress"),
+        (["--out"], ["--zzz"], "unknown flag --zzz"),
+        (["--lr-scheduler-type"], ["--lr_scheduler_type=x", "-1e-3", "-inf"], None),  # `_` is `-`; numbers are values
+    ],
+)  # fmt: skip
+def test_unknown_flag_names_the_nearest(accepted, known, message):
+    from vespo.cli import unknown_flag
+
+    assert unknown_flag(known, accepted) == message
+
+
+# --- TRL's names (issue 42 item 4)
+@pytest.mark.parametrize(
+    ("trl", "vespo"),
+    [
+        (["--output-dir", "{root}"], {"run_dir": "{root}"}),
+        (["--output_dir={root}"], {"run_dir": "{root}"}),
+        (["--num-generations", "4"], {"rollout_n": 4}),
+        (["--max-completion-length", "20"], {"max_response_length": 20}),
+        (["--learning-rate", "1e-4"], {"lr": 1e-4}),
+        (["--beta", "0.01"], {"kl_coef": 0.01}),
+        (["--max-grad-norm", "0.5"], {"grad_clip": 0.5}),
+        # TRL's per-device batch counts completions: 16 / 4 generations = 4 prompts, one optimizer step per rollout
+        (["--per-device-train-batch-size", "16", "--num-generations", "4"],
+         {"rollout_n": 4, "ppo_mini_batch_size": 4, "train_batch_size": 4}),
+        (["--per-device-train-batch-size", "16"], {"ppo_mini_batch_size": 2, "train_batch_size": 2}),  # 8 responses
+        (["--per-device-train-batch-size", "16", "--staleness", "3"],
+         {"ppo_mini_batch_size": 2, "train_batch_size": 6}),
+        (["--per-device-train-batch-size", "16", "--train-batch-size", "8"],
+         {"ppo_mini_batch_size": 2, "train_batch_size": 8}),
+        (["--per-device-train-batch-size", "16", "--steps-per-generation", "4"],
+         {"ppo_mini_batch_size": 2, "train_batch_size": 8}),
+        # TRL's max_steps counts optimizer steps: 12 at N = 4 are 3 rollout steps
+        (["--max-steps", "12"], {"total_training_steps": 12}),
+        (["--max_steps=12", "--staleness", "4"], {"total_training_steps": 3, "train_batch_size": 64}),
+    ],
+)  # fmt: skip
+def test_trl_names_are_read_as_vespo_fields_in_vespos_units(tmp_path, trl, vespo):
+    from vespo.train.config_io import parse_args
+
+    base = ["--run-dir", str(tmp_path)] if "{root}" not in " ".join(trl) else []
+    cfg = parse_args(base + [a.replace("{root}", str(tmp_path)) for a in trl])
+    got = {k: getattr(cfg, k) for k in vespo}
+    assert got == {k: str(tmp_path) if v == "{root}" else v for k, v in vespo.items()}
+
+
+@pytest.mark.parametrize(
+    ("batch", "generations", "steps_per_generation", "max_steps"), [(16, 4, 1, 6), (16, 4, 2, 12), (24, 8, 3, 9)]
+)
+def test_trl_batch_and_steps_mean_what_trls_own_config_makes_of_them(
+    tmp_path, batch, generations, steps_per_generation, max_steps
+):
+    """Cross-check with TRL's GRPOConfig (one process, no gradient accumulation): its generation batch in prompts is
+    vespo's train_batch_size, its optimizer step's batch in prompts vespo's ppo_mini_batch_size, and its max_steps
+    over the optimizer steps per generation vespo's rollout steps."""
+    trl = pytest.importorskip("trl")
+    from vespo.train.config_io import parse_args
+
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=batch, num_generations=generations,
+        steps_per_generation=steps_per_generation, max_steps=max_steps, use_cpu=True, bf16=False, report_to="none",
+    )  # fmt: skip
+    flags = {"per-device-train-batch-size": batch, "num-generations": generations, "max-steps": max_steps,
+             "steps-per-generation": steps_per_generation, "output-dir": tmp_path / "run"}  # fmt: skip
+    cfg = parse_args([x for k, v in flags.items() for x in (f"--{k}", str(v))])
+    assert args.world_size * args.gradient_accumulation_steps == 1
+    assert cfg.train_batch_size == args.generation_batch_size // args.num_generations
+    assert cfg.ppo_mini_batch_size == args.per_device_train_batch_size // args.num_generations
+    assert cfg.total_training_steps == args.max_steps // args.steps_per_generation
+    assert cfg.rollout_n == args.num_generations
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-train-epochs", "3"], "--num-train-epochs (TRL) has no vespo counterpart: vespo counts rollout steps"),
+        (["--gradient-accumulation-steps", "2"], "--ppo-mini-batch-size"),
+        (["--epsilon", "0.2"], "--hparams clip_ratio_low"),
+        (["--per-device-train-batch-size", "12"], "a positive multiple of rollout_n=8"),
+        (["--max-steps", "7", "--staleness", "2"], "a positive multiple of the staleness N=2"),
+        (["--max-steps", "0"], "a positive multiple"),
+        (["--output-dir", "a", "--run-dir", "b"], "--output-dir is TRL's name for --run-dir: give one of them"),
+        (["--num-generations", "4", "--rollout-n", "4"], "--num-generations is TRL's name for --rollout-n"),
+        (["--num-generations", "four"], "--num-generations must be an integer, got 'four'"),
+        (["--learning-rate"], "--learning-rate needs a value"),
+        (["--num-generations", "1"], "rollout_n must be >= 2"),
+    ],
+)
+def test_trl_names_without_a_counterpart_or_with_bad_values_are_one_line(argv, message):
+    from vespo.train.config import ConfigError
+    from vespo.train.config_io import parse_args
+
+    with pytest.raises(ConfigError) as info:
+        parse_args(argv)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_trl_names_match_the_yaml_given_fields(tmp_path):
+    """A TRL flag and its vespo field from --config are the same setting twice: refused; other YAML fields stay."""
+    from vespo.train.config import ConfigError
+    from vespo.train.config_io import parse_args
+
+    (tmp_path / "c.yaml").write_text("rollout_n: 4\nlr: 0.001\n")
+    with pytest.raises(ConfigError, match="--num-generations is TRL's name for --rollout-n"):
+        parse_args(["--config", str(tmp_path / "c.yaml"), "--num-generations", "8"])
+    cfg = parse_args(["--config", str(tmp_path / "c.yaml"), "--per-device-train-batch-size", "8"])
+    assert (cfg.rollout_n, cfg.lr, cfg.ppo_mini_batch_size, cfg.train_batch_size) == (4, 0.001, 2, 2)
+
+
+# --- the run's time, printed after its first step (issue 39 item 3)
+def test_time_estimate_counts_the_steps_and_evaluations_left():
+    from vespo.train.config import TrainConfig
+    from vespo.train.runs import time_estimate
+
+    cfg = TrainConfig(total_training_steps=10, eval_every=4)
+    line = time_estimate(cfg, 1, 2.0, 3.0)  # 9 steps x 2 s + evaluations at 4, 8 and 10 x 3 s = 27 s
+    assert line.startswith("vespo train: step 1 took 2.0 s, about 27.0 s left (9 more steps x 2.0 s + 3 evaluations "
+                           "x 3.0 s), done ~")  # fmt: skip
+    assert "about 18.0 s left (9 more steps x 2.0 s), done" in time_estimate(cfg, 1, 2.0, 0.0)  # no evaluations
+    assert "2 evaluations not timed yet" in time_estimate(cfg, 5, 90.0, None)  # resumed: 8 and 10; 5 x 1.5 min
+    assert "about 7.5 min left" in time_estimate(cfg, 5, 90.0, None)
+    assert "about 2.5 h left" in time_estimate(TrainConfig(total_training_steps=101, eval_every=0), 1, 90.0, 0.0)
+    assert time_estimate(cfg, 10, 2.0, 3.0) is None
+
+
+def test_train_prints_its_time_estimate_after_the_first_step(tmp_path, capsys):
+    run = ["--run-dir", str(tmp_path / "run"), "--total-training-steps", "3", "--eval-every", "2", "--eval-size", "8"]
+    assert main(["train", *run, "--train-batch-size", "4", "--ppo-mini-batch-size", "4", "--no-tensorboard"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "left (" in line]
+    assert len(lines) == 1, lines
+    assert re.search(r"vespo train: step 1 took [\d.]+ s, about [\d.]+ (s|min) left \(2 more steps x [\d.]+ s \+ "
+                     r"2 evaluations x [\d.]+ s\), done ~\d\d:\d\d$", lines[0].split("\r")[-1]), lines  # fmt: skip
+
+
+def test_the_flag_check_accepts_every_flag_tyro_does():
+    """`parse_flags` refuses unknown flags itself, before tyro: aliases (the old spellings) and `--no-` booleans pass,
+    a suppressed field (`tyro.conf.Suppress`) has no flag."""
+    from vespo.cli import UsageError, parse_flags
+    from vespo.experiments.lab import LabConfig
+    from vespo.experiments.sweep import SweepConfig
+
+    old = ["--group-size", "4", "--optimizer", "sgd", "--adam-eps", "0.01", "--mismatch-std", "0.5"]
+    cfg = parse_flags(LabConfig, old, prog="vespo lab", description="")
+    assert (cfg.rollout_n, cfg.optim, cfg.adam_epsilon, cfg.rollout_logit_noise) == (4, "sgd", 0.01, 0.5)
+    old = ["--mini-batch-size", "2", "--chain_operands", "7", "--no-overwrite-output-dir"]
+    cfg = parse_flags(SweepConfig, old, prog="vespo sweep", description="")
+    assert (cfg.ppo_mini_batch_size, cfg.num_operands, cfg.overwrite_output_dir) == (2, 7, False)
+    with pytest.raises(UsageError, match=r"^unknown flag --regime-applied \(vespo sweep --help lists every flag\)$"):
+        parse_flags(SweepConfig, ["--regime-applied"], prog="vespo sweep", description="")

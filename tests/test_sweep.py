@@ -202,8 +202,8 @@ def test_chain_task_needs_room_for_its_response():
 
     with pytest.raises(ValueError, match=r"max_response_length >= 95"):
         parse_args(["--task", "chain", "--num-operands", "30", "--max-response-length", "40"])
-    with pytest.raises(SystemExit):  # `task` is a Literal: tyro refuses the choice and lists the accepted ones
-        parse_args(["--task", "chains"])
+    with pytest.raises(ValueError, match=r"--task must be one of \['arithmetic', 'chain', 'scratchpad'\]"):
+        parse_args(["--task", "chains"])  # `task` is a Literal: the parser lists the accepted ones
     assert parse_args(["--task", "chain", "--num-operands", "3"]).max_response_length == 16  # 3 steps: 14 tokens
 
 

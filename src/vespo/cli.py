@@ -1,13 +1,19 @@
-"""The `vespo` command: one sub-command per job, each owned by the module that does the work.
+"""The `vespo` command: one sub-command per job, each owned by the module that does the work, and the conventions of
+their command lines (`parse_flags`, `ArgumentParser`): every parse error is one line naming the nearest flags.
 
-Sub-commands are looked up lazily so `vespo bound` does not import transformers.
+Sub-commands are looked up lazily so `vespo bound` does not import transformers, and `--help` or a bad flag is
+answered before torch is imported.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib
-import importlib.metadata
+import re
 import sys
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 # name -> ("module", "function", "one-line help"); each function takes the remaining argv.
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -39,8 +45,143 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+C = TypeVar("C")
+
+
+class UsageError(ValueError):
+    """A command line that cannot be parsed, as one line; the command prints it after `<prog>: error:` and exits
+    with code 2."""
+
+
+def _flag_key(name: str) -> str:
+    """A flag as tyro and HfArgumentParser match it: `--run_dir` is `--run-dir`."""
+    return name.split("=", 1)[0].replace("_", "-")
+
+
+def _looks_like_flag(token: str) -> bool:
+    """`--name`, `--name=value` or `-n`; not a value such as -1, -1e-3 or -inf."""
+    try:
+        float(token)
+    except ValueError:
+        return re.match(r"--?[A-Za-z]", token) is not None
+    return False
+
+
+def unknown_flag(argv: Iterable[str], accepted: Iterable[str]) -> str | None:
+    """'unknown flag --x; nearest: --y, --z' for the first token of `argv` that looks like a flag (`--name`,
+    `--name=value`, `-n`; negative numbers are values) and is not `accepted`; None when every flag is known."""
+    import difflib
+
+    known = {_flag_key(a).lstrip("-"): _flag_key(a) for a in accepted}  # matched without the dashes
+    for token in argv:
+        name = _flag_key(token).lstrip("-")
+        if not _looks_like_flag(token) or name in known:
+            continue
+        pool = sorted(k for k in known if name.startswith("no-") or not k.startswith("no-"))  # --no-x only for --no
+        near = difflib.get_close_matches(name, pool, n=3, cutoff=0.6)
+        hint = f"; nearest: {', '.join(known[n] for n in near)}" if near else ""
+        return f"unknown flag {token.split('=', 1)[0]}{hint}"
+    return None
+
+
+def dataclass_flags(config: type) -> set[str]:
+    """The flags tyro makes of a flat dataclass: `--field` (and `--no-field` for a bool) and the aliases of
+    `tyro.conf.arg`; `tyro.conf.Suppress` fields have none."""
+    import dataclasses
+    import typing
+
+    import tyro
+
+    flags = {"-h", "--help"}
+    hints = typing.get_type_hints(config, include_extras=True)
+    for f in dataclasses.fields(config):
+        hint, meta = hints[f.name], ()
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *meta = typing.get_args(hint)
+        if any(m is tyro.conf.Suppress for m in meta):
+            continue
+        for name in (f"--{f.name}", *(a for m in meta for a in getattr(m, "aliases", None) or ())):
+            flags |= {name, f"--no-{name[2:]}"} if hint is bool else {name}
+    return flags
+
+
+def parse_flags(
+    config: type[C], argv: list[str], *, prog: str, description: str, default: C | None = None, also: Iterable[str] = ()
+) -> C:
+    """`tyro.cli(config)` on argv, with vespo's errors: an unknown flag (with the nearest names, among them `also`,
+    flags the caller has read itself), a bad or missing value raise a one-line UsageError instead of tyro's box."""
+    import tyro
+
+    message = unknown_flag(argv, dataclass_flags(config) | set(also))
+    if message is not None:
+        raise UsageError(f"{message} ({prog} --help lists every flag)")
+    with _tyro_errors_as_usage():
+        return tyro.cli(config, args=argv, prog=prog, description=description, default=default)
+
+
+@contextlib.contextmanager
+def _tyro_errors_as_usage() -> Iterator[None]:
+    """Turn tyro's parse errors into one-line UsageErrors through its parse-error hook (tyro >= 1.0); with an older
+    tyro, or an error this does not know, tyro prints its own message."""
+    try:
+        from tyro import _errors
+    except ImportError:
+        _errors = None
+    if getattr(_errors, "on_parse_error", None) is None:
+        yield
+        return
+
+    def hook(event) -> None:
+        message = _tyro_message(event, _errors)
+        if message is not None:
+            raise UsageError(message)
+
+    with _errors.on_parse_error(hook):
+        yield
+
+
+def _tyro_message(event, errors) -> str | None:
+    """One line for a tyro parse-error event (`tyro._errors`), or None for one this does not know."""
+    try:
+        if isinstance(event, errors.InvalidChoice):
+            return f"{event.argument.display_name()} must be one of {list(event.choices)}, got {event.value!r}"
+        if isinstance(event, errors.BadValue) and event.reason == "too_few_values":
+            return f"{event.argument.display_name()} needs {event.argument.lowered.nargs} value(s)"
+        if isinstance(event, errors.UnrecognizedArgs):
+            return (f"unexpected value(s) {' '.join(event.tokens)}: a flag takes the values after it, and a boolean "
+                    "is --name or --no-name")  # fmt: skip
+        if isinstance(event, errors.InstantiationFailure):
+            where = f"{event.argument.display_name()}: " if event.argument is not None else ""
+            return where + (str(event.message).strip().splitlines() or ["invalid value"])[0]
+    except AttributeError:  # a tyro whose events differ: its own message
+        return None
+    return None
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with vespo's errors: one line (no usage block), exit code 2; an unknown flag is named with the nearest
+    ones before any other error (a misspelt required flag is not reported as missing)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        options = self._option_string_actions
+        for token in args:
+            name = token.split("=", 1)[0]
+            if not _looks_like_flag(token) or name in options:
+                continue
+            if self.allow_abbrev and name.startswith("--") and any(o.startswith(name) for o in options):
+                continue  # argparse's own prefix match (or its one-line "ambiguous option")
+            self.error(f"{unknown_flag([token], options)} ({self.prog} --help lists every flag)")
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _version() -> str:
     """The installed package's version (its metadata), or the source tree's when vespo is not installed."""
+    import importlib.metadata  # 0.1 s: only --version reads it
+
     try:
         return importlib.metadata.version("vespo")
     except importlib.metadata.PackageNotFoundError:

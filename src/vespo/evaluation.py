@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from vespo.cli import ArgumentParser
 from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.data.reasoning_gym import PREFIX, is_reasoning_gym
 from vespo.outputs import OutputError, OwnedDir, claim, open_regular, write_atomic
@@ -264,7 +265,7 @@ def benchmark_names(text: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vespo eval", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="vespo eval", description=__doc__.split("\n")[0])
     p.add_argument(
         "--model", required=True, help="local path, .gguf file (dequantised once, cached) or Hub id of a causal LM"
     )

@@ -104,9 +104,9 @@ def effective_sample_size(log_weights: torch.Tensor, mask: torch.Tensor | None =
 
 def bound_cli(argv: list[str]) -> int:
     """`vespo bound --c1 2 --c2 3`: print K, phi_max and where they are attained (Prop. 3.1 and C.1)."""
-    import argparse
+    from vespo.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(prog="vespo bound", description=bound_cli.__doc__)
+    parser = ArgumentParser(prog="vespo bound", description=bound_cli.__doc__)
     parser.add_argument("--c1", type=float, default=2.0, help="power exponent c1 (alpha); default 2")
     parser.add_argument("--c2", type=float, default=3.0, help="decay rate c2 (lambda); default 3")
     args = parser.parse_args(argv)

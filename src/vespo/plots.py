@@ -7,7 +7,6 @@ hyperparameters. phi is the factor multiplying A * grad log pi; f is the implici
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from vespo.cli import ArgumentParser
 from vespo.kernels import surrogate, vespo_log_phi
 from vespo.outputs import check_output_file, write_atomic
 
@@ -244,7 +244,7 @@ def plot_kernels(out_dir: str | Path, w_max: float = 3.0) -> Path:
 
 def kernels_cli(argv: list[str]) -> int:
     """`vespo kernels --out DIR`: write the Figure-2-style kernel plot to DIR/kernels.png."""
-    parser = argparse.ArgumentParser(prog="vespo kernels", description=kernels_cli.__doc__)
+    parser = ArgumentParser(prog="vespo kernels", description=kernels_cli.__doc__)
     parser.add_argument("--out", default="runs/kernels", help="output directory (default: runs/kernels)")
     parser.add_argument("--w-max", type=float, default=3.0, help="right end of the w axis (default: 3)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing DIR/kernels.png")

@@ -17,8 +17,6 @@ import functools
 import itertools
 import json
 
-from vespo.data.prompts import math_prompt
-
 PREFIX = "reasoning-gym:"
 TRAIN_SIZE = 1000
 """Items per task in the training split unless the spec sets ``size``."""
@@ -58,7 +56,33 @@ class TaskSpec:
         return task_dataset(self.name, size or self.size, seed, json.dumps(dict(self.config), sort_keys=True))
 
 
+KNOWN_TASKS_VERSION = "0.1.25"
+KNOWN_TASKS = """
+ab acre advanced_geometry aiw arc_1d arc_agi base_conversion basic_arithmetic bf binary_alternation
+binary_matrix bitwise_arithmetic boxnet caesar_cipher calendar_arithmetic chain_sum circuit_logic codeio
+coin_flip color_cube_rotation complex_arithmetic composite count_bits count_primes countdown course_schedule
+cryptarithm decimal_arithmetic decimal_chain_sum dice emoji_mystery family_relationships figlet_font
+fraction_simplification futoshiki game_of_life game_of_life_halting gcd graph_color group_anagrams gsm_symbolic
+intermediate_integration isomorphic_strings jugs kakurasu knight_swap knights_knaves largest_island lcm
+leg_counting letter_counting letter_jumble list_functions mahjong_puzzle manipulate_matrix maze mini_sudoku
+modulo_grid n_queens needle_haystack number_filtering number_format number_sequence number_sorting
+palindrome_generation palindrome_partitioning path_star polynomial_equations polynomial_multiplication
+pool_matrix power_function prime_factorization products propositional_logic puzzle24 quantum_lock ransom_note
+rearc rectangle_count rotate_matrix rotten_oranges rubiks_cube rush_hour self_reference sentence_reordering
+shortest_path simple_equations simple_geometry simple_integration sokoban spell_backward spiral_matrix
+string_insertion string_manipulation string_splitting string_synthesis sudoku survo syllogism time_intervals
+tower_of_hanoi tsumego word_ladder word_sequence_reversal word_sorting zebra_puzzles
+""".split()
+"""reasoning-gym's task registry (`reasoning_gym.factory.DATASETS`) as of `KNOWN_TASKS_VERSION` (tests/test_cli.py
+holds them equal): a task name is checked without importing reasoning-gym (1.4 s) when that version is installed."""
+
+
 def task_names() -> list[str]:
+    """The installed reasoning-gym's tasks: `KNOWN_TASKS` for the version they were read from, else its registry."""
+    import importlib.metadata
+
+    if importlib.metadata.version("reasoning-gym") == KNOWN_TASKS_VERSION:
+        return list(KNOWN_TASKS)
     import reasoning_gym
 
     return sorted(reasoning_gym.factory.DATASETS)
@@ -82,16 +106,17 @@ def parse_spec(source: str) -> list[TaskSpec]:
 
     if importlib.util.find_spec("reasoning_gym") is None:
         raise ValueError(f"{source}: reasoning-gym is not installed ({INSTALL})")
+    body, known = source[len(PREFIX) :], task_names()
+    if not body.strip():
+        raise ValueError(f"{source}: name at least one task, e.g. {PREFIX}chain_sum (tasks: {', '.join(known)})")
+    parts = [part.strip().split(":") for part in body.split(",")]
+    unknown = [name for name, *_ in parts if name not in known]  # answered before the 1.4 s import of reasoning-gym
+    if unknown:
+        raise ValueError(f"{source}: unknown reasoning-gym task {unknown[0]!r}; tasks: {', '.join(known)}")
     import reasoning_gym
 
-    body = source[len(PREFIX) :]
-    if not body.strip():
-        raise ValueError(f"{source}: name at least one task, e.g. {PREFIX}chain_sum (tasks: {', '.join(task_names())})")
     specs = []
-    for part in body.split(","):
-        name, *pairs = part.strip().split(":")
-        if name not in reasoning_gym.factory.DATASETS:
-            raise ValueError(f"{source}: unknown reasoning-gym task {name!r}; tasks: {', '.join(task_names())}")
+    for name, *pairs in parts:
         fields = {f.name for f in dataclasses.fields(reasoning_gym.factory.DATASETS[name][1])} - set(VESPO_KEYS)
         options: dict[str, object] = {}
         for pair in pairs:
@@ -121,6 +146,8 @@ def parse_spec(source: str) -> list[TaskSpec]:
 def task_prompt(question: str, form: str) -> str:
     """The prompt of a task item in one of `FORMATS`."""
     if form == "boxed":
+        from vespo.data.prompts import math_prompt  # imports the math grader (sympy)
+
         return math_prompt(question)
     return f"{question.strip()} {TAGS_INSTRUCTION if form == 'tags' else DIRECT_INSTRUCTION}"
 

@@ -9,7 +9,6 @@ stated level, nothing else; then the regime diagnostics per variant and N when r
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vespo.cli import ArgumentParser
 from vespo.experiments.stats import TEST_NAMES, TESTS, compare, format_ci, markdown_grid
 from vespo.outputs import check_output_file, write_atomic
 
@@ -159,7 +159,7 @@ def diagnostics_markdown(cells: dict[tuple[str, object], list[dict]], title: str
 
 def cli(argv: list[str]) -> int:
     """`vespo compare RESULTS.csv [--baseline grpo] [--metric final_eval_acc] [--test auto|paired_t|...]`."""
-    p = argparse.ArgumentParser(prog="vespo compare", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="vespo compare", description=__doc__.split("\n")[0])
     p.add_argument("results", type=Path, help="a sweep's results.csv")
     p.add_argument("--baseline", default="grpo", help="variant every other variant is compared with")
     p.add_argument("--metric", choices=METRICS, default="final_eval_acc")

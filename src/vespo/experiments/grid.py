@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import tyro
-
+from vespo.cli import parse_flags
 from vespo.outputs import OutputError, OwnedDir, claim, read_regular
 
 C = TypeVar("C")
@@ -61,9 +60,9 @@ def grid_cli(
 ) -> int:
     """Parse `config` from argv (flags override `default`, e.g. a preset's settings), let `plan` refuse bad settings,
     and `run` refuse an output directory it may not write (ValueError -> one line, exit 2), both before any compute;
-    then `run` the grid."""
-    cfg = tyro.cli(config, args=argv, prog=prog, description=description, default=default)
+    then `run` the grid. A flag that cannot be parsed is one line too (`vespo.cli.parse_flags`)."""
     try:
+        cfg = parse_flags(config, argv, prog=prog, description=description, default=default)
         plan(cfg)
     except ValueError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -30,18 +30,10 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from vespo.diagnostics import MEAN_PHI
-from vespo.embedded.task import chain_response_tokens, scratchpad_response_tokens
-from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path, unfinished
-from vespo.experiments.compare import diagnostics_markdown
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
-from vespo.experiments.stats import binomial_sd, format_ci, markdown_grid
-from vespo.losses import default_loss_agg_mode
 from vespo.outputs import open_append, read_regular, write_atomic
-from vespo.plots import Panel, Series, category_color, panel_figure, save_figure, sequential_color
 from vespo.train.config import TrainConfig, check_output_dir
-from vespo.train.config_io import parse_args
-from vespo.train.runs import CHECKPOINT, read_metrics
+from vespo.train.config_io import parse_args  # torch, scipy, matplotlib: imported where a grid runs or is drawn
 
 Variant = tuple[str, dict, dict]
 """(method, hparams, other `vespo train` settings): one row of a table."""
@@ -349,8 +341,12 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "cache-dir": cfg.cache_dir,
     }
     if cell.task == "chain":
+        from vespo.embedded.task import chain_response_tokens  # imports torch
+
         flags |= {"num-operands": cfg.num_operands, "max-response-length": chain_response_tokens(cfg.num_operands)}
     if cell.task == "scratchpad":
+        from vespo.embedded.task import scratchpad_response_tokens
+
         longest = scratchpad_response_tokens(cfg.num_operands, 9)
         flags |= {"num-operands": cfg.num_operands, "max-response-length": longest + 4}  # room to run over
     train = PRESET_REGIMES[cfg.preset][1] if cfg.preset in PRESET_REGIMES else {}
@@ -378,6 +374,8 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     """Run one cell in a subprocess (resuming a half-finished one); returns its summary (also saved as summary.json).
     Nothing is deleted: the cell's run dir is its own (named by `cell_key`). A finished cell whose summary.json is
     damaged (a crash of an older vespo that wrote it in place) is summarised again from its metrics, saying so."""
+    from vespo.train.runs import CHECKPOINT, read_metrics
+
     tc = train_config(cfg, cell)
     run_dir = Path(tc.run_dir)
     done = run_dir / "summary.json"
@@ -480,6 +478,8 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps;
     the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps (None where
     not logged: mean phi of a method without phi, or metrics that predate them)."""
+    from vespo.diagnostics import MEAN_PHI
+    from vespo.losses import default_loss_agg_mode
 
     def stalest(key: str) -> float | None:
         values = [r[f"{key}/last_mini_batch"] for r in rows if f"{key}/last_mini_batch" in r]
@@ -517,6 +517,9 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
     """results.csv (per cell) and results.md: mean ± 95% CI over seeds, one row per variant (its method and
     aggregation said), one column per N, and the evaluation noise floor beside the held-out tables. Differences are
     not marked here: `vespo compare results.csv` tests them."""
+    from vespo.experiments.compare import diagnostics_markdown
+    from vespo.experiments.stats import format_ci, markdown_grid
+
     keys = list(dict.fromkeys(k for s in summaries for k in s))  # a cell summarised before a column existed: empty
     f = io.StringIO(newline="")
     w = csv.DictWriter(f, fieldnames=keys, restval="")
@@ -564,6 +567,8 @@ _SAME_AT_N1 = ("vespo", "grpo", "cispo", "bapo")  # W == 1 on-policy: the same s
 def _noise_floor(summaries: list[dict], eval_prompts: int) -> str:
     """The evaluation's binomial SD at the warm start's accuracy, and the N = 1 gap between methods that take the same
     step there (their difference is noise: seed-level sampling divergence plus evaluation noise)."""
+    from vespo.experiments.stats import binomial_sd
+
     init = float(np.mean([s["initial_eval_acc"] for s in summaries]))
     text = f"Noise floor: warm-start held-out accuracy {init:.3f}"
     if eval_prompts:
@@ -583,6 +588,8 @@ def _noise_floor(summaries: list[dict], eval_prompts: int) -> str:
 
 def _curves(out_dir: Path, cell: Cell, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(optimizer steps, values) of one metric of one cell; x = rollout step x N so all N share one axis."""
+    from vespo.train.runs import read_metrics
+
     rows = [r for r in read_metrics(out_dir / "cells" / cell.name) if key in r]
     return np.array([r["step"] * cell.n for r in rows]), np.array([r[key] for r in rows])
 
@@ -598,6 +605,8 @@ def _seed_mean(out_dir: Path, group: list[Cell], key: str) -> tuple[np.ndarray, 
 def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
     """fig3_training_reward.png (a panel per method, a curve per N) and fig4_dynamics.png (rows N, metric columns);
     every axis labelled, one legend beside the panels."""
+    from vespo.plots import Panel, Series, category_color, panel_figure, save_figure, sequential_color
+
     out_dir = Path(cfg.out_dir)
     names = list(dict.fromkeys(c.variant for c in grid))
     colors = {v: category_color(i) for i, v in enumerate(names)}
@@ -641,6 +650,8 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
 def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
     """fig_lr_robustness.png: final held-out accuracy (mean and min over seeds) vs N, a line per learning rate, a
     panel per method (columns) and task (rows); the dotted line is the warm start's accuracy."""
+    from vespo.plots import save_figure
+
     out_dir = Path(cfg.out_dir)
     paths = {c.name: out_dir / "cells" / c.name / "summary.json" for c in grid}
     summaries = [
@@ -663,6 +674,8 @@ def lr_robustness_figure(summaries: list[dict], staleness: list[int]):
     """The lr-robustness figure from per-cell summaries (`summarize`'s rows with their `lr`; results.csv's rows give
     the same): a panel per method and task, final held-out accuracy vs N, mean (solid) and worst seed (dashed) per
     learning rate."""
+    from vespo.plots import Panel, Series, panel_figure, sequential_color
+
     summaries = [s | {"lr": _lr_of(s), "base": s["variant"].split("@")[0]} for s in summaries]
     tasks = list(dict.fromkeys(s["task"] for s in summaries))
     bases = list(dict.fromkeys(s["base"] for s in summaries))
@@ -709,8 +722,11 @@ def sweep(cfg: SweepConfig) -> list[dict]:
 
 
 def _run_grid(cfg: SweepConfig, grid: list[Cell]) -> list[dict]:
-    out_dir = Path(cfg.out_dir)
     from tqdm.auto import tqdm
+
+    from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
+
+    out_dir = Path(cfg.out_dir)
 
     global _CELLS
     _CELLS = _Cells()  # a fresh set per sweep (an API caller may run several)
@@ -748,6 +764,8 @@ def _kept(cfg: SweepConfig, grid: list[Cell], running: int) -> str:
 
 
 def _unfinished_warm_start(cfg: SweepConfig, grid: list[Cell], task: str) -> Path | None:
+    from vespo.embedded.warm_start import WarmStartSpec, unfinished
+
     return unfinished(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
 
 

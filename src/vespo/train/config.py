@@ -2,7 +2,8 @@
 
 Keys follow veRL/TRL names where the concept is shared (train_batch_size, ppo_mini_batch_size, rollout_n,
 loss_agg_mode, lr, max_response_length, temperature, kl_coef, entropy_coeff). A YAML file given with `--config` sets
-defaults; command-line flags override it. `resolve` checks everything that can be checked before any compute.
+defaults; command-line flags override it. `resolve` checks everything that can be checked before any compute, the
+checks that need no heavy import (torch, transformers) first, so a bad flag is answered at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,10 +23,9 @@ from typing import Literal
 
 from vespo.data.reasoning_gym import is_reasoning_gym, parse_spec
 from vespo.intervals import Interval
-from vespo.losses import available_methods, rollout_correction, validate_hparams
-from vespo.models import check_model_source, looks_local
-from vespo.rewards.batch import load_reward_fn
-from vespo.rollout.types import SamplingSettings
+
+if typing.TYPE_CHECKING:
+    from vespo.rollout.types import SamplingSettings
 
 EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -269,8 +270,8 @@ class TrainConfig:
     trackio_project: str | None = None
     """Also log to trackio (if installed) under this project."""
     progress: bool = True
-    """Show progress bars on stderr: training (live reward and response length) and each held-out evaluation
-    (problems done, time left)."""
+    """Show progress bars on stderr: training (live reward and response length, and after the first step one line
+    estimating the time the run still needs) and each held-out evaluation (problems done, time left)."""
     log_completions: bool = False
     """Log sampled completions (TRL's name): prompt, completion, reward and advantage of the first
     `num_completions_to_print` rows of every rollout step, to run_dir/completions.jsonl and a TensorBoard text table."""
@@ -286,6 +287,8 @@ class TrainConfig:
     def sampling(self) -> SamplingSettings:
         """What the generation engine gets of this config (training rollouts; held-out evaluation shares all but n
         and the logit noise)."""
+        from vespo.rollout.types import SamplingSettings
+
         return SamplingSettings(
             n=self.rollout_n,
             max_new_tokens=self.max_response_length,
@@ -484,9 +487,25 @@ def check_values(cfg: TrainConfig) -> None:
         _check_range(f"betas[{i}]", beta, "[0, 1)")
 
 
+BUILTIN_METHODS = ("bapo", "cispo", "grpo", "gspo", "reinforce", "sapo", "topr", "vespo", "vespo_ess", "vespo_moment",
+                   "vespo_schedule", "vespo_selfnorm")  # fmt: skip
+"""The methods importing `vespo.losses` registers (tests/test_cli.py holds them equal to the registry's)."""
+
+
+def known_methods() -> list[str]:
+    """The registry's methods (`vespo.available_methods()`). Before `vespo.losses` is imported nothing can have
+    registered another, so they are `BUILTIN_METHODS`: the command line refuses an unknown --method without torch."""
+    if "vespo.losses" not in sys.modules:
+        return sorted(BUILTIN_METHODS)
+    from vespo.losses import available_methods
+
+    return available_methods()
+
+
 def check_consistency(cfg: TrainConfig) -> None:
-    """What `check_values` cannot see field by field: batch geometry, the registry's hyperparameters, the task,
-    hardware and async settings, the model, data and reward sources."""
+    """What `check_values` cannot see field by field: batch geometry, the method, output paths and data sources
+    first (no heavy import: a bad flag is answered at once), then the registry's hyperparameters, the task, hardware
+    and async settings, the model and the reward (these import torch, as the run will)."""
     if cfg.rollout_n < 2:
         raise ConfigError(
             f"rollout_n must be >= 2, got {cfg.rollout_n}: advantages are relative to the group of responses to one "
@@ -497,8 +516,18 @@ def check_consistency(cfg: TrainConfig) -> None:
             f"ppo_mini_batch_size={cfg.ppo_mini_batch_size} must divide "
             f"train_batch_size={cfg.train_batch_size} (staleness N = train_batch_size / mini-batch)"
         )
-    if cfg.method not in available_methods():
-        raise ConfigError(f"method: unknown method {cfg.method!r}; known methods: {available_methods()}")
+    if cfg.method not in known_methods():
+        raise ConfigError(f"method: unknown method {cfg.method!r}; known methods: {known_methods()}")
+    for name in ("run_dir", "cache_dir"):
+        if getattr(cfg, name) is not None:  # run_dir None is filled in by `resolve`
+            check_output_dir(name, getattr(cfg, name))
+    if cfg.resume and cfg.overwrite_output_dir:
+        raise ConfigError("resume and overwrite_output_dir exclude each other: continue the run, or replace it")
+    for name in ("dataset", "eval_dataset"):
+        check_dataset(name, getattr(cfg, name))
+    from vespo.losses import rollout_correction, validate_hparams
+    from vespo.rewards.batch import load_reward_fn
+
     try:
         validate_hparams(cfg.method, **cfg.hparams)
     except ValueError as exc:
@@ -515,14 +544,7 @@ def check_consistency(cfg: TrainConfig) -> None:
     _validate_task(cfg)
     _validate_hardware(cfg)
     _validate_async(cfg)
-    for name in ("run_dir", "cache_dir"):
-        if getattr(cfg, name) is not None:  # run_dir None is filled in by `resolve`
-            check_output_dir(name, getattr(cfg, name))
-    if cfg.resume and cfg.overwrite_output_dir:
-        raise ConfigError("resume and overwrite_output_dir exclude each other: continue the run, or replace it")
     check_model(cfg.model)
-    for name in ("dataset", "eval_dataset"):
-        check_dataset(name, getattr(cfg, name))
     try:
         load_reward_fn(reward_spec(cfg))
     except ValueError as exc:
@@ -547,6 +569,8 @@ def check_model(value: str) -> None:
     """`model` is "embedded", an existing model directory, or a Hub id (`vespo.models.check_model_source`)."""
     if value == EMBEDDED:
         return
+    from vespo.models import check_model_source
+
     try:
         check_model_source(value)
     except ValueError as exc:
@@ -564,7 +588,12 @@ def check_dataset(name: str, value: str | None) -> None:
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from None
         return
-    if value.endswith((".json", ".jsonl", ".parquet")) or looks_local(value):
+    local = value.endswith((".json", ".jsonl", ".parquet"))
+    if not local:
+        from vespo.models import looks_local  # imports torch: a data file's name is answered without it
+
+        local = looks_local(value)
+    if local:
         if not Path(value).expanduser().is_file():
             raise ConfigError(f"{name}: file not found: {value}")
 

@@ -1,5 +1,6 @@
 """Reading and writing a `TrainConfig`: strict YAML (`--config`, a run's config.yaml), veRL's nested keys, and the
-`vespo train` command line. Every path ends in `vespo.train.config.resolve`, the one validation, run once.
+`vespo train` command line (with TRL's names). Every path ends in `vespo.train.config.resolve`, the one validation,
+run once.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import threading
 import typing
 from pathlib import Path
 
-import tyro
 import yaml
 
-from vespo.losses import available_methods, method_hparams, parse_hparam
+from vespo.cli import UsageError, parse_flags
 from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type, resolve, short_repr
 
 
@@ -295,35 +295,150 @@ def _set(out: dict, name: str, value: object, key: str, where: str) -> None:
     out[name] = value
 
 
+TRL_NAMES = {
+    # TRL's GRPOConfig / HF TrainingArguments flag -> the vespo field of the same concept, in the same unit
+    "output_dir": "run_dir",
+    "num_generations": "rollout_n",
+    "max_completion_length": "max_response_length",
+    "learning_rate": "lr",
+    "beta": "kl_coef",  # both weigh a k3 estimate of KL(pi || pi_ref) in the loss
+    "max_grad_norm": "grad_clip",
+    "steps_per_generation": "staleness",  # optimizer steps per generation batch (TRL without gradient accumulation)
+    # the same concept in another unit (`_from_trl`)
+    "per_device_train_batch_size": "ppo_mini_batch_size",  # TRL: completions per optimizer step; vespo: prompts
+    "max_steps": "total_training_steps",  # TRL: optimizer steps; vespo: rollout steps of N optimizer steps each
+}
+"""TRL's names `vespo train` accepts (`--output-dir`, `--num-generations 8`, ...; one process, no gradient
+accumulation, as TRL's defaults)."""
+TRL_REFUSED = {
+    "num_train_epochs": "vespo counts rollout steps, not passes over the data: use --total-training-steps (or TRL's "
+    "--max-steps, in optimizer steps)",
+    "gradient_accumulation_steps": "vespo's --ppo-mini-batch-size is the prompts of one optimizer step and "
+    "--micro-batch-size the sequences of one forward pass (accumulated)",
+    "num_iterations": "vespo takes one pass over a rollout batch: reuse a batch over N optimizer steps with "
+    "--staleness N",
+    "epsilon": "TRL's clip is vespo's --method grpo --hparams clip_ratio_low X clip_ratio_high Y",
+    "epsilon_high": "TRL's clip is vespo's --method grpo --hparams clip_ratio_low X clip_ratio_high Y",
+    "loss_type": "vespo's aggregation is --loss-agg-mode (veRL's names) and the method --method",
+}
+"""TRL names without a vespo counterpart of the same meaning: refused with the vespo flag to use."""
+
+
 def parse_args(argv: list[str]) -> TrainConfig:
-    """`[--config file.yaml] [flags]` -> resolved, validated TrainConfig; flags override the YAML file."""
+    """`[--config file.yaml] [flags]` -> resolved, validated TrainConfig; flags override the YAML file. TRL's names
+    (`TRL_NAMES`) are read as their vespo fields; any flag that cannot be read is a one-line ConfigError."""
     argv = [tok for a in argv for tok in (("--mode", "async") if a == "--async" else (a,))]  # `--async` shortcut
-    defaults = TrainConfig()
+    defaults, yaml_keys = TrainConfig(), set()
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):
             raise ConfigError("--config needs a YAML file path")
-        defaults = TrainConfig(**load_yaml(argv[i + 1]))
+        fields = load_yaml(argv[i + 1])
+        defaults, yaml_keys = TrainConfig(**fields), set(fields)
         del argv[i : i + 2]
-    with _TYRO_LOCK:  # tyro's parser cache is not thread-safe (a sweep builds its cells' configs in threads)
-        cfg = tyro.cli(
-            TrainConfig,
-            args=argv,
-            default=defaults,
-            prog="vespo train",
-            description=(
-                "RL-train a causal LM with any vespo policy loss (no arguments: the embedded task). "
-                "--config FILE.yaml sets defaults that flags override (vespo's flat keys, or veRL's nested "
-                "actor_rollout_ref.* / data.* / trainer.* keys); --async is short for --mode async."
-            ),
-        )
+    argv, trl = _take_trl_flags(argv)
+    try:
+        with _TYRO_LOCK:  # tyro's parser cache is not thread-safe (a sweep builds its cells' configs in threads)
+            cfg = parse_flags(TrainConfig, argv, default=defaults, prog="vespo train", description=_DESCRIPTION,
+                              also=_READ_HERE)  # fmt: skip
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
+    given = yaml_keys | {_field_of(a) for a in argv if a.startswith("--")}
+    cfg = _from_trl(cfg, trl, given)
     return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _typed_hparams(cfg.method, argv)))
+
+
+_READ_HERE = ("--config", "--async", *(f"--{name}" for name in (*TRL_NAMES, *TRL_REFUSED)))
+"""Flags `parse_args` reads itself, before tyro (named in the nearest-flag hints of a typo)."""
+_DESCRIPTION = (
+    "RL-train a causal LM with any vespo policy loss (no arguments: the embedded task). --config FILE.yaml sets "
+    "defaults that flags override (vespo's flat keys, or veRL's nested actor_rollout_ref.* / data.* / trainer.* "
+    "keys); --async is short for --mode async. TRL's names are accepted: --output-dir (--run-dir), --num-generations "
+    "(--rollout-n), --per-device-train-batch-size (completions per optimizer step: --ppo-mini-batch-size x "
+    "rollout_n), --max-completion-length, --learning-rate, --beta (--kl-coef), --max-grad-norm, "
+    "--steps-per-generation (--staleness), --max-steps (optimizer steps: --total-training-steps x N)."
+)
+
+
+def _field_of(flag: str) -> str:
+    """The TrainConfig field a `--flag`, `--flag=value` or `--no-flag` sets."""
+    name = flag.split("=", 1)[0][2:].replace("-", "_")
+    return name[3:] if name.startswith("no_") and name[3:] in FIELD_TYPES else name
+
+
+def _take_trl_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv without TRL's flags (`--name value` or `--name=value`, hyphens or underscores), and their values by TRL
+    name; a TRL name vespo has no counterpart for (`TRL_REFUSED`) is a one-line ConfigError naming the vespo flag."""
+    rest, trl = [], {}
+    tokens = iter(argv)
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        key = name[2:].replace("-", "_") if name.startswith("--") else ""
+        if key in TRL_REFUSED:
+            raise ConfigError(f"{name} (TRL) has no vespo counterpart: {TRL_REFUSED[key]}")
+        if key not in TRL_NAMES:
+            rest.append(token)
+            continue
+        if not eq:
+            value = next(tokens, None)
+            if value is None or value.startswith("--"):
+                raise ConfigError(f"{name} needs a value")
+        trl[key] = value
+    return rest, trl
+
+
+def _from_trl(cfg: TrainConfig, trl: dict[str, str], given: set[str]) -> TrainConfig:
+    """`cfg` with TRL's values (`TRL_NAMES`) in vespo's fields and units: --per-device-train-batch-size B (completions)
+    is B / rollout_n prompts per optimizer step, and a rollout batch of one optimizer step (TRL's default generation
+    batch) unless vespo's train_batch_size or staleness is set; --max-steps M (optimizer steps) is M / N rollout
+    steps. A TRL flag given together with its vespo field (flags or --config) is refused."""
+    changes: dict[str, object] = {}
+    for key, value in trl.items():
+        field, flag = TRL_NAMES[key], f"--{key.replace('_', '-')}"
+        if field in given:
+            raise ConfigError(f"{flag} is TRL's name for --{field.replace('_', '-')}: give one of them")
+        kind = next(t for t in typing.get_args(FIELD_TYPES[field]) or (FIELD_TYPES[field],) if t is not type(None))
+        try:
+            changes[field] = kind(value)
+        except ValueError:
+            raise ConfigError(f"{flag} must be {describe_type(kind)}, got {value!r}") from None
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if k not in _TRL_CONVERTED})
+    if "ppo_mini_batch_size" in changes:
+        completions, group = changes["ppo_mini_batch_size"], max(cfg.rollout_n, 1)  # rollout_n < 2: resolve says so
+        if completions < 1 or completions % group:
+            raise ConfigError(
+                f"--per-device-train-batch-size counts completions (TRL): it must be a positive multiple of "
+                f"rollout_n={cfg.rollout_n} (the optimizer step's prompts x responses), got {completions}"
+            )
+        prompts = completions // group
+        cfg = dataclasses.replace(cfg, ppo_mini_batch_size=prompts)
+        if "train_batch_size" not in given and cfg.staleness is None:  # TRL's default: N = 1
+            cfg = dataclasses.replace(cfg, train_batch_size=prompts)
+    if "total_training_steps" in changes:
+        steps = changes["total_training_steps"]
+        mini = cfg.ppo_mini_batch_size
+        n = (cfg.staleness or cfg.train_batch_size // mini) if mini >= 1 else 0  # n < 1: resolve refuses the geometry
+        if steps < 1 or (n >= 1 and steps % n):
+            raise ConfigError(
+                f"--max-steps counts optimizer steps (TRL): it must be a positive multiple of the staleness N={n} "
+                f"(a rollout step is N optimizer steps; vespo's --total-training-steps counts rollout steps), got "
+                f"{steps}"
+            )
+        cfg = dataclasses.replace(cfg, total_training_steps=steps // max(n, 1))
+    return cfg
+
+
+_TRL_CONVERTED = ("ppo_mini_batch_size", "total_training_steps")
 
 
 def _typed_hparams(method: str, argv: list[str]) -> dict[str, object]:
     """`--hparams name value ...` typed by the method's own signature (`vespo.losses.parse_hparam`: `ratio_min None`
     is None), not by the command-line parser's guess; names the method does not have are left to validation."""
-    if "--hparams" not in argv or method not in available_methods():
+    if "--hparams" not in argv:
+        return {}
+    from vespo.losses import available_methods, method_hparams, parse_hparam
+
+    if method not in available_methods():
         return {}
     values = argv[argv.index("--hparams") + 1 :]
     values = values[: next((i for i, v in enumerate(values) if v.startswith("--")), len(values))]

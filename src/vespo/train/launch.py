@@ -1,5 +1,6 @@
 """`vespo train`: parse and validate the config, then run the loop it names (sync or async). The loops never import
-each other; this is the one place that picks one."""
+each other; this is the one place that picks one. torch and transformers are imported once the config is valid, so
+`--help` and bad input are answered at once."""
 
 from __future__ import annotations
 
@@ -7,12 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from vespo.embedded.warm_start import WarmStartSpec, unfinished
-from vespo.models import quiet_hf_progress
-from vespo.rewards.batch import GraderHostError
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig, resolve
 from vespo.train.config_io import parse_args
-from vespo.train.runs import CHECKPOINT, claim_run_dir
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
@@ -23,6 +20,9 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 
 def _run(cfg: TrainConfig) -> dict[str, float]:
     """`train` on a resolved config (`parse_args` resolves it once)."""
+    from vespo.models import quiet_hf_progress
+    from vespo.train.runs import claim_run_dir
+
     if not cfg.progress:
         quiet_hf_progress()
     if cfg.mode == "async":
@@ -37,6 +37,9 @@ def _interrupted(cfg: TrainConfig | None) -> str:
     """What an interrupted run leaves: a checkpoint to resume from, or a run dir a new run will reuse."""
     if cfg is None:
         return "nothing was started"
+    from vespo.embedded.warm_start import WarmStartSpec, unfinished
+    from vespo.train.runs import CHECKPOINT
+
     run_dir = Path(cfg.run_dir).expanduser()
     partial = unfinished(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else None
     if partial is not None and not (run_dir / CHECKPOINT).is_file():
@@ -52,16 +55,19 @@ def cli(argv: list[str]) -> int:
     cfg = None
     try:
         cfg = parse_args(argv)  # resolved
-        last = _run(cfg)
+        from vespo.rewards.batch import GraderHostError
+
+        try:
+            last = _run(cfg)
+        except GraderHostError as exc:  # never scored as wrong answers: the run stops before it trains on them
+            print(f"vespo train: grading failed on this host: {exc}; {_interrupted(cfg)}", file=sys.stderr)
+            return 1
     except ConfigError as exc:  # bad input, found before any compute
         print(f"vespo train: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"vespo train: interrupted; {_interrupted(cfg)}", file=sys.stderr)
         return 130
-    except GraderHostError as exc:  # never scored as wrong answers: the run stops before it trains on them
-        print(f"vespo train: grading failed on this host: {exc}; {_interrupted(cfg)}", file=sys.stderr)
-        return 1
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
     print(f"run dir: {cfg.run_dir}")
     return 0
@@ -73,7 +79,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     checkpoint's weights loaded into it, LoRA adapters merged (`vespo.train.runs.save_policy`). ConfigError (one line)
     for anything that does not fit, before the model loads where it can be checked."""
 
-    from vespo.embedded.warm_start import embedded_policy_path
+    from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
     from vespo.models import load_policy
     from vespo.train.config_io import load_yaml
     from vespo.train.runs import load_checkpoint, save_policy
@@ -110,9 +116,9 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
 
 def export_cli(argv: list[str]) -> int:
     """`vespo export RUN_DIR --out DIR [--checkpoint last|step_K]`."""
-    import argparse
+    from vespo.cli import ArgumentParser
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="vespo export",
         description="Write a run's checkpoint as a Hugging Face model directory (LoRA merged) that from_pretrained "
         "and `vespo eval --model` load.",

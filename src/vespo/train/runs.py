@@ -529,20 +529,28 @@ class Run:
         self.alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
         self.evaluate = evaluate if cfg.eval_every > 0 else None
         self.bar = None
+        self.began = self.eval_s = None  # when the first step began; how long one evaluation took (`time_estimate`)
 
     def begin(self) -> None:
         """Log a fresh run's initial held-out evaluation (step 0), then show the progress bar."""
         if self.evaluate is not None and self.start == 0:
-            self.logger.log(self.evaluate(), 0)
+            self.logger.log(self._timed_evaluation(), 0)
         self.bar = progress_bar(self.cfg, self.start)
+        self.began = time.perf_counter()
+
+    def _timed_evaluation(self) -> dict:
+        t0 = time.perf_counter()
+        metrics = self.evaluate()
+        self.eval_s = time.perf_counter() - t0 if self.eval_s is None else self.eval_s
+        return metrics
 
     def end_step(self, step: int, metrics: dict[str, float], learner, gen, *, show: str, loop: dict | None = None):
         """The end of a rollout step in every loop: held-out evaluation when due, log, warn on skipped updates, watch
         the ESS, checkpoint when due (or when stopping; `loop`: the loop's own checkpoint entries), advance the bar
         (reward and metric `show`). Returns True when the ESS alarm stops the run."""
-        cfg = self.cfg
+        cfg, step_s = self.cfg, time.perf_counter() - self.began
         if self.evaluate is not None and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
-            metrics |= self.evaluate()
+            metrics |= self._timed_evaluation()
         self.logger.log(metrics, step)
         warn_skipped_updates(step, metrics)
         stop = self.alarm.update(step, metrics)
@@ -552,6 +560,10 @@ class Run:
             self.bar.update(1)
             shown = {"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"}
             self.bar.set_postfix(shown)
+        if self.bar is not None and step == self.start + 1:  # this process's first step: the run's time is known
+            estimate = time_estimate(cfg, step, step_s, self.eval_s if self.evaluate is not None else 0.0)
+            if estimate is not None:
+                self.bar.write(estimate, file=sys.stderr)
         return stop
 
     def finish(self, model, tokenizer) -> None:
@@ -574,6 +586,31 @@ def save_policy(model, tokenizer, folder: Path) -> None:
             model = copy.deepcopy(model).merge_and_unload()
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+
+
+def time_estimate(cfg: TrainConfig, step: int, step_s: float, eval_s: float | None) -> str | None:
+    """One line: the time the run still needs after rollout step `step`, for any model, from that step's time `step_s`
+    and one held-out evaluation's `eval_s` (0: none are run; None: not timed yet, left out and said so); None when no
+    step is left."""
+    left, total = cfg.total_training_steps - step, cfg.total_training_steps
+    if left <= 0:
+        return None
+    evals = 0 if eval_s == 0 else sum(s % cfg.eval_every == 0 or s == total for s in range(step + 1, total + 1))
+    seconds = left * step_s + evals * (eval_s or 0.0)
+    parts = f"{left} more step{'s' * (left > 1)} x {_duration(step_s)}"
+    if evals:
+        each = "not timed yet" if eval_s is None else f"x {_duration(eval_s)}"
+        parts += f" + {evals} evaluation{'s' * (evals > 1)} {each}"
+    done = time.strftime("%H:%M", time.localtime(time.time() + seconds))
+    return f"vespo train: step {step} took {_duration(step_s)}, about {_duration(seconds)} left ({parts}), done ~{done}"
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4.5 min, 3.2 h."""
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
 
 
 def progress_bar(cfg: TrainConfig, start: int):
