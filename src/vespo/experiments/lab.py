@@ -247,8 +247,21 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
 
 
 def cells(cfg: LabConfig) -> list[LabCell]:
-    """All grid cells; everything is validated before anything runs, sizes included (a cell holds the rollout
-    batch's N x mini_batch_size x T tokens and log-probs, and (T, V) logits with Adam's state)."""
+    """All grid cells, once `check_lab_config` accepts the settings (before anything runs)."""
+    check_lab_config(cfg)
+    return [
+        LabCell(meth, t, n, s, seed)
+        for meth in cfg.methods
+        for t in cfg.length
+        for n in cfg.staleness
+        for s in cfg.lr_scale
+        for seed in cfg.seeds
+    ]
+
+
+def check_lab_config(cfg: LabConfig) -> None:
+    """Every setting of a lab grid, sizes included (a cell holds the rollout batch's N x mini_batch_size x T tokens
+    and log-probs, and (T, V) logits with Adam's state): ValueError naming the first bad one."""
     check_output_dir("out_dir", cfg.out_dir)
     for name in ("methods", "length", "staleness", "lr_scale", "seeds"):  # grid axes: one or more, none twice
         values = getattr(cfg, name)
@@ -320,14 +333,6 @@ def cells(cfg: LabConfig) -> list[LabCell]:
     for name, ok, accepted, value in cfg.chain.checks() if cfg.preset == "v2" else []:
         if not ok:
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    return [
-        LabCell(meth, t, n, s, seed)
-        for meth in cfg.methods
-        for t in cfg.length
-        for n in cfg.staleness
-        for s in cfg.lr_scale
-        for seed in cfg.seeds
-    ]
 
 
 def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
