@@ -276,37 +276,20 @@ def ppo_update(
     """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns their
     metrics as 0-dim tensors.
 
-    `score_old`: `old_log_prob` is a buffer filled here with mu under the weights before the first step: the rows of
-    mini-batches 1..N-1 by one no-grad forward first, mini-batch 0's from its own forward (`Learner.update`).
-
     Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
     importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
-    `rollout_log_prob` (the sampler's log-probs, or None) enters the loss as its train-inference correction.
-    Micro-batch losses are normalised by the whole mini-batch's token/sequence count, so accumulating them equals
-    one big batch. The rollout batch is validated once here; the micro-batch calls skip validation. A mini-batch
-    whose gradient norm is not finite is skipped, as veRL does, and counted in `actor/nonfinite_grad`: the one host
-    sync per optimizer step. `scheduler` steps after every optimizer step; `scaler` (fp16) scales the loss.
-
-    Regime diagnostics per mini-batch (`vespo.diagnostics`, the lab's definitions): `actor/grad_clipped` (1 when
-    grad_clip cut the step; its mean over a rollout step is the clip fraction), `is/kl_mu_pi` (k3 KL(mu || pi) per
-    token, also target_kl's estimate), `is/log_w_std` (std of sequence log W over sequences) and
-    `actor/momentum_share` (share of the optimizer step from the current gradient, from the state before the step;
-    nan for a skipped non-finite step).
-
-    `settings.step_scale` moves the weights by s x the optimizer's step (`vespo.step_control`; `actor/step_scale`,
-    and `actor/step_ess` for VCPO's rule). `settings.adv_estimator="opob"` replaces each mini-batch's advantages by
-    VCPO's baseline from `rewards` at the mini-batch's weights (rows in whole groups: shuffle off); `opob/baseline_gap`
-    is the mean |b - group mean reward|.
+    `score_old`: `old_log_prob` is a buffer filled here with mu under the weights before the first step: the rows of
+    mini-batches 1..N-1 by one no-grad forward first, mini-batch 0's from its own forward (`Learner.update`).
+    `rollout_log_prob` (the sampler's log-probs, or None) enters the loss as its train-inference correction. The
+    rollout batch is validated once here; the micro-batch calls skip validation. `scheduler` steps after every
+    optimizer step; `scaler` (fp16) scales the loss. `settings.adv_estimator="opob"` replaces each mini-batch's
+    advantages by VCPO's baseline from `rewards` at the mini-batch's weights (rows in whole groups: shuffle off).
+    The gradient (`accumulate_gradients`), the regime diagnostics (`mini_batch_diagnostics`) and the step
+    (`optimizer_step`) are documented where they are computed.
     """
     s = settings
-    mode = s.agg_mode
-    check_policy_inputs(
-        log_prob=None,
-        old_log_prob=old_log_prob,
-        advantages=advantages,
-        response_mask=rollout.response_mask,
-        rollout_log_prob=rollout_log_prob,
-    )
+    check_policy_inputs(log_prob=None, old_log_prob=old_log_prob, advantages=advantages,
+                        response_mask=rollout.response_mask, rollout_log_prob=rollout_log_prob)  # fmt: skip
     n_rows = advantages.shape[0]
     order = torch.randperm(n_rows) if s.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
     opob = s.adv_estimator == "opob"
@@ -321,114 +304,173 @@ def ppo_update(
             old_log_prob[later] = policy_log_probs(model, rollout, later, **s.log_prob_args)[0]
     history = []
     for k in range(s.num_mini_batches):
+        # 1. the mini-batch's rows; mini-batch 0's own forward gives its mu when scoring here
         rows = order[k * s.seqs_per_mini_batch : (k + 1) * s.seqs_per_mini_batch]
-        mini_mask = rollout.response_mask[rows]
-        n_tokens, n_seqs = mini_mask.sum().float(), (mini_mask.sum(-1) > 0).sum().float()
+        on_policy = score_old and k == 0
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor] = {}
-        mini_log_prob = []  # detached log pi of each micro-batch: the mini-batch's log W, KL and drift diagnostics
-        micro = micro_batches(rows, s.micro_batch_size)
-        on_policy = score_old and k == 0  # this mini-batch's own forward gives its mu
-        if opob:
+        if opob:  # VCPO's baseline at the weights this mini-batch is trained from
             log_v = opob_log_weights(model, rollout, rows, old_log_prob, rollout_log_prob, s, on_policy)  # (M,)
             advantages[rows] = opob_advantages(rewards[rows], s.group_size, log_v, norm_by_std=s.norm_adv_by_std)
             sums["opob/baseline_gap"] = _baseline_gap(rewards[rows], advantages[rows], s)
-        ctx = _batch_context(
-            model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k, len(micro), on_policy
-        )
-        for mb in micro:
-            mask = rollout.response_mask[mb]  # (b, T)
-            with autocast(model, s.autocast_dtype):
-                log_prob, entropy = response_log_probs(
-                    model,
-                    rollout.select(mb),
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    top_k=s.top_k,
-                    with_entropy=s.entropy_coeff > 0,
-                )
-            if on_policy:
-                old_log_prob[mb] = log_prob.detach()
-            loss, metrics = compute_policy_loss(
-                s.method,
-                log_prob=log_prob,
-                old_log_prob=old_log_prob[mb],
-                advantages=advantages[mb],
-                response_mask=mask,
-                rollout_log_prob=None if rollout_log_prob is None else rollout_log_prob[mb],
-                loss_agg_mode=mode,
-                global_num_tokens=n_tokens,
-                global_num_seqs=n_seqs,
-                validate=False,  # validated once per rollout batch above; log-probs of the model are <= 0
-                **({} if ctx is None else {"batch_context": ctx}),
-                **s.hparams,
-            )
-            if ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
-                kl = kl_k3(ref_log_prob[mb] - log_prob, clamp=10.0)  # (b, T)
-                kl_loss = agg_loss(kl, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
-                loss = loss + s.kl_coef * kl_loss
-                metrics["actor/kl_loss"] = kl_loss.detach()
-            if entropy is not None:
-                ent_loss = agg_loss(entropy, mask, mode, global_num_tokens=n_tokens, global_num_seqs=n_seqs)
-                loss = loss - s.entropy_coeff * ent_loss
-            (loss if scaler is None else scaler.scale(loss)).backward()
-            mini_log_prob.append(log_prob.detach())  # (b, T)
-            for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
-                share = value if key in _ADDITIVE else value / len(micro)
-                sums[key] = sums[key] + share if key in sums else share
-        if scaler is not None:
-            scaler.unscale_(optimizer)  # clip and log the true gradient
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)  # before clipping
-        sums["actor/grad_norm"] = grad_norm
-        sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
-        sums["actor/grad_clipped"] = diagnostics.clip_bound(grad_norm, s.grad_clip)  # mean: the clip fraction
-        mini_lp, mini_old = torch.cat(mini_log_prob), old_log_prob[rows]  # (M, T) each, in `rows` order
-        sums["is/top1pct_w_share"] = top_share(seq_log_ratio(mini_lp, mini_old, mini_mask.to(mini_lp.dtype)))
-        drift = diagnostics.stale_drift(mini_lp, mini_old, mini_mask)
-        sums["is/kl_mu_pi"], sums["is/log_w_std"] = drift["kl_mu_pi"], drift["log_w_std"]
-        kl = drift["kl_mu_pi"]  # target_kl's estimate of KL(mu || pi) on this mini-batch
-        stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros_like(kl, dtype=torch.bool)
-        # one host sync per optimizer step: a NaN step would poison the weights; a KL past the target stops the update
-        finite, stop = torch.stack([torch.isfinite(grad_norm), stop_flag]).tolist()
-        sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
-        # the share of the coming step from the current (clipped) gradient, from the optimizer state before the step
-        g_share = diagnostics.momentum_share(optimizer) if finite else grad_norm.new_tensor(math.nan)
-        sums["actor/momentum_share"] = g_share
-        if s.target_kl is not None:
-            sums["actor/target_kl_k3"] = kl
-        if scaler is not None and (stop or not finite):
-            scaler.update()  # an overflow lowers the loss scale; the step itself is skipped below
+        # 2. the policy loss's gradient, accumulated over micro-batches
+        ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k,
+                             len(micro_batches(rows, s.micro_batch_size)), on_policy)  # fmt: skip
+        mini_lp, loss_metrics = accumulate_gradients(model, rollout, rows, advantages, old_log_prob, s,
+                                                     rollout_log_prob=rollout_log_prob, ref_log_prob=ref_log_prob,
+                                                     ctx=ctx, score_old=on_policy, scaler=scaler)  # fmt: skip
+        sums |= loss_metrics
+        # 3. clip; the regime diagnostics; one host sync: a non-finite gradient is skipped, a KL past target_kl stops
+        finite, stop = mini_batch_diagnostics(sums, optimizer, params, mini_lp, old_log_prob[rows],
+                                              rollout.response_mask[rows], s, scaler)  # fmt: skip
         if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
             optimizer.zero_grad(set_to_none=True)
             history.append({key: v.detach() for key, v in sums.items()} | {"actor/kl_stopped": torch.tensor(1.0)})
             break
-        keep = s.log_update_norm or s.step_scale != "none"
-        before = [p.detach().clone() for p in params] if keep else None
-        if finite:
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-                scaler.update()
-            if scheduler is not None:
-                scheduler.step()
-        if s.step_scale != "none" and finite:  # theta <- theta_old + s * (theta_opt - theta_old), s <= 1
-            rollout_rows = None if rollout_log_prob is None else rollout_log_prob[rows]
-            sums |= step_scale(
-                s.step_scale,
-                mean_phi=sums.get(diagnostics.MEAN_PHI),
-                log_w=sampler_log_w(mini_lp, mini_old, rollout_rows, mini_mask.to(mini_lp.dtype)),
-                valid=mini_mask.sum(-1) > 0,
-            )
-            scale_step(params, before, sums["actor/step_scale"])
-        if s.log_update_norm:  # how far the optimizer actually moved: Adam can undo a gradient that phi shrank
-            sums["actor/update_norm"] = torch.stack(
-                [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
-            ).norm()
-        if s.target_kl is not None:
-            sums["actor/kl_stopped"] = torch.tensor(0.0)
+        # 4. the optimizer step (scaled by a step control)
+        rollout_rows = None if rollout_log_prob is None else rollout_log_prob[rows]
+        sums |= optimizer_step(optimizer, params, s, finite, scaler=scaler, scheduler=scheduler,
+                               step_inputs=(sums, mini_lp, old_log_prob[rows], rollout_rows,
+                                            rollout.response_mask[rows]))  # fmt: skip
         history.append({key: v.detach() for key, v in sums.items()})
     return history
+
+
+def accumulate_gradients(
+    model,
+    rollout: Rollout,
+    rows: Tensor,
+    advantages: Tensor,
+    old_log_prob: Tensor,
+    s: UpdateSettings,
+    *,
+    rollout_log_prob: Tensor | None,
+    ref_log_prob: Tensor | None,
+    ctx: BatchContext | None,
+    score_old: bool,
+    scaler: torch.amp.GradScaler | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Backward of mini-batch `rows`' loss, micro-batch by micro-batch: the method's policy loss (paper Eq. 9 for
+    VESPO) plus `kl_coef` x the k3 KL to the reference minus `entropy_coeff` x the entropy, each normalised by the
+    whole mini-batch's token/sequence count, so accumulating them equals one big batch. With `score_old` each
+    micro-batch's own log pi is its mu (written into `old_log_prob`). Returns the detached log pi (M, T) in `rows`
+    order and the loss metrics (losses add up over micro-batches, diagnostics average)."""
+    mode, mini_mask = s.agg_mode, rollout.response_mask[rows]
+    counts = {"global_num_tokens": mini_mask.sum().float(), "global_num_seqs": (mini_mask.sum(-1) > 0).sum().float()}
+    micro = micro_batches(rows, s.micro_batch_size)
+    sums: dict[str, Tensor] = {}
+    mini_log_prob = []
+    for mb in micro:
+        mask = rollout.response_mask[mb]  # (b, T)
+        with autocast(model, s.autocast_dtype):
+            log_prob, entropy = response_log_probs(model, rollout.select(mb), temperature=s.temperature, top_p=s.top_p,
+                                                   top_k=s.top_k, with_entropy=s.entropy_coeff > 0)  # fmt: skip
+        if score_old:
+            old_log_prob[mb] = log_prob.detach()
+        loss, metrics = compute_policy_loss(
+            s.method,
+            log_prob=log_prob,
+            old_log_prob=old_log_prob[mb],
+            advantages=advantages[mb],
+            response_mask=mask,
+            rollout_log_prob=None if rollout_log_prob is None else rollout_log_prob[mb],
+            loss_agg_mode=mode,
+            validate=False,  # validated once per rollout batch (`ppo_update`); log-probs of the model are <= 0
+            **counts,
+            **({} if ctx is None else {"batch_context": ctx}),
+            **s.hparams,
+        )
+        if ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
+            kl_loss = agg_loss(kl_k3(ref_log_prob[mb] - log_prob, clamp=10.0), mask, mode, **counts)
+            loss = loss + s.kl_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.detach()
+        if entropy is not None:
+            loss = loss - s.entropy_coeff * agg_loss(entropy, mask, mode, **counts)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        mini_log_prob.append(log_prob.detach())  # (b, T)
+        for key, value in metrics.items():  # losses normalised by the mini-batch add up; diagnostics average
+            share = value if key in _ADDITIVE else value / len(micro)
+            sums[key] = sums[key] + share if key in sums else share
+    return torch.cat(mini_log_prob), sums
+
+
+def mini_batch_diagnostics(
+    sums: dict[str, Tensor],
+    optimizer: torch.optim.Optimizer,
+    params: list[Tensor],
+    mini_lp: Tensor,
+    mini_old: Tensor,
+    mini_mask: Tensor,
+    s: UpdateSettings,
+    scaler: torch.amp.GradScaler | None,
+) -> tuple[bool, bool]:
+    """Clip the accumulated gradient to `grad_clip` and add the mini-batch's regime diagnostics to `sums`
+    (`vespo.diagnostics`, the lab's definitions): `actor/grad_norm` (before clipping), `actor/grad_clipped` (1 when
+    grad_clip cut the step; its mean over a rollout step is the clip fraction), `is/top1pct_w_share`, `is/kl_mu_pi`
+    (k3 KL(mu || pi) per token, also target_kl's estimate), `is/log_w_std` (std of sequence log W over sequences),
+    `actor/nonfinite_grad` and `actor/momentum_share` (share of the coming step from the current gradient, from the
+    optimizer state before the step; nan for a skipped non-finite step). Returns (finite gradient, target_kl stop):
+    the one host sync per optimizer step (a NaN step would poison the weights)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clip and log the true gradient
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)  # before clipping
+    sums["actor/grad_norm"] = grad_norm
+    sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
+    sums["actor/grad_clipped"] = diagnostics.clip_bound(grad_norm, s.grad_clip)  # mean: the clip fraction
+    sums["is/top1pct_w_share"] = top_share(seq_log_ratio(mini_lp, mini_old, mini_mask.to(mini_lp.dtype)))
+    drift = diagnostics.stale_drift(mini_lp, mini_old, mini_mask)
+    sums["is/kl_mu_pi"], sums["is/log_w_std"] = drift["kl_mu_pi"], drift["log_w_std"]
+    kl = drift["kl_mu_pi"]  # target_kl's estimate of KL(mu || pi) on this mini-batch
+    stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros_like(kl, dtype=torch.bool)
+    finite, stop = torch.stack([torch.isfinite(grad_norm), stop_flag]).tolist()
+    sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
+    sums["actor/momentum_share"] = diagnostics.momentum_share(optimizer) if finite else grad_norm.new_tensor(math.nan)
+    if s.target_kl is not None:
+        sums["actor/target_kl_k3"] = kl
+    if scaler is not None and (stop or not finite):
+        scaler.update()  # an overflow lowers the loss scale; the step itself is skipped
+    return finite, stop
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    params: list[Tensor],
+    s: UpdateSettings,
+    finite: bool,
+    *,
+    scaler: torch.amp.GradScaler | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    step_inputs: tuple,
+) -> dict[str, Tensor]:
+    """The optimizer's step on the clipped gradient (skipped when not `finite`, as veRL does), the scheduler's, then
+    `settings.step_scale` moves the weights by s x that step (`vespo.step_control`; `actor/step_scale`, and
+    `actor/step_ess` for VCPO's rule; `step_inputs` = the mini-batch's metrics so far, log pi, mu, the sampler's
+    log-probs and mask). `actor/update_norm` (with `log_update_norm`): how far the weights actually moved (Adam can
+    undo a gradient that phi shrank)."""
+    out: dict[str, Tensor] = {}
+    keep = s.log_update_norm or s.step_scale != "none"
+    before = [p.detach().clone() for p in params] if keep else None
+    if finite:
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+        if scheduler is not None:
+            scheduler.step()
+    if s.step_scale != "none" and finite:  # theta <- theta_old + s * (theta_opt - theta_old), s <= 1
+        sums, mini_lp, mini_old, rollout_rows, mini_mask = step_inputs
+        out |= step_scale(s.step_scale, mean_phi=sums.get(diagnostics.MEAN_PHI),
+                          log_w=sampler_log_w(mini_lp, mini_old, rollout_rows, mini_mask.to(mini_lp.dtype)),
+                          valid=mini_mask.sum(-1) > 0)  # fmt: skip
+        scale_step(params, before, out["actor/step_scale"])
+    if s.log_update_norm:
+        out["actor/update_norm"] = torch.stack(
+            [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
+        ).norm()
+    if s.target_kl is not None:
+        out["actor/kl_stopped"] = torch.tensor(0.0)
+    return out
 
 
 def opob_log_weights(
