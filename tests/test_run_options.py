@@ -1,4 +1,4 @@
-"""A newcomer's first runs (issue 22): quiet under --no-progress, no deprecation noise from vespo's own calls, one
+"""Options a first run meets: quiet under --no-progress, no deprecation noise from vespo's own calls, one
 vocabulary across commands, conflicting flags refused, veRL-style nested YAML keys accepted."""
 
 import subprocess
