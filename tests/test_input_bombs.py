@@ -160,3 +160,43 @@ def test_json_depth_limit_is_64(tmp_path):
     path.write_text(nested % ("[" * 64 + "]" * 64))
     with pytest.raises(ValueError, match=r"d.jsonl:1: nested more than 64 levels"):
         load_jsonl(path)
+
+
+def _shm(free_bytes: int):
+    """An `os.statvfs` that reports `free_bytes` free in /dev/shm (Docker's default is 64 MB) and the truth elsewhere."""
+    real = os.statvfs
+
+    def statvfs(path):
+        if str(path) != "/dev/shm":
+            return real(path)
+        blocks = free_bytes // 4096
+        return os.statvfs_result((4096, 4096, blocks, blocks, blocks, 1000, 1000, 1000, 0, 255))
+
+    return statvfs
+
+
+def test_async_refuses_a_dev_shm_smaller_than_the_weights_before_the_run_dir(tmp_path, monkeypatch, capsys):
+    """Issue 38 (5): the learner's float32 weights go to the samplers through /dev/shm; one that cannot hold them is
+    one line saying what to do, exit 2, before the run dir is claimed (it used to die with "unable to allocate
+    shared memory" after config.yaml was written)."""
+    from vespo.cli import main
+    from vespo.train import config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with open(model / "model.safetensors", "wb") as f:  # sparse: 200 MiB of weights that take no disk
+        f.truncate(200 << 20)
+    monkeypatch.setattr(config, "_available_memory", lambda: 1 << 40)  # the RAM check passes: only /dev/shm is short
+    monkeypatch.setattr(os, "statvfs", _shm(64 << 20))
+    run = tmp_path / "run"
+    argv = ["train", "--async", "--model", str(model), "--run-dir", str(run), "--no-progress", "--no-tensorboard"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("vespo train: error:"), err
+    assert "(200 MiB)" in err and "/dev/shm, which has 64 MiB free" in err, err
+    assert "docker run --shm-size=1g" in err and "mode=sync" in err, err
+    assert not run.exists()
+    monkeypatch.setattr(os, "statvfs", _shm(201 << 20))  # room for the weights: the check passes
+    cfg = config.resolve(config.TrainConfig(mode="async", model=str(model), run_dir=str(run)))
+    assert cfg.mode == "async" and not run.exists()
