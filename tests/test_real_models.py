@@ -110,6 +110,13 @@ def test_a_damaged_cache_entry_is_rebuilt_saying_so(tiny_gguf, tmp_path, monkeyp
     model_path(str(tiny_gguf), cache_dir=cache, progress=False)
     assert f"has no {models.CACHE_MANIFEST}" in capsys.readouterr().err and (entry / models.CACHE_MANIFEST).is_file()
     assert sorted(p.name for p in cache.iterdir()) == [f".{entry.name}.lock", entry.name]  # no temporary left
+    other = write_tiny_gguf(tmp_path / "other.gguf", seed=3)
+    foreign = cache / f"gguf-other-{hashlib.sha256(other.read_bytes()).hexdigest()[:16]}"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")  # a directory vespo did not write: refused, never replaced
+    with pytest.raises(ValueError, match="is not a cache entry vespo wrote; remove it or choose another --cache-dir"):
+        model_path(str(other), cache_dir=cache, progress=False)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
 
 def test_export_uses_the_runs_cache_dir(tiny_gguf, tmp_path, monkeypatch):
