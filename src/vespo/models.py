@@ -121,8 +121,8 @@ def check_gguf_file(path: Path) -> int:
     """The number of weights in GGUF file `path`, once it is known to be a whole GGUF file transformers can read: the
     magic "GGUF", a version in `GGUF_VERSIONS`, metadata and tensor table inside the file, and every tensor's data
     ending within it (so a truncated download is caught, not only a damaged header). Reads the header alone through
-    a memory map (milliseconds for a 49k-token vocabulary); a one-line ValueError otherwise, before any run directory
-    is claimed or any weight is read."""
+    a memory map (0.12 s for a 49k-token vocabulary with its merges, where the `gguf` package's reader takes 8 s); a
+    one-line ValueError otherwise, before any run directory is claimed or any weight is read."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
