@@ -19,14 +19,15 @@ Record = dict
 # Input limits of data sets (docs/training.md, "Input limits"): a data source beyond one is refused in one line naming
 # it, before its rows are built.
 MAX_RECORDS = 1_000_000
-"""Most rows a data set may have: each record costs ~0.5 KB of Python objects beyond its text, held by the learner and
-again by every sampler process. The RL sets in use have ~250K distinct prompts or fewer (veRL's dapo-math-17k.parquet
-holds its 17K prompts 100 times over: `--dataset BytedTsinghua-SIA/DAPO-Math-17k` loads them once)."""
+"""Most rows a data set may have: each record costs ~0.3 KB of Python objects beyond its text (311 B measured for a
+million {"prompt", "answer"} dicts), held by the learner and again by every sampler process. The RL sets in use have
+~250K distinct prompts or fewer (veRL's dapo-math-17k.parquet holds its 17K prompts 100 times over:
+`--dataset BytedTsinghua-SIA/DAPO-Math-17k` loads them once)."""
 MAX_DATA_BYTES = 256 << 20
 """Most text (and other values) a data file may hold once loaded: a JSON/JSONL file's size, a Parquet file's values
 decoded (dictionary-encoded strings counted at every use, computed from the dictionaries before any row is built).
-The records live in the learner and in every sampler process; a 47 KB dictionary-encoded Parquet file decoded into
-496 MB of rows."""
+The records live in the learner and in every sampler process; a 113 KB dictionary-encoded Parquet file of 200,000
+rows decodes into 953 MiB (tests/test_input_bombs.py)."""
 MAX_PROMPT_CHARS = 1 << 18
 """Longest prompt, in characters: ~64K tokens at ~4 characters a token, twice the 32K-token context of the paper's
 Qwen3 models; a longer prompt cannot be trained on, and a record's prompt is tokenised and padded in every batch."""
