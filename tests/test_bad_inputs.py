@@ -13,7 +13,9 @@ import sys
 
 import pytest
 import torch
+from _gguf import write_tiny_gguf
 
+from vespo.data.reasoning_gym import load_reasoning_gym
 from vespo.train.config import TrainConfig
 from vespo.train.learner import Learner, UpdateSettings
 from vespo.train.runs import CHECKPOINT, claim_run_dir, save_checkpoint, start_run
@@ -55,6 +57,9 @@ _OK = json.dumps({"prompt": "1+1=", "answer": "2"})
 _CODE = json.dumps({"prompt": "p", "tests": [{"assert": "1"}]})
 _SAVED = "{root}/saved"
 _CODE_REWARD = ["--reward-fn", "vespo.rewards:code_reward"]
+_RG_REWARD = ["--reward-fn", "vespo.rewards:reasoning_gym_reward"]
+_RG_TASK = "rg_task.jsonl:1: 'rg_item' names an unknown reasoning-gym task 'no_such_task'"
+_RG_ADDRESS = "rg_address.jsonl:2: 'rg_item' must be [task, config, seed, size, index, format]"
 _BAD_TESTS = {  # a code record's `tests` that no grader can run: refused when the data loads, before the model
     "no_output": [{"input": "1"}],
     "assert_not_str": [{"assert": 5}],
@@ -97,6 +102,12 @@ _TRAIN = [
     ("reward_fn not a reward", ["--reward-fn", "os:getcwd"], "reward_fn"),
     ("model missing dir", ["--model", "/nonexistent"], "model: no such file or directory"),
     ("model not a model dir", ["--model", "{root}/notamodel"], "model:"),
+    ("model truncated gguf", ["--model", "{root}/cut.gguf"], "cut.gguf is a truncated GGUF file: its tensor data"),
+    ("model gguf header cut", ["--model", "{root}/head.gguf"], "head.gguf is a truncated GGUF file: its header"),
+    ("model not a gguf", ["--model", "{root}/junk.gguf"], "junk.gguf is not a GGUF file"),
+    ("model gguf version", ["--model", "{root}/v9.gguf"], "v9.gguf: GGUF version 9 is not supported"),
+    ("rg_item unknown task", ["--dataset", "{root}/rg_task.jsonl", *_RG_REWARD], _RG_TASK),
+    ("rg_item malformed", ["--dataset", "{root}/rg_address.jsonl", *_RG_REWARD], _RG_ADDRESS),
     ("dataset x.json is a local file", ["--dataset", "x.json"], "dataset: file not found: x.json"),
     ("config missing file", ["--config", "{root}/nope.yaml"], "--config"),
     ("config syntax", ["--config", "{root}/syntax.yaml"], "syntax.yaml: line 3: YAML syntax error"),
@@ -170,6 +181,10 @@ _EVAL = [
     ("eval missing model", ["--model", "/nonexistent"], "model: no such file or directory"),
     ("eval unknown benchmark", ["--model", "{root}/model", "--benchmarks", "gsm9k"], "gsm9k"),
     ("eval missing file", ["--model", "{root}/model", "--benchmarks", "{root}/none.jsonl"], "none.jsonl"),
+    ("eval truncated gguf", ["--model", "{root}/cut.gguf"], "cut.gguf is a truncated GGUF file"),
+    ("eval not a gguf", ["--model", "{root}/junk.gguf"], "junk.gguf is not a GGUF file"),
+    ("eval rg_item unknown task", ["--model", "{root}/model", "--benchmarks", "{root}/rg_task.jsonl"], _RG_TASK),
+    ("eval rg_item malformed", ["--model", "{root}/model", "--benchmarks", "{root}/rg_address.jsonl"], _RG_ADDRESS),
 ]
 CASES = [
     (i, ["train", *a, *_TINY, *([] if "--run-dir" in a else ["--run-dir", "{root}/fresh"])], m) for i, a, m in _TRAIN
@@ -222,6 +237,16 @@ def _make_files(root) -> None:
     for name, tests in _BAD_TESTS.items():
         (root / f"tests_{name}.jsonl").write_text(f"{good_code}\n" + json.dumps({"prompt": "p", "tests": tests}) + "\n")
     (root / "latin1.yaml").write_bytes("method: vespo\n# caf\u00e9\n".encode("latin-1"))
+    good_item = load_reasoning_gym("reasoning-gym:leg_counting:size=2")
+    unknown = good_item[0] | {"rg_item": json.dumps(["no_such_task", {}, 0, 2, 0, "boxed"])}
+    (root / "rg_task.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [unknown, good_item[1]]))
+    cut_address = good_item[1] | {"rg_item": json.dumps(json.loads(good_item[1]["rg_item"])[:4])}  # no index, format
+    (root / "rg_address.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [good_item[0], cut_address]))
+    gguf = write_tiny_gguf(root / "whole.gguf").read_bytes()
+    (root / "cut.gguf").write_bytes(gguf[: len(gguf) // 2])  # a download cut in half: the tensor data is short
+    (root / "head.gguf").write_bytes(gguf[:300])  # cut inside the metadata
+    (root / "junk.gguf").write_text("<html>404 Not Found</html>\n")
+    (root / "v9.gguf").write_bytes(b"GGUF" + (9).to_bytes(4, "little") + gguf[8:])
     (root / "notamodel").mkdir()
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text("{}")
@@ -302,6 +327,7 @@ def test_bad_input_is_one_clear_error_before_compute(outcomes, case_id, message)
 def test_nothing_is_written_or_overwritten(outcomes):
     root = outcomes["root"]
     assert not (root / "fresh").exists()  # no case created its run dir
+    assert not (root / "eval_results").exists()  # nor vespo eval's default --out
     saved = (root / "saved" / "config.yaml").read_text()
     assert "total_training_steps: 10" in saved and "method: vespo" in saved  # resume attempts kept the saved config
 

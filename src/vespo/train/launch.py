@@ -99,7 +99,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     state = load_checkpoint(run_dir, ckpt_path, label="--checkpoint")["model"]  # truncated, foreign: one line
     policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
     try:
-        model, tokenizer = load_policy(policy)
+        model, tokenizer = load_policy(policy, cache_dir=cfg.cache_dir)  # a GGUF: the run's own cache
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.use_peft:

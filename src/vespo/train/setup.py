@@ -64,13 +64,14 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
         print(f"vespo train: {why}; --num-threads N to change", file=sys.stderr, flush=True)
     torch.set_num_threads(cfg.num_threads)
     start_run(cfg, out)
-    policy_path = model_path(cfg.model, cache_dir=cfg.cache_dir, progress=cfg.progress)  # a GGUF: its cache
     if cfg.model == EMBEDDED:
         policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
     device = resolve_device(cfg.device)
     try:
+        if cfg.model != EMBEDDED:
+            policy_path = model_path(cfg.model, cache_dir=cfg.cache_dir, progress=cfg.progress)  # a GGUF: its cache
         model, tokenizer = load_policy(policy_path)
-    except ValueError as exc:  # a Hub id neither reachable nor cached
+    except ValueError as exc:  # a Hub id neither reachable nor cached; a cache entry vespo did not write
         raise ConfigError(str(exc)) from None
     if cfg.use_peft:
         model = add_lora(model, cfg)
