@@ -487,8 +487,8 @@ def check_values(cfg: TrainConfig) -> None:
         _check_range(f"betas[{i}]", beta, "[0, 1)")
 
 
-BUILTIN_METHODS = ("aipo", "bapo", "cispo", "grpo", "gspo", "m2po", "opsm", "reinforce", "sapo", "topr", "vcpo", "vespo",
-                   "vespo_ess", "vespo_moment", "vespo_schedule", "vespo_selfnorm")  # fmt: skip
+BUILTIN_METHODS = ("aipo", "bapo", "cispo", "grpo", "gspo", "m2po", "opsm", "reinforce", "sapo", "topr", "vcpo",
+                   "vespo", "vespo_ess", "vespo_moment", "vespo_schedule", "vespo_selfnorm")  # fmt: skip
 """The methods importing `vespo.losses` registers (tests/test_cli.py holds them equal to the registry's)."""
 
 
