@@ -28,7 +28,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from vespo.diagnostics import MEAN_PHI
+from vespo.diagnostics import MEAN_PHI, PROBE_PREFIX
 from vespo.embedded.task import chain_response_tokens, scratchpad_response_tokens
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path, unfinished
 from vespo.experiments.compare import diagnostics_markdown
@@ -77,6 +77,8 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "topr-tokenmean": NAMED["topr-tokenmean"],
     },
 }
+PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_grpo", "rel_diff_reinforce")
+"""The gradient probe's metrics (`vespo.diagnostics.gradient_probe`) a cell summary reports as `probe_<name>`."""
 PAPER_LR = 1e-4
 """The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
 PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
@@ -92,6 +94,7 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
             "lr": (PAPER_LR,),
             "eval_size": 500,
             "eval_n": 2,
+            "probes": 4,
         },
         # `vespo train` settings of every cell (a variant's or an `extra` entry of the same name wins): paper's AdamW
         {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0},
@@ -155,6 +158,9 @@ class SweepConfig:
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 500
     """Held-out prompts per evaluation."""
+    probes: int = 0
+    """Gradient probes per cell (`vespo.diagnostics.gradient_probe`: the cosine of the method's gradient to GRPO's and
+    plain REINFORCE's on the stalest mini-batch), at equal strides of rollout steps; 0 = none."""
     eval_n: int = 4
     """Samples per held-out prompt (avg@eval_n): the evaluation's binomial SD is ~ sqrt(p(1-p)/(eval_size*eval_n)),
     at most 0.011 with the defaults (issue 19's 0.015 floor; ~1.6 s per evaluation on the arithmetic task)."""
@@ -187,6 +193,7 @@ SWEEP_OWNED = {
     "total_training_steps": "--optimizer-steps",
     "eval_size": "--eval-size",
     "eval_n": "--eval-n",
+    "probe_every": "--probes",
 }
 """`vespo train` fields the sweep sets for every cell (-> the sweep flag to use instead): `extra` may not set them."""
 NOT_IDENTITY = ("run_dir", "cache_dir", "resume", "allow_change", "overwrite_output_dir", "progress")
@@ -264,6 +271,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         ("optimizer_steps", cfg.optimizer_steps >= 1, "an integer >= 1"),
         ("min_rollout_steps", cfg.min_rollout_steps >= 1, "an integer >= 1"),
         ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
+        ("probes", cfg.probes >= 0, "an integer >= 0"),
         ("jobs", cfg.jobs >= 1, "an integer >= 1"),
         ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
     ):
@@ -324,6 +332,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "eval-size": cfg.eval_size,
         "eval-n": cfg.eval_n,
         "save-every": max(1, rollout_steps // 8),
+        "probe-every": max(1, rollout_steps // cfg.probes) if cfg.probes else 0,
         "num-threads": 1,
         "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
         "cache-dir": cfg.cache_dir,
@@ -440,12 +449,16 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
     (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the share of
     optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps;
-    the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps (None where
-    not logged: mean phi of a method without phi, or metrics that predate them)."""
+    the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps, and the gradient
+    probe's, means over the probed steps (None where not logged: mean phi or the token clip share of a method without
+    them, a cell run without probes or whose probed batches had no gradient, or metrics that predate them)."""
+
+    def mean(key: str) -> float | None:  # over the steps that logged a finite value (nan: undefined at that step)
+        values = [r[key] for r in rows if key in r and np.isfinite(r[key])]
+        return float(np.mean(values)) if values else None
 
     def stalest(key: str) -> float | None:
-        values = [r[f"{key}/last_mini_batch"] for r in rows if f"{key}/last_mini_batch" in r]
-        return float(np.mean(values)) if values else None
+        return mean(f"{key}/last_mini_batch")
 
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
@@ -472,6 +485,8 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "log_w_std_stalest": stalest("is/log_w_std"),
         "mean_phi_stalest": stalest(MEAN_PHI),
         "momentum_share_stalest": stalest("actor/momentum_share"),
+        "clip_frac_stalest": stalest("clip/frac"),
+        **{f"probe_{name}": mean(f"{PROBE_PREFIX}{name}") for name in PROBE_METRICS},
     }
 
 
