@@ -76,11 +76,28 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "topr": ("topr", {}, {}),
         "topr-tokenmean": NAMED["topr-tokenmean"],
     },
+    "paper-long": {  # issue 43: the staleness table where the methods' updates differ (`PRESET_REGIMES`, `GATES`)
+        "vespo": ("vespo", {}, {}),
+        "grpo": ("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, {}),  # DAPO's bounds, vespo's dual clip 3
+        "grpo-dual10": ("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}, {}),  # scripts'
+        "gspo": ("gspo", {}, {}),
+        "sapo": ("sapo", {}, {}),
+        "cispo": ("cispo", {}, {}),
+        "topr-tokenmean": NAMED["topr-tokenmean"],
+    },
 }
 PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_grpo", "rel_diff_reinforce")
 """The gradient probe's metrics (`vespo.diagnostics.gradient_probe`) a cell summary reports as `probe_<name>`."""
 PAPER_LR = 1e-4
 """The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
+LONG_LR = 1e-4
+"""The paper-long preset's learning rate (docs/paper_regime.md, "The long-response regime": calibrated with the chain
+length and warm start so that the gate `GATES["paper-long"]` holds at N = 64)."""
+LONG_SFT_STEPS = 8000
+"""The paper-long preset's warm start: SFT steps on the 41-step chain (fewer than the chain's default leave its digits
+imperfect, so every step of a response carries some entropy and RL has room below the ceiling)."""
+PAPER_ADAMW = {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0}
+"""The paper's optimiser settings (its official scripts keep veRL's AdamW defaults and grad_clip 1.0)."""
 PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
     "paper": (
         {  # SweepConfig fields (where left at their defaults): free-length task, >= 8 rollout steps at every N
@@ -97,11 +114,72 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
             "probes": 4,
         },
         # `vespo train` settings of every cell (a variant's or an `extra` entry of the same name wins): paper's AdamW
-        {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0},
+        PAPER_ADAMW,
+    ),
+    "paper-long": (
+        {  # responses of 3 * 41 + 5 = 128 tokens, N up to 128, enough rollout steps for best and final to differ
+            "task": ("chain",),
+            "num_operands": 41,
+            "staleness": (4, 16, 64, 128),
+            "seeds": tuple(range(9)),  # benchmarks/bench_paper_long.py: 9 seeds detect 0.03 at the assumed SD
+            "ppo_mini_batch_size": 8,
+            "optimizer_steps": 64,
+            "min_rollout_steps": 8,
+            "lr": (LONG_LR,),
+            "eval_size": 500,
+            "eval_n": 2,
+            "eval_points": 4,
+            "probes": 4,
+        },
+        PAPER_ADAMW | {"sft_steps": LONG_SFT_STEPS},
     ),
 }
 """Presets that set the training regime as well as the variants: preset -> (SweepConfig fields it sets where the user
 left them at their defaults, `resolve`; `vespo train` settings of every cell, `cell_flags`)."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One condition of a preset's regime gate on a cell summary: `key` `op` `bound` ("<", "<=" or ">="), checked on
+    cells of the given methods (None: every method) at N >= `min_n`."""
+
+    key: str
+    op: str
+    bound: float
+    label: str
+    methods: tuple[str, ...] | None = None
+    min_n: int = 1
+
+    def holds(self, value: float | None) -> bool:
+        if value is None or not np.isfinite(value):
+            return False
+        return {"<": value < self.bound, "<=": value <= self.bound, ">=": value >= self.bound}[self.op]
+
+
+GATES: dict[str, tuple[Gate, ...]] = {
+    "paper-long": (  # issue 43: where VESPO's and GRPO's updates can differ, and no setting of ours decides it
+        Gate("grad_clipped_frac", "<", 0.10, "grad_clip share"),
+        Gate("clip_frac_stalest", "<=", 0.05, "GRPO token clip share, stalest", methods=("grpo",)),
+        Gate("log_w_std_stalest", ">=", 1.0, "sd log W, stalest", methods=("vespo", "grpo"), min_n=64),
+    ),
+}
+"""Presets whose cells are checked against a regime gate (`gate`): the results say which cells miss it, and a
+verdict uses the cells that pass (benchmarks/bench_paper_long.py)."""
+
+
+def gate(preset: str | None, method: str, n: int, summary: dict) -> str:
+    """A cell's regime gate: "" when the preset has none, "ok" when every condition that applies to its method and N
+    holds, else "missed: " and each failed condition with its value (a value not logged fails)."""
+    if preset not in GATES:
+        return ""
+    failed = []
+    for g in GATES[preset]:
+        if (g.methods is None or method in g.methods) and n >= g.min_n and not g.holds(summary.get(g.key)):
+            value = summary.get(g.key)
+            failed.append(f"{g.label} {'not logged' if value is None else f'{value:.3g}'} (needs {g.op} {g.bound:g})")
+    return "missed: " + "; ".join(failed) if failed else "ok"
+
+
 FIG4_COLUMNS = (  # (metric, axis label, the metric's range: bands and limits stay inside it)
     ("reward/mean", "training reward", (0.0, 1.0)),
     ("eval/accuracy", "held-out accuracy", (0.0, 1.0)),
@@ -126,7 +204,8 @@ class SweepConfig:
     preset: str | None = None
     """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls | paper (the paper's staleness table
     in the paper's optimisation regime, docs/paper_regime.md: it also sets the task, N, seeds, mini-batch, steps, lr,
-    evaluation and AdamW settings, wherever a flag is left at its default)."""
+    evaluation and AdamW settings, wherever a flag is left at its default) | paper-long (the same table on 128-token
+    chain responses where the methods' updates differ, with a regime gate per cell)."""
     variants: tuple[str, ...] = ()
     """With a preset: run only these of its variants (default: all of them), e.g. a subset of the paper table."""
     regime_applied: tyro.conf.Suppress[bool] = False
@@ -373,9 +452,8 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
         saved = json.loads(done.read_text())
         if not (run_dir / "metrics.jsonl").is_file():
             return saved
-        return summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {
-            "wall_s": saved.get("wall_s", float("nan"))
-        }
+        summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio)
+        return _gated(cfg, cell, summary) | {"wall_s": saved.get("wall_s", float("nan"))}
     resume = (run_dir / CHECKPOINT).is_file()  # else a fresh run; one killed before its checkpoint is started over
     log = run_dir.parent / f"{run_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -387,9 +465,16 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
         return {}
     if returncode != 0:
         raise RuntimeError(f"cell {cell.name} failed (exit {returncode}); see {log}")
-    summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": time.perf_counter() - t0}
+    summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio)
+    summary = _gated(cfg, cell, summary) | {"wall_s": time.perf_counter() - t0}
     done.write_text(json.dumps(summary))
     return summary
+
+
+def _gated(cfg: SweepConfig, cell: Cell, summary: dict) -> dict:
+    """The summary with its regime gate (`gate`) where the preset has one."""
+    verdict = gate(cfg.preset, cell.method, cell.n, summary)
+    return summary | ({"gate": verdict} if verdict else {})
 
 
 class _Cells:
@@ -512,6 +597,11 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
         ("initial_length", "Response length (tokens), first fifth of rollout steps"),
         ("final_length", "Response length (tokens), last fifth of rollout steps"),
     )
+    missed = [f"{s['variant']}/N={s['N']}/seed {s['seed']}: {s['gate'].removeprefix('missed: ')}"
+              for s in summaries if s.get("gate", "ok") != "ok"]  # fmt: skip
+    if any("gate" in s for s in summaries):
+        lines += [f"Regime gate: {len(summaries) - len(missed)} of {len(summaries)} cells pass"
+                  + (f"; missed: {'; '.join(missed)}." if missed else "."), ""]  # fmt: skip
     for metric, title in tables:
 
         def cell(v: str, n: int, metric: str = metric) -> str:
