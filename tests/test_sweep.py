@@ -60,7 +60,7 @@ def test_presets_and_validation():
         ("vespo-sqrt", {"length_norm": "sqrt"}),
         ("vespo-linear", {"length_norm": "linear"}),
     ]
-    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls", "paper"}
+    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls", "paper", "paper-long"}
     with pytest.raises(ValueError, match="multiple of every N"):
         cells(SweepConfig(staleness=(1, 3), optimizer_steps=16))
     with pytest.raises(ValueError, match="unknown preset"):
