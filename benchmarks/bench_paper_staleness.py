@@ -122,7 +122,7 @@ def verdicts(rows: list[dict], alpha: float = 0.05) -> list[dict]:
             if c is None:
                 out.append(row | {"verdict": "not run", "diff": None, "p_adjusted": None, "test": None})
                 continue
-            row |= {"diff": c.diff, "p_adjusted": c.p_adjusted, "test": c.test, "seeds": c.n[0],
+            row |= {"diff": c.diff, "p_adjusted": c.p_adjusted, "test": c.test, "seeds": c.n[0], "mdd": c.mdd(alpha),
                     "collapsed": list(c.collapsed) if c.collapsed else None,
                     "verdict": verdict(c.diff, c.p_adjusted, claim["sign"], alpha)}  # fmt: skip
             for side in ("vespo", claim["other"]):
@@ -165,7 +165,9 @@ def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) 
             lines.append(f"| {r['claim']} | {r['paper_diff_pct']:+.1f} | {r['rule']} | – | – | – | not run (N not in "
                          "this grid) | – | – | – |")  # fmt: skip
             continue
-        word = f"**{r['verdict']}**" if r["verdict"] != "unresolved" else "unresolved"
+        word = f"**{r['verdict']}**" if r["verdict"] != "unresolved" else f"unresolved (MDD {_fmt(r.get('mdd'), 2)})"
+        if r["other"] == "gspo" and r["verdict"] != "unresolved":
+            word += " †"
         test = {"paired_t": "t", "fisher": "F"}.get(r["test"], r["test"])
         if r["test"] == "fisher" and r.get("collapsed"):
             test += f" (✗ {r['collapsed'][0]} vs {r['collapsed'][1]})"
@@ -181,6 +183,12 @@ def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) 
         counts[r["rule"]][r["verdict"]] += 1
     lines += ["", "Summary: " + "; ".join(f"{rule}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
                                           for rule, c in counts.items()) + "."]  # fmt: skip
+    lines += ["", "MDD: the minimal detectable difference of an unresolved comparison, at 80% power of the paired "
+              "t-test at Holm's first-step level (alpha / the family's size) with the measured SD of its paired "
+              "differences: a smaller difference cannot be seen. † driven by the short responses (issue 43): at "
+              "~10 tokens GSPO's length-normalised ratio spreads ~15–20× more than at the paper's lengths and its "
+              "sequence clip binds on ~46–47% of tokens at N = 64 (GRPO's token clip: 1.3%); the long-response "
+              "table (benchmarks/bench_paper_long.py) is where this ordering is tested."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

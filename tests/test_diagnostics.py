@@ -229,3 +229,125 @@ def test_momentum_parts_do_not_depend_on_how_parameters_are_bucketed(monkeypatch
     assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-12)
     assert float(got[1]) == pytest.approx(float(want[1]), rel=1e-12)
     assert float(want[1]) > 0  # the stateful parameters carry momentum
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the gradient probe
+
+
+def test_compare_gradients_by_hand():
+    cos, rel = diag.compare_gradients(torch.tensor([3.0, 4.0]), torch.tensor([4.0, 3.0]))
+    assert float(cos) == pytest.approx(24 / 25, rel=1e-15)  # 12 + 12 over 5 * 5
+    assert float(rel) == pytest.approx(math.sqrt(2) / 5, rel=1e-15)  # |(-1, 1)| / |(4, 3)|
+    g = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    cos, rel = diag.compare_gradients(g, g.clone())
+    assert float(cos) == 1.0 and float(rel) == 0.0  # exactly: g.g / sqrt((g.g)^2)
+    assert float(diag.compare_gradients(g, -g)[0]) == -1.0 and float(diag.compare_gradients(g, -g)[1]) == 2.0
+    zero, one = torch.zeros(3), torch.ones(3)
+    assert math.isnan(float(diag.compare_gradients(zero, one)[0]))  # a zero gradient has no direction
+    assert float(diag.compare_gradients(zero, one)[1]) == 1.0
+    assert float(diag.compare_gradients(one, zero)[1]) == math.inf
+    assert all(math.isnan(float(x)) for x in diag.compare_gradients(zero, zero))  # nothing to compare
+
+
+def _hand_batch():
+    """Two sequences of two tokens with log pi = theta - 1 at theta = 0; mu's log-probs put token 2 of the
+    first (A = +1) at ratio e^0.5 = 1.649 > 1.28 and token 2 of the second (A = -1) at e^-0.5 = 0.607 < 0.8: GRPO
+    (DAPO bounds) clips both, REINFORCE ignores the ratios, VESPO weighs each sequence by phi(W), log W = +-0.5."""
+    theta = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+    old = torch.tensor([[-1.0, -1.5], [-1.0, -0.5]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(2, 2, dtype=torch.float64)
+    return theta, old, adv, mask
+
+
+def _losses(theta, old, adv, mask, rows_per_micro: int):
+    from vespo.losses import compute_policy_loss
+
+    for start in range(0, 2, rows_per_micro):
+        rows = slice(start, start + rows_per_micro)
+        yield {
+            name: compute_policy_loss(method, log_prob=theta[rows] - 1, old_log_prob=old[rows], advantages=adv[rows],
+                                      response_mask=mask[rows], global_num_tokens=4.0, global_num_seqs=2.0)[0]
+            for name, method in (("method", "vespo"), ("grpo", "grpo"), ("reinforce", "reinforce"))
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize("rows_per_micro", [2, 1])
+def test_gradient_probe_on_a_hand_built_batch(rows_per_micro):
+    """Token-mean over 4 tokens: dL/dtheta_it = -w_it A_i / 4 with w = 1 (REINFORCE), 1 or 0 when clipped (GRPO),
+    phi(W_i) (VESPO, App. I: phi = W^c1 exp(c2 (1 - W)), (c1, c2) = (2, 3) for A > 0 and (3, 2) for A < 0). Two
+    micro-batches normalised by the whole mini-batch add up to one."""
+    theta, old, adv, mask = _hand_batch()
+    w0, w1 = math.exp(0.5), math.exp(-0.5)
+    phi0, phi1 = w0**2 * math.exp(3 * (1 - w0)), w1**3 * math.exp(2 * (1 - w1))
+    g_vespo = torch.tensor([-phi0, -phi0, phi1, phi1], dtype=torch.float64) / 4
+    g_grpo = torch.tensor([-1.0, 0.0, 1.0, 0.0], dtype=torch.float64) / 4
+    g_reinforce = torch.tensor([-1.0, -1.0, 1.0, 1.0], dtype=torch.float64) / 4
+    losses = list(_losses(theta, old, adv, mask, rows_per_micro))  # the forward passes, before the guard
+    with pytest.MonkeyPatch.context() as m:  # the probe itself converts no tensor to a Python number: no host sync
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            m.setattr(torch.Tensor, name, _no_sync)
+        out = diag.gradient_probe([theta], losses)
+    cos_g, rel_g = diag.compare_gradients(g_vespo, g_grpo)
+    cos_r, rel_r = diag.compare_gradients(g_vespo, g_reinforce)
+    assert float(cos_r) == pytest.approx((phi0 + phi1) / math.sqrt(2 * (phi0**2 + phi1**2)), rel=1e-12)
+    assert float(out["probe/cos_grpo"]) == pytest.approx(float(cos_g), rel=1e-12)
+    assert float(out["probe/rel_diff_grpo"]) == pytest.approx(float(rel_g), rel=1e-12)
+    assert float(out["probe/cos_reinforce"]) == pytest.approx(float(cos_r), rel=1e-12)
+    assert float(out["probe/rel_diff_reinforce"]) == pytest.approx(float(rel_r), rel=1e-12)
+    assert float(out["probe/cos_grpo_reinforce"]) == pytest.approx(1 / math.sqrt(2), rel=1e-12)
+    assert theta.grad is None  # autograd.grad: the parameters' .grad is not touched
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in out.values())
+
+
+def _no_sync(*args, **kwargs):
+    raise AssertionError("host sync inside the probe")
+
+
+def _probe_update(method: str, hparams: dict | None = None, probe: bool = True, n_mini_batches: int = 2, **kw):
+    """ppo_update on a sampled batch of the tiny model (as `_learner_history`), with the probe at the last mini-batch;
+    returns (history, parameters after the update)."""
+    from vespo.advantages import group_advantages
+    from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
+    from vespo.rollout import sample
+    from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, num_hidden_layers=1, seed=0)
+    prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:4]]
+    rollout = sample(model, tok, prompts, n=4, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
+    adv = group_advantages(torch.tensor([float(i % 3 == 0) for i in range(16)]), 4)
+    with torch.no_grad():
+        old, _ = policy_log_probs(model, rollout, torch.arange(16), micro_batch_size=8, temperature=1.0)
+    cfg = UpdateSettings(method=method, hparams=hparams or {}, num_mini_batches=n_mini_batches,
+                         seqs_per_mini_batch=16 // n_mini_batches, micro_batch_size=3, **kw)  # fmt: skip
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    hist = ppo_update(model, opt, rollout, adv, old, cfg, probe=probe)
+    return hist, [p.detach().clone() for p in model.parameters()]
+
+
+def test_probe_of_grpo_against_itself_is_exactly_one():
+    """GRPO trained with the DAPO bounds spelled out is GRPO at its defaults: one gradient, cosine exactly 1."""
+    for hparams in ({}, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}):
+        hist, _ = _probe_update("grpo", hparams)
+        last = hist[-1]
+        assert float(last["probe/cos_grpo"]) == 1.0 and float(last["probe/rel_diff_grpo"]) == 0.0
+        assert float(last["probe/cos_reinforce"]) == float(last["probe/cos_grpo_reinforce"])
+    hist, _ = _probe_update("vespo")
+    cos = float(hist[-1]["probe/cos_grpo"])
+    assert -1.0 <= cos < 1.0 and float(hist[-1]["probe/rel_diff_grpo"]) > 0.0  # stale: W != 1, another gradient
+    assert not any(k.startswith("probe/") for h in hist[:-1] for k in h)  # only the stalest mini-batch is probed
+
+
+def test_probe_changes_no_number_of_the_update_and_stays_off_the_hot_path(monkeypatch):
+    """The same update with and without the probe: identical weights and metrics; without it the probe is never
+    called (its own arithmetic syncs nothing: `test_gradient_probe_on_a_hand_built_batch`)."""
+    with_probe, w_probe = _probe_update("vespo", probe=True)
+    monkeypatch.setattr(diag, "gradient_probe", lambda *a, **k: pytest.fail("probe called with probe=False"))
+    without, w_plain = _probe_update("vespo", probe=False)
+    monkeypatch.undo()
+    assert all(torch.equal(a, b) for a, b in zip(w_probe, w_plain, strict=True))
+    for h, g in zip(with_probe, without, strict=True):
+        assert {k: v for k, v in h.items() if not k.startswith("probe/")}.keys() == g.keys()
+        assert all(torch.equal(h[k], g[k]) for k in g if not math.isnan(float(g[k])))

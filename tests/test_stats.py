@@ -19,9 +19,12 @@ from vespo.experiments.stats import (
     format_ci,
     holm,
     mean_ci,
+    minimal_detectable_difference,
     paired_bootstrap,
     paired_bootstrap_ci,
     paired_t,
+    paired_t_power,
+    seeds_for,
     welch,
     wilcoxon,
 )
@@ -199,3 +202,49 @@ def test_compare_uses_fisher_on_collapsed_cells_and_shows_the_diagnostics(tmp_pa
     # the best checkpoint is taken before a collapse: paired t there
     assert main(["compare", str(path), "--metric", "best_eval_acc", "--out", str(tmp_path / "b.md")]) == 0
     assert "[t]" in (tmp_path / "b.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# power and the minimal detectable difference (issue 43: fixed before the cells run)
+
+
+def test_mdd_has_the_stated_power_by_simulation():
+    """Simulate 40,000 designs of 6 paired seeds whose true difference is the MDD at alpha = 0.01: the paired t-test
+    rejects in 80% of them (binomial SE 0.002), and at a true difference of 0 in 1% (the test's size)."""
+    n, sd, alpha = 6, 0.02, 0.01
+    mdd = minimal_detectable_difference(sd, n, alpha)
+    rng = np.random.default_rng(0)
+    crit = st.t.ppf(1 - alpha / 2, n - 1)
+    for true, want in ((mdd, 0.8), (0.0, alpha)):
+        d = rng.normal(true, sd, size=(40_000, n))
+        t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+        assert np.mean(np.abs(t) > crit) == pytest.approx(want, abs=0.008)
+    assert paired_t_power(0.0, sd, n, alpha) == pytest.approx(alpha, rel=1e-9)
+    assert paired_t_power(mdd, sd, n, alpha) == pytest.approx(0.8, abs=1e-9)
+
+
+def test_mdd_limits_and_the_seeds_it_needs():
+    # many seeds: the t-test is the z-test, MDD = (z_{1 - alpha/2} + z_{power}) sd / sqrt(n)
+    z = (st.norm.ppf(1 - 0.025) + st.norm.ppf(0.8)) * 0.01 / math.sqrt(4000)
+    assert minimal_detectable_difference(0.01, 4000, 0.05) == pytest.approx(z, rel=1e-3)
+    # the paper table's VESPO - GRPO at N = 64: SD 0.011 over 5 seeds, Holm over 30 (README)
+    assert minimal_detectable_difference(0.011, 5, 0.05 / 30) == pytest.approx(0.0461, abs=5e-5)
+    assert minimal_detectable_difference(0.0, 5, 0.05) == 0.0 and math.isnan(minimal_detectable_difference(1, 1, 0.05))
+    n = seeds_for(0.03, 0.016, 0.05 / 24)
+    assert (
+        minimal_detectable_difference(0.016, n, 0.05 / 24)
+        <= 0.03
+        < minimal_detectable_difference(0.016, n - 1, 0.05 / 24)
+    )
+    assert seeds_for(1e-6, 1.0, 0.05, most=10) is None
+
+
+def test_comparisons_keep_their_sd_and_family_for_the_mdd():
+    groups = {("vespo", 4): {0: 0.5, 1: 0.6, 2: 0.7}, ("grpo", 4): {0: 0.52, 1: 0.6, 2: 0.75},
+              ("gspo", 4): {0: 0.4, 1: 0.5, 2: 0.6}}  # fmt: skip
+    by = {c.method: c for c in compare(groups, "vespo")}
+    assert by["grpo"].sd == pytest.approx(np.std([0.02, 0.0, 0.05], ddof=1)) and by["grpo"].family == 2
+    assert by["grpo"].mdd() == pytest.approx(minimal_detectable_difference(by["grpo"].sd, 3, 0.025))
+    assert by["gspo"].sd == pytest.approx(0.0, abs=1e-15) and by["gspo"].mdd() == pytest.approx(0.0, abs=1e-12)
+    unpaired = compare({("vespo", 4): {0: 0.5, 1: 0.6}, ("grpo", 4): {2: 0.5, 3: 0.7}}, "vespo")[0]
+    assert unpaired.test == "welch" and math.isnan(unpaired.mdd())

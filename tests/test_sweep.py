@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_presets_and_validation():
         ("vespo-sqrt", {"length_norm": "sqrt"}),
         ("vespo-linear", {"length_norm": "linear"}),
     ]
-    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls", "paper"}
+    assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls", "paper", "paper-long"}
     with pytest.raises(ValueError, match="multiple of every N"):
         cells(SweepConfig(staleness=(1, 3), optimizer_steps=16))
     with pytest.raises(ValueError, match="unknown preset"):
@@ -84,6 +85,7 @@ def test_paper_preset_resolves_to_the_documented_regime():
         assert (tc.betas, tc.weight_decay, tc.grad_clip) == ((0.9, 0.999), 0.01, 1.0)
         assert (tc.task, tc.num_operands, tc.lr, tc.ppo_mini_batch_size) == ("scratchpad", 4, PAPER_LR, 8)
         assert tc.total_training_steps >= 8  # rollout steps, also at N = 64
+        assert tc.probe_every == tc.total_training_steps // 4  # 4 gradient probes per cell
         assert tc.max_response_length > 12  # the longest scratchpad solution (12 tokens) has room: free length
         if c.variant == "grpo":  # DAPO's clip-higher bounds
             assert (tc.hparams["clip_ratio_low"], tc.hparams["clip_ratio_high"]) == (0.2, 0.28)
@@ -132,7 +134,13 @@ def test_summary_and_collapse_flag():
     rows[4]["eval/accuracy"] = 0.6
     rows[1] |= {"is/kl_mu_pi/last_mini_batch": 0.02, "actor/momentum_share/last_mini_batch": 0.1}
     rows[2] |= {"is/kl_mu_pi/last_mini_batch": 0.04, "actor/momentum_share/last_mini_batch": 0.3}
+    rows[3] |= {"clip/frac/last_mini_batch": 0.05, "probe/cos_grpo": 1.0, "probe/cos_reinforce": 0.5}
+    rows[7] |= {"clip/frac/last_mini_batch": 0.01, "probe/cos_grpo": 1.0, "probe/cos_reinforce": 0.7}
+    rows[8] |= {"probe/cos_grpo": math.nan, "probe/cos_reinforce": math.nan}  # a batch without gradient: left out
     s = summarize(Cell("grpo", "grpo", {}, 4, 0), rows, collapse_ratio=0.5)
+    # the token clip share at the stalest mini-batch and the gradient probe: means over the steps that logged them
+    assert s["clip_frac_stalest"] == pytest.approx(0.03) and s["probe_cos_reinforce"] == pytest.approx(0.6)
+    assert s["probe_cos_grpo"] == 1.0 and s["probe_rel_diff_grpo"] is None
     # the regime diagnostics at the stalest mini-batch: means over rollout steps; None where never logged (no phi)
     assert s["kl_mu_pi_stalest"] == pytest.approx(0.03) and s["momentum_share_stalest"] == pytest.approx(0.2)
     assert s["mean_phi_stalest"] is None
@@ -156,6 +164,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
         eval_n=1,
         jobs=2,
         cache_dir=str(tmp_path / "cache"),
+        probes=1,
         extra={"sft_steps": "5", "max_response_length": "8", "tensorboard": "False"},
     )
     summaries = sweep(cfg)
@@ -163,6 +172,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
     with (tmp_path / "sw" / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert {(r["variant"], r["N"]) for r in rows} == {("vespo", "1"), ("vespo", "2"), ("grpo", "1"), ("grpo", "2")}
+    assert "probe_cos_grpo" in rows[0]  # the gradient probe's column (empty where every advantage was 0)
     md = (tmp_path / "sw" / "results.md").read_text()
     assert "| vespo |" in md and "N=2" in md
     assert "(n=1)" in md and "± 0.000" not in md  # one seed: the mean alone, never a fake CI

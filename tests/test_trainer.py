@@ -77,6 +77,8 @@ def _cfg(root, run_dir, **kw) -> TrainConfig:
         (["--method", "ppo2"], "known methods: \\['aipo'"),
         (["--method", "grpo", "--hparams", "c1_pos", "2"], "unknown hyperparameter"),
         (["--dataset", "/nonexistent/x.jsonl"], "dataset: file not found"),
+        (["--probe-every", "-1"], "probe_every"),
+        (["--probe-every", "2", "--async"], "probe_every needs mode=sync"),
     ],
 )
 def test_bad_config_fails_at_parse(argv, message):
@@ -259,6 +261,18 @@ def _strip_time(rows):
 
 
 @pytest.mark.slow
+def test_gradient_probe_is_logged_at_its_stride(local_model_and_data, tmp_path):
+    """`probe_every=2` over 3 rollout steps: the probe's metrics at step 2 only, a cosine in [-1, 1] each."""
+    train(_cfg(local_model_and_data, tmp_path / "run", probe_every=2))
+    rows = read_metrics(tmp_path / "run")
+    probed = [r["step"] for r in rows if "probe/cos_grpo" in r]
+    assert probed == [2]
+    row = rows[2]
+    for key in ("probe/cos_grpo", "probe/cos_reinforce", "probe/cos_grpo_reinforce"):
+        assert -1.0 <= row[key] <= 1.0
+    assert row["probe/rel_diff_grpo"] >= 0.0 and row["probe/rel_diff_reinforce"] >= 0.0
+
+
 def test_run_on_local_model_and_jsonl_then_resume_after_kill_matches(local_model_and_data, tmp_path):
     root = local_model_and_data
     steps = 30

@@ -11,6 +11,9 @@ them beside accuracy. Pure tensor functions: tensors in, 0-dim tensors out, no h
 - `MEAN_PHI`: the loss metric holding the mean VESPO weight phi(W) of a mini-batch (computed by the losses).
 - `momentum_parts` / `momentum_share`: how much of an optimizer step comes from the current gradient rather than
   from the optimizer's momentum state.
+- `gradient_probe` / `compare_gradients`: on one (stale) mini-batch and the same weights, how far the trained
+  method's gradient is from GRPO's and from plain REINFORCE's (cosine, relative norm of the difference): whether a
+  comparison of methods can discriminate at all. The learner runs it at a stride (`probe_every`), off the hot path.
 
 ESS and top-share are not here: they are the losses' own (`vespo.kernels.effective_sample_size`,
 `vespo.losses.core.top_share`), and both loops call those.
@@ -19,7 +22,7 @@ ESS and top-share are not here: they are the losses' own (`vespo.kernels.effecti
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -216,3 +219,54 @@ def momentum_share(optimizer: torch.optim.Optimizer) -> Tensor:
     a, b = momentum_parts(optimizer)
     total = a + b
     return torch.where(total == 0, 1.0, a / total)  # nan stays nan (an optimizer without a definition)
+
+
+PROBE_REFERENCES: dict[str, tuple[str, dict]] = {"grpo": ("grpo", {}), "reinforce": ("reinforce", {})}
+"""The gradients `gradient_probe` compares a method's with: name -> (registered method, hparams), each at its own
+defaults and its own aggregation: GRPO with DAPO's bounds (0.2, 0.28, token-mean) and plain REINFORCE (-A log pi, no
+importance weight: the direction every IS-weighted method reshapes)."""
+PROBE_METHOD = "method"
+"""`gradient_probe`'s name for the trained method's loss."""
+PROBE_PREFIX = "probe/"
+"""Metric prefix of the gradient probe: `probe/cos_<ref>`, `probe/rel_diff_<ref>` (the trained method against each
+reference) and `probe/cos_grpo_reinforce` (the two references against each other)."""
+
+
+def gradient_probe(params: Sequence[Tensor], losses: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The probe's metrics (`PROBE_PREFIX`, 0-dim float64 tensors, no host sync) from the policy losses of several
+    methods on one mini-batch under the same weights.
+
+    `losses` yields, per micro-batch, {name: scalar loss} with the names `PROBE_METHOD` (the trained method) and
+    those of `PROBE_REFERENCES` (a reference may be absent where its loss is the trained method's: it then shares that
+    gradient exactly), each normalised by the whole mini-batch, so the micro-batch gradients add up to the
+    mini-batch's. Gradients are taken with `torch.autograd.grad`: the parameters' `.grad` (the training step's) is
+    left as it is."""
+    params = [p for p in params if p.requires_grad]
+    total: dict[str, Tensor] = {}
+    for micro in losses:
+        names = list(micro)
+        for i, name in enumerate(names):
+            grads = torch.autograd.grad(micro[name], params, retain_graph=i < len(names) - 1, allow_unused=True)
+            flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
+                              for p, g in zip(params, grads, strict=True)])  # fmt: skip
+            total[name] = total[name] + flat if name in total else flat
+    total |= {ref: total[PROBE_METHOD] for ref in PROBE_REFERENCES if ref not in total}  # the trained method's loss
+    out = {}
+    for ref in PROBE_REFERENCES:
+        cos, rel = compare_gradients(total[PROBE_METHOD], total[ref])
+        out[f"{PROBE_PREFIX}cos_{ref}"], out[f"{PROBE_PREFIX}rel_diff_{ref}"] = cos, rel
+    out[f"{PROBE_PREFIX}cos_grpo_reinforce"] = compare_gradients(total["grpo"], total["reinforce"])[0]
+    return out
+
+
+def compare_gradients(g: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
+    """(cosine between g and ref, ||g - ref|| / ||ref||), 0-dim float64, for flat gradients of one model.
+
+    The cosine is g.ref / sqrt(||g||^2 ||ref||^2), so g == ref gives exactly 1 (sqrt of an exact square is exact),
+    clamped to [-1, 1]; nan when either gradient is 0 (no direction: e.g. every advantage of the batch is 0). The
+    relative difference is 0 for equal gradients, inf when ref is 0 and g is not, nan when both are 0."""
+    g, ref = g.double(), ref.double()
+    gg, rr, gr = (g * g).sum(), (ref * ref).sum(), (g * ref).sum()
+    denom = (gg * rr).sqrt()
+    cos = (gr / denom).clamp(-1.0, 1.0)  # 0 / 0 = nan for a zero gradient
+    return cos, (g - ref).square().sum().sqrt() / rr.sqrt()

@@ -20,7 +20,7 @@ import json
 import math
 import threading
 
-from vespo.data.records import MAX_RECORDS, _short, check_prompt_size
+from vespo.data.records import MAX_RECORDS, short_repr, check_prompt_size
 
 PREFIX = "reasoning-gym:"
 TRAIN_SIZE = 1000
@@ -294,28 +294,28 @@ def check_task_item(item: object) -> None:
     import reasoning_gym
 
     if not isinstance(item, str) or len(item) > 1 << 16:
-        raise ValueError(f"must be a JSON string of at most 65536 characters, got {_short(item)}")
+        raise ValueError(f"must be a JSON string of at most 65536 characters, got {short_repr(item)}")
     try:
         address = json.loads(item)
     except ValueError:
-        raise ValueError(f"is not JSON: {_short(item)}") from None
+        raise ValueError(f"is not JSON: {short_repr(item)}") from None
     if not isinstance(address, list) or len(address) != 6:
-        raise ValueError(f"must be [task, config, seed, size, index, format], got {_short(address)}")
+        raise ValueError(f"must be [task, config, seed, size, index, format], got {short_repr(address)}")
     name, config, seed, size, index, form = address
     if not isinstance(name, str) or name not in reasoning_gym.factory.DATASETS:
-        raise ValueError(f"names an unknown reasoning-gym task {_short(name)}")
+        raise ValueError(f"names an unknown reasoning-gym task {short_repr(name)}")
     fields = {f.name for f in dataclasses.fields(reasoning_gym.factory.DATASETS[name][1])} - set(VESPO_KEYS)
     if not isinstance(config, dict) or not set(config) <= fields:
-        raise ValueError(f"config of {name} must be a mapping of its fields {sorted(fields)}, got {_short(config)}")
+        raise ValueError(f"config of {name} must be a mapping of its fields {sorted(fields)}, got {short_repr(config)}")
     check_options(name, config)
     integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, size, index))
     if not (integers and 0 <= seed < 2**31 + HELD_OUT_OFFSET and 0 <= index < size <= MAX_RECORDS):
         raise ValueError(
             f"seed, size and index of {name} must be integers with 0 <= seed < 2**31 + {HELD_OUT_OFFSET} and "
-            f"0 <= index < size <= {MAX_RECORDS}, got {_short(seed)}, {_short(size)}, {_short(index)}"
+            f"0 <= index < size <= {MAX_RECORDS}, got {short_repr(seed)}, {short_repr(size)}, {short_repr(index)}"
         )
     if form not in FORMATS:
-        raise ValueError(f"format must be one of {list(FORMATS)}, got {_short(form)}")
+        raise ValueError(f"format must be one of {list(FORMATS)}, got {short_repr(form)}")
     try:
         task_dataset(name, size, seed, json.dumps(config, sort_keys=True))
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party generator is a bad config

@@ -49,7 +49,7 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
     if not isinstance(prompt, str) or not prompt.strip():
         hint = f" (no '{prompt_key}' field; the record's fields are {_fields(row)}: set --prompt-key)"
         raise ValueError(
-            f"{where}: '{prompt_key}' must be a non-empty string, got {_short(prompt)}" + hint * (prompt_key not in row)
+            f"{where}: '{prompt_key}' must be a non-empty string, got {short_repr(prompt)}" + hint * (prompt_key not in row)
         )
     check_prompt_size(prompt, f"{where}: '{prompt_key}'")
     has_answer, has_tests = answer_key in row, "tests" in row
@@ -111,7 +111,8 @@ def _fields(row: dict) -> list:
     return names if len(names) <= 12 else [*names[:12], "..."]
 
 
-def _short(value: object, limit: int = 60) -> str:
+def short_repr(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters: a value quoted in a one-line error."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

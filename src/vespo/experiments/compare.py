@@ -32,14 +32,21 @@ DIAGNOSTICS = (
     ("log_w_std_stalest", "sd log W"),
     ("mean_phi_stalest", "φ̄"),
     ("momentum_share_stalest", "g-share"),
+    ("clip_frac_stalest", "tok-clip"),
+    ("probe_cos_grpo", "cos·GRPO"),
+    ("probe_cos_reinforce", "cos·REINF"),
 )
 """Regime diagnostics of a cell summary (`vespo.diagnostics`) and their short table labels: share of optimizer steps
 cut by grad_clip; at the stalest mini-batch, k3 KL(mu || pi) per token, std of log W over sequences, mean phi (VESPO
-family) and the share of the optimizer step from the current gradient rather than Adam's momentum."""
+family), the share of the optimizer step from the current gradient rather than Adam's momentum, the share of tokens a
+clipping method clipped, and the gradient probe's cosines of the method's gradient to GRPO's and plain REINFORCE's
+(the direct measure of whether a table can tell the methods apart)."""
 DIAGNOSTICS_NOTE = (
     "clip = share of optimizer steps cut by grad_clip; at the stalest mini-batch (mean over rollout steps): KL = k3 "
     "KL(mu || pi) per token, sd log W = std of sequence log W, φ̄ = mean VESPO weight, g-share = share of the "
-    "optimizer step from the current gradient rather than momentum (`vespo.diagnostics`)"
+    "optimizer step from the current gradient rather than momentum, tok-clip = share of tokens the method clipped; "
+    "cos·GRPO, cos·REINF = cosine of the method's gradient to GRPO's and plain REINFORCE's on the same stale "
+    "mini-batch and weights (gradient probe; 1 = the same update) (`vespo.diagnostics`)"
 )
 
 

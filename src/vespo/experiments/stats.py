@@ -1,6 +1,7 @@
 """Statistics over seeds for the harness's tables: mean ± 95% CI; paired tests (paired t, Wilcoxon signed-rank, a
 paired bootstrap p-value and CI) for the harness's paired design; Fisher's exact test on collapse counts; Welch's
-t-test for unpaired designs; Holm's correction for many comparisons; the binomial noise floor of an evaluation.
+t-test for unpaired designs; Holm's correction for many comparisons; the binomial noise floor of an evaluation; the
+power of the paired t-test and the minimal detectable difference (MDD) of a design, fixed before it runs.
 
 The harness's design is paired: a seed fixes the initial policy (the lab's `init_seed`, the sweep's shared warm
 start) and the random streams of every method, so two methods' runs with the same seed are a pair (at N = 1 methods
@@ -20,8 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as _st
+from scipy.optimize import brentq
 
 LEVEL = 0.95
+POWER = 0.8
+"""Power at which a design's minimal detectable difference is stated (`minimal_detectable_difference`)."""
 
 
 def mean_ci(values: list[float], level: float = LEVEL) -> tuple[float, float]:
@@ -184,6 +188,45 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted.tolist()
 
 
+def paired_t_power(diff: float, sd: float, n: int, alpha: float) -> float:
+    """Power of the two-sided paired t-test at level `alpha` over `n` pairs whose differences have SD `sd`, when their
+    true mean is `diff`: P(|T| > t_{1 - alpha/2, n-1}) with T noncentral t, n - 1 degrees of freedom, noncentrality
+    diff sqrt(n) / sd (exact, scipy's `nct`). nan for fewer than 2 pairs; with sd = 0, 1 for a nonzero diff and alpha
+    for diff = 0 (a constant shift is always detected, as `paired_t` treats it)."""
+    if n < 2:
+        return math.nan
+    if sd == 0:
+        return 1.0 if diff != 0 else alpha
+    df, nc = n - 1, abs(diff) * math.sqrt(n) / sd
+    crit = _st.t.ppf(1 - alpha / 2, df)
+    return float(_st.nct.sf(crit, df, nc) + _st.nct.sf(crit, df, -nc))  # upper and lower rejection regions
+
+
+def minimal_detectable_difference(sd: float, n: int, alpha: float, power: float = POWER) -> float:
+    """The smallest true mean difference the two-sided paired t-test at level `alpha` detects with probability `power`
+    over `n` pairs with SD `sd` of their differences: the root of `paired_t_power` (monotone in diff), exact. For a
+    family of m comparisons under Holm, pass alpha / m, the level Holm's first step tests at (a difference that must
+    be found among nulls needs it; later steps are looser, so this bounds every comparison's MDD from above).
+    nan for fewer than 2 pairs or a non-finite sd; 0 for sd = 0."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    if sd == 0:
+        return 0.0
+    high = sd
+    while paired_t_power(high, sd, n, alpha) < power:  # bracket the root; power -> 1 as diff grows
+        high *= 2
+    return float(brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * sd, rtol=1e-12))
+
+
+def seeds_for(target: float, sd: float, alpha: float, power: float = POWER, most: int = 200) -> int | None:
+    """The fewest pairs (seeds) at which the paired t-test at level `alpha` detects a true difference `target` with
+    `power`, given the SD `sd` of the paired differences; None when even `most` seeds do not."""
+    for n in range(2, most + 1):
+        if minimal_detectable_difference(sd, n, alpha, power) <= target:
+            return n
+    return None
+
+
 def binomial_sd(p: float, n: int) -> float:
     """SD of an accuracy estimated from n independent 0/1 scores with success rate p (the evaluation noise floor)."""
     return math.sqrt(max(p * (1 - p), 0.0) / n)
@@ -241,9 +284,18 @@ class Comparison:
     n: tuple[int, int]  # seeds per side
     test: str = "welch"  # the test that gave p (a key of TEST_NAMES)
     collapsed: tuple[int, int] | None = None  # collapsed seeds per side, when collapse flags were given
+    sd: float = math.nan  # SD of the paired differences over seeds (paired tests; nan otherwise)
+    family: int = 1  # comparisons in the Holm family this one was corrected over
 
     def significant(self, alpha: float = 0.05) -> bool:
         return self.p_adjusted < alpha
+
+    def mdd(self, alpha: float = 0.05, power: float = POWER) -> float:
+        """The minimal detectable difference of this comparison's design (`minimal_detectable_difference` at Holm's
+        first-step level alpha / family, the measured SD and seeds); nan where it is not a paired t-test."""
+        if self.test != "paired_t":
+            return math.nan
+        return minimal_detectable_difference(self.sd, self.n[0], alpha / self.family, power)
 
 
 def compare(
@@ -257,11 +309,12 @@ def compare(
     `collapsed[(method, column)] = {seed: collapsed?}`. `test` is one of `TESTS`: "auto" (per comparison, the test
     `choose_test` picks), "paired_t", "wilcoxon" or "bootstrap" (paired over the seeds both sides share), "welch"
     (unpaired) or "fisher" (collapse counts; needs `collapsed`). p-values are Holm-adjusted over all the comparisons
-    returned."""
+    returned; each comparison keeps the SD of its paired differences and the family size, for its `mdd`."""
     if test not in TESTS:
         raise ValueError(f"test must be one of {list(TESTS)}, got {test!r}")
     paired = {"paired_t": paired_t, "wilcoxon": wilcoxon, "bootstrap": paired_bootstrap}
     raw = []
+    sds = []
     for (method, column), values in groups.items():
         base = groups.get((baseline, column))
         if method == baseline or base is None:
@@ -273,8 +326,10 @@ def compare(
             seeds = sorted(set(values) & set(base))
             a, b = [values[s] for s in seeds], [base[s] for s in seeds]
             p = paired[kind](a, b)
+            sd = float(np.std(_differences(a, b), ddof=1)) if len(seeds) >= 2 else math.nan
         else:
             a, b = list(values.values()), list(base.values())
+            sd = math.nan
             if kind == "welch":
                 p = welch(a, b)
             elif counts is None:
@@ -283,5 +338,9 @@ def compare(
                 p = fisher_exact(counts[0], len(flags[0]), counts[1], len(flags[1]))
         diff = float(np.mean(a) - np.mean(b)) if a and b else math.nan
         raw.append((column, method, diff, p, (len(a), len(b)), kind, counts))
+        sds.append(sd)
     adjusted = holm([r[3] for r in raw]) if raw else []
-    return [Comparison(c, m, d, p, q, n, k, x) for (c, m, d, p, n, k, x), q in zip(raw, adjusted, strict=True)]
+    return [
+        Comparison(c, m, d, p, q, n, k, x, sd, len(raw))
+        for (c, m, d, p, n, k, x), q, sd in zip(raw, adjusted, sds, strict=True)
+    ]

@@ -79,11 +79,31 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "aipo": ("aipo", {}, {}),
         "vcpo": NAMED["vcpo"],
     },
+    "paper-long": {  # issue 43: the staleness table where the methods' updates differ (`PRESET_REGIMES`, `GATES`)
+        "vespo": ("vespo", {}, {}),
+        "grpo": ("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, {}),  # DAPO's bounds, vespo's dual clip 3
+        "grpo-dual10": ("grpo", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}, {}),  # scripts'
+        "gspo": ("gspo", {}, {}),
+        "sapo": ("sapo", {}, {}),
+        "cispo": ("cispo", {}, {}),
+        "topr-tokenmean": NAMED["topr-tokenmean"],
+    },
 }
 PAPER_TABLE = ("vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean")
 """The paper preset's variants that are the paper's staleness table (its others go beyond the paper: issue 40)."""
+
+PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_grpo", "rel_diff_reinforce")
+"""The gradient probe's metrics (`vespo.diagnostics.gradient_probe`) a cell summary reports as `probe_<name>`."""
 PAPER_LR = 1e-4
 """The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
+LONG_LR = 1e-4
+"""The paper-long preset's learning rate (docs/paper_regime.md, "The long-response regime": calibrated with the chain
+length and warm start so that the gate `GATES["paper-long"]` holds at N = 64)."""
+LONG_SFT_STEPS = 8000
+"""The paper-long preset's warm start: SFT steps on the 41-step chain (fewer than the chain's default leave its digits
+imperfect, so every step of a response carries some entropy and RL has room below the ceiling)."""
+PAPER_ADAMW = {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0}
+"""The paper's optimiser settings (its official scripts keep veRL's AdamW defaults and grad_clip 1.0)."""
 PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
     "paper": (
         {  # SweepConfig fields (where left at their defaults): free-length task, >= 8 rollout steps at every N
@@ -97,13 +117,75 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
             "lr": (PAPER_LR,),
             "eval_size": 500,
             "eval_n": 2,
+            "probes": 4,
         },
         # `vespo train` settings of every cell (a variant's or an `extra` entry of the same name wins): paper's AdamW
-        {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0},
+        PAPER_ADAMW,
+    ),
+    "paper-long": (
+        {  # responses of 3 * 41 + 5 = 128 tokens, N up to 128, enough rollout steps for best and final to differ
+            "task": ("chain",),
+            "num_operands": 41,
+            "staleness": (4, 16, 64, 128),
+            "seeds": tuple(range(9)),  # benchmarks/bench_paper_long.py: 9 seeds detect 0.03 at the assumed SD
+            "ppo_mini_batch_size": 8,
+            "optimizer_steps": 64,
+            "min_rollout_steps": 8,
+            "lr": (LONG_LR,),
+            "eval_size": 500,
+            "eval_n": 2,
+            "eval_points": 4,
+            "probes": 4,
+        },
+        PAPER_ADAMW | {"sft_steps": LONG_SFT_STEPS},
     ),
 }
 """Presets that set the training regime as well as the variants: preset -> (SweepConfig fields it sets where the user
 left them at their defaults, `resolve`; `vespo train` settings of every cell, `cell_flags`)."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One condition of a preset's regime gate on a cell summary: `key` `op` `bound` ("<", "<=" or ">="), checked on
+    cells of the given methods (None: every method) at N >= `min_n`."""
+
+    key: str
+    op: str
+    bound: float
+    label: str
+    methods: tuple[str, ...] | None = None
+    min_n: int = 1
+
+    def holds(self, value: float | None) -> bool:
+        if value is None or not np.isfinite(value):
+            return False
+        return {"<": value < self.bound, "<=": value <= self.bound, ">=": value >= self.bound}[self.op]
+
+
+GATES: dict[str, tuple[Gate, ...]] = {
+    "paper-long": (  # issue 43: where VESPO's and GRPO's updates can differ, and no setting of ours decides it
+        Gate("grad_clipped_frac", "<", 0.10, "grad_clip share"),
+        Gate("clip_frac_stalest", "<=", 0.05, "GRPO token clip share, stalest", methods=("grpo",)),
+        Gate("log_w_std_stalest", ">=", 1.0, "sd log W, stalest", methods=("vespo", "grpo"), min_n=64),
+    ),
+}
+"""Presets whose cells are checked against a regime gate (`gate`): the results say which cells miss it, and a
+verdict uses the cells that pass (benchmarks/bench_paper_long.py)."""
+
+
+def gate(preset: str | None, method: str, n: int, summary: dict) -> str:
+    """A cell's regime gate: "" when the preset has none, "ok" when every condition that applies to its method and N
+    holds, else "missed: " and each failed condition with its value (a value not logged fails)."""
+    if preset not in GATES:
+        return ""
+    failed = []
+    for g in GATES[preset]:
+        if (g.methods is None or method in g.methods) and n >= g.min_n and not g.holds(summary.get(g.key)):
+            value = summary.get(g.key)
+            failed.append(f"{g.label} {'not logged' if value is None else f'{value:.3g}'} (needs {g.op} {g.bound:g})")
+    return "missed: " + "; ".join(failed) if failed else "ok"
+
+
 FIG4_COLUMNS = (  # (metric, axis label, the metric's range: bands and limits stay inside it)
     ("reward/mean", "training reward", (0.0, 1.0)),
     ("eval/accuracy", "held-out accuracy", (0.0, 1.0)),
@@ -129,7 +211,8 @@ class SweepConfig:
     preset: str | None = None
     """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls | paper (the paper's staleness table
     in the paper's optimisation regime, docs/paper_regime.md: it also sets the task, N, seeds, mini-batch, steps, lr,
-    evaluation and AdamW settings, wherever a flag is left at its default)."""
+    evaluation and AdamW settings, wherever a flag is left at its default) | paper-long (the same table on 128-token
+    chain responses where the methods' updates differ, with a regime gate per cell)."""
     variants: tuple[str, ...] = ()
     """With a preset: run only these of its variants (default: all of them), e.g. a subset of the paper table."""
     regime_applied: tyro.conf.Suppress[bool] = False
@@ -161,6 +244,9 @@ class SweepConfig:
     """Held-out evaluations per cell besides step 0 (at equal fractions of training)."""
     eval_size: int = 500
     """Held-out prompts per evaluation."""
+    probes: int = 0
+    """Gradient probes per cell (`vespo.diagnostics.gradient_probe`: the cosine of the method's gradient to GRPO's and
+    plain REINFORCE's on the stalest mini-batch), at equal strides of rollout steps; 0 = none."""
     eval_n: int = 4
     """Samples per held-out prompt (avg@eval_n): the evaluation's binomial SD is ~ sqrt(p(1-p)/(eval_size*eval_n)),
     at most 0.011 with the defaults (issue 19's 0.015 floor; ~1.6 s per evaluation on the arithmetic task)."""
@@ -193,6 +279,7 @@ SWEEP_OWNED = {
     "total_training_steps": "--optimizer-steps",
     "eval_size": "--eval-size",
     "eval_n": "--eval-n",
+    "probe_every": "--probes",
 }
 """`vespo train` fields the sweep sets for every cell (-> the sweep flag to use instead): `extra` may not set them."""
 NOT_IDENTITY = ("run_dir", "cache_dir", "resume", "allow_change", "overwrite_output_dir", "progress")
@@ -273,6 +360,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         ("optimizer_steps", cfg.optimizer_steps >= 1, "an integer >= 1"),
         ("min_rollout_steps", cfg.min_rollout_steps >= 1, "an integer >= 1"),
         ("eval_points", cfg.eval_points >= 1, "an integer >= 1"),
+        ("probes", cfg.probes >= 0, "an integer >= 0"),
         ("jobs", cfg.jobs >= 1, "an integer >= 1"),
         ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
     ):
@@ -336,6 +424,7 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
         "eval-size": cfg.eval_size,
         "eval-n": cfg.eval_n,
         "save-every": max(1, rollout_steps // 8),
+        "probe-every": max(1, rollout_steps // cfg.probes) if cfg.probes else 0,
         "num-threads": 1,
         "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
         "cache-dir": cfg.cache_dir,
@@ -385,7 +474,7 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
         if saved is not None and not has_metrics:
             return saved
         if has_metrics:
-            summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio)
+            summary = _gated(cfg, cell, summarize(cell, read_metrics(run_dir), cfg.collapse_ratio))
             if saved is None:
                 print(f"vespo sweep: cell {cell.name}: {done} is damaged; summarised again from its metrics.jsonl",
                       file=sys.stderr)  # fmt: skip
@@ -405,9 +494,16 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
         return {}
     if returncode != 0:
         raise RuntimeError(f"cell {cell.name} failed (exit {returncode}); see {log}")
-    summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio) | {"wall_s": time.perf_counter() - t0}
+    summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio)
+    summary = _gated(cfg, cell, summary) | {"wall_s": time.perf_counter() - t0}
     write_atomic(done, json.dumps(summary))
     return summary
+
+
+def _gated(cfg: SweepConfig, cell: Cell, summary: dict) -> dict:
+    """The summary with its regime gate (`gate`) where the preset has one."""
+    verdict = gate(cfg.preset, cell.method, cell.n, summary)
+    return summary | ({"gate": verdict} if verdict else {})
 
 
 def _read_summary(path: Path) -> dict | None:
@@ -476,14 +572,18 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
     (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the share of
     optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps;
-    the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps (None where
-    not logged: mean phi of a method without phi, or metrics that predate them)."""
-    from vespo.diagnostics import MEAN_PHI
+    the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps, and the gradient
+    probe's, means over the probed steps (None where not logged: mean phi or the token clip share of a method without
+    them, a cell run without probes or whose probed batches had no gradient, or metrics that predate them)."""
+    from vespo.diagnostics import MEAN_PHI, PROBE_PREFIX
     from vespo.losses import default_loss_agg_mode
 
-    def stalest(key: str) -> float | None:
-        values = [r[f"{key}/last_mini_batch"] for r in rows if f"{key}/last_mini_batch" in r]
+    def mean(key: str) -> float | None:  # over the steps that logged a finite value (nan: undefined at that step)
+        values = [r[key] for r in rows if key in r and np.isfinite(r[key])]
         return float(np.mean(values)) if values else None
+
+    def stalest(key: str) -> float | None:
+        return mean(f"{key}/last_mini_batch")
 
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
@@ -510,6 +610,8 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "log_w_std_stalest": stalest("is/log_w_std"),
         "mean_phi_stalest": stalest(MEAN_PHI),
         "momentum_share_stalest": stalest("actor/momentum_share"),
+        "clip_frac_stalest": stalest("clip/frac"),
+        **{f"probe_{name}": mean(f"{PROBE_PREFIX}{name}") for name in PROBE_METRICS},
     }
 
 
@@ -539,6 +641,11 @@ def write_tables(out_dir: Path, summaries: list[dict], *, eval_prompts: int = 0)
         ("initial_length", "Response length (tokens), first fifth of rollout steps"),
         ("final_length", "Response length (tokens), last fifth of rollout steps"),
     )
+    missed = [f"{s['variant']}/N={s['N']}/seed {s['seed']}: {s['gate'].removeprefix('missed: ')}"
+              for s in summaries if s.get("gate", "ok") != "ok"]  # fmt: skip
+    if any("gate" in s for s in summaries):
+        lines += [f"Regime gate: {len(summaries) - len(missed)} of {len(summaries)} cells pass"
+                  + (f"; missed: {'; '.join(missed)}." if missed else "."), ""]  # fmt: skip
     for metric, title in tables:
 
         def cell(v: str, n: int, metric: str = metric) -> str:

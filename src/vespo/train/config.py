@@ -136,6 +136,10 @@ class TrainConfig:
     """Stop the run (checkpointed, resumable) when the ESS alarm fires, instead of only warning."""
     log_update_norm: bool = False
     """Log actor/update_norm, the size of each optimizer step (costs one copy of the weights per mini-batch)."""
+    probe_every: int = 0
+    """Every this many rollout steps, run the gradient probe on the stalest mini-batch (`vespo.diagnostics`): the
+    cosine of the method's policy gradient to GRPO's and to plain REINFORCE's on the same batch and weights, logged
+    as `probe/*`; 0 = never. Costs one forward and up to three backward passes of one mini-batch; synchronous loop."""
 
     # --- rollout
     max_response_length: int = 16
@@ -444,7 +448,7 @@ def default_num_threads(cfg: TrainConfig) -> tuple[int, str]:
 # the fields it applies to; None values are skipped. Reasons and measurements: docs/training.md, "Configuration".
 # fmt: off
 _RANGES_BY_INTERVAL: dict[str | tuple[str, str], tuple[str, ...]] = {
-    "[0, inf)": ("warmup_steps", "top_k", "max_staleness", "sft_steps", "eval_every"),
+    "[0, inf)": ("warmup_steps", "top_k", "max_staleness", "sft_steps", "eval_every", "probe_every"),
     "[1, inf)": ("train_batch_size", "ppo_mini_batch_size", "micro_batch_size", "total_training_steps", "lora_r",
                  "ess_alarm_patience", "max_response_length", "sync_every", "max_operand", "sft_batch_size",
                  "save_every", "save_total_limit", "eval_size", "eval_n", "num_threads", "num_completions_to_print"),
@@ -660,6 +664,8 @@ def _validate_async(cfg: TrainConfig) -> None:
         if cfg.use_decoupled_loss:
             raise ConfigError("use_decoupled_loss needs mode=async (in sync mode old_log_prob is already pi_prox)")
         return
+    if cfg.probe_every:
+        raise ConfigError("probe_every needs mode=sync (it probes the stalest of a rollout step's mini-batches)")
     need = cfg.num_mini_batches + cfg.sync_every - 2  # a batch of N mini-batches must fit in the window
     if cfg.max_staleness < need:
         raise ConfigError(

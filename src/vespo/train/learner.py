@@ -26,6 +26,7 @@ from vespo.losses import (
     default_loss_agg_mode,
     kl_k3,
     uses_batch_context,
+    validate_hparams,
 )
 from vespo.losses.core import row_sum, seq_log_ratio, token_log_ratio, top_share
 from vespo.rollout import Rollout, response_log_probs
@@ -47,10 +48,12 @@ PER_INDEX = (
     diagnostics.MEAN_PHI,
     "actor/momentum_share",
     "actor/step_ess",
+    "clip/frac",
 )
 """Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results.md, mechanism); the
-last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z` and `actor/momentum_share` are the regime diagnostics at
-the stalest mini-batch (`vespo.diagnostics`); `actor/step_ess` is VCPO's ESS (with `step_scale="ess_sqrt"`)."""
+last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z`, `actor/momentum_share` and `clip/frac` (the share of
+tokens a clipping method clipped) are the regime diagnostics at the stalest mini-batch (`vespo.diagnostics`);
+`actor/step_ess` is VCPO's ESS (with `step_scale="ess_sqrt"`)."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +162,11 @@ class Learner:
         ref_log_prob: Tensor | None = None,
         rollout_log_prob: Tensor | None = None,
         rewards: Tensor | None = None,
+        probe: bool = False,
     ) -> dict[str, Tensor]:
         """`settings.num_mini_batches` sequential optimizer steps on the rollout (`ppo_update`); the update's metrics
-        summarised over its mini-batches, as tensors. `rewards` (B,): needed by `adv_estimator="opob"`.
+        summarised over its mini-batches, as tensors. `rewards` (B,): needed by `adv_estimator="opob"`. `probe`: run
+        the gradient probe on the stalest mini-batch.
 
         `old_log_prob` None: the rollout was sampled from the current weights, so mu is scored here under them, with
         mini-batch 0's rows taken from that mini-batch's own forward (the same weights: W == 1 exactly), TRL's
@@ -187,6 +192,7 @@ class Learner:
             scheduler=self.scheduler,
             scaler=self.scaler,
             score_old=in_update,
+            probe=probe,
         )
         self.model.eval()
         return summarize_update(history) | (mismatch_metrics(buffer, rollout) if scored else {})
@@ -272,6 +278,7 @@ def ppo_update(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
     score_old: bool = False,
+    probe: bool = False,
 ) -> list[dict[str, Tensor]]:
     """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns their
     metrics as 0-dim tensors.
@@ -285,7 +292,8 @@ def ppo_update(
     optimizer step; `scaler` (fp16) scales the loss. `settings.adv_estimator="opob"` replaces each mini-batch's
     advantages by VCPO's baseline from `rewards` at the mini-batch's weights (rows in whole groups: shuffle off).
     The gradient (`accumulate_gradients`), the regime diagnostics (`mini_batch_diagnostics`) and the step
-    (`optimizer_step`) are documented where they are computed.
+    (`optimizer_step`) are documented where they are computed. `probe`: the gradient probe (`_gradient_probe`,
+    `probe/*`) on the last (stalest) mini-batch, under the weights its optimizer step starts from.
     """
     s = settings
     check_policy_inputs(log_prob=None, old_log_prob=old_log_prob, advantages=advantages,
@@ -323,6 +331,8 @@ def ppo_update(
         # 3. clip; the regime diagnostics; one host sync: a non-finite gradient is skipped, a KL past target_kl stops
         finite, stop = mini_batch_diagnostics(sums, optimizer, params, mini_lp, old_log_prob[rows],
                                               rollout.response_mask[rows], s, scaler)  # fmt: skip
+        if probe and k == s.num_mini_batches - 1:  # off the hot path: one more forward, at the caller's stride
+            sums |= _gradient_probe(model, params, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, ctx)
         if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
             optimizer.zero_grad(set_to_none=True)
             history.append({key: v.detach() for key, v in sums.items()} | {"actor/kl_stopped": torch.tensor(1.0)})
@@ -514,6 +524,47 @@ def _baseline_gap(rewards: Tensor, advantages: Tensor, s: UpdateSettings) -> Ten
     return (baseline - r.mean(-1)).abs().mean().float()
 
 
+def _gradient_probe(
+    model,
+    params: list[Tensor],
+    rollout: Rollout,
+    rows: Tensor,
+    advantages: Tensor,
+    old_log_prob: Tensor,
+    rollout_log_prob: Tensor | None,
+    s: UpdateSettings,
+    ctx: BatchContext | None,
+) -> dict[str, Tensor]:
+    """`diagnostics.gradient_probe` on mini-batch `rows` under the current weights: the trained method's policy loss
+    (its hparams, aggregation and batch context; no KL or entropy term) and each reference's at its own defaults, from
+    one forward per micro-batch. A reference whose loss is the trained method's (same method, resolved hparams and
+    aggregation) shares its gradient."""
+    mask = rollout.response_mask[rows]
+    counts = {"global_num_tokens": mask.sum().float(), "global_num_seqs": (mask.sum(-1) > 0).sum().float()}
+    trained = (s.method, validate_hparams(s.method, **s.hparams), s.agg_mode)
+    specs = {diagnostics.PROBE_METHOD: (s.method, s.hparams, s.agg_mode, ctx)}
+    for name, (method, hparams) in diagnostics.PROBE_REFERENCES.items():
+        mode = default_loss_agg_mode(method)
+        if (method, validate_hparams(method, **hparams), mode) != trained:
+            specs[name] = (method, hparams, mode, None)
+
+    def losses():
+        for mb in micro_batches(rows, s.micro_batch_size):
+            with autocast(model, s.autocast_dtype):
+                lp, _ = response_log_probs(model, rollout.select(mb), temperature=s.temperature, top_p=s.top_p,
+                                           top_k=s.top_k)  # fmt: skip
+            inputs = {"log_prob": lp, "old_log_prob": old_log_prob[mb], "advantages": advantages[mb],
+                      "response_mask": rollout.response_mask[mb],
+                      "rollout_log_prob": None if rollout_log_prob is None else rollout_log_prob[mb]}  # fmt: skip
+            yield {
+                name: compute_policy_loss(method, **inputs, loss_agg_mode=mode, **counts, validate=False,
+                                          **({} if c is None else {"batch_context": c}), **hparams)[0]
+                for name, (method, hparams, mode, c) in specs.items()
+            }  # fmt: skip
+
+    return diagnostics.gradient_probe(params, losses())
+
+
 def _batch_context(
     model,
     rollout: Rollout,
@@ -580,9 +631,12 @@ def _has_dropout(model) -> bool:
 
 def summarize_update(history: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """The update's metrics over its mini-batches: the mean of each, plus the first and last mini-batch of the
-    `PER_INDEX` keys (the first is on-policy, the last the stalest: their gap is the staleness)."""
+    `PER_INDEX` keys (the first is on-policy, the last the stalest: their gap is the staleness), and the gradient
+    probe's `probe/*` from the mini-batch that ran it."""
     trained = [h for h in history if not h.get("actor/kl_stopped", 0)]  # a target_kl stop trains nothing
-    out = {key: torch.stack([h[key] for h in trained]).float().mean() for key in trained[0]} if trained else {}
+    per_step = [key for key in trained[0] if not key.startswith(diagnostics.PROBE_PREFIX)] if trained else []
+    out = {key: torch.stack([h[key] for h in trained]).float().mean() for key in per_step}
+    out |= {key: v for h in trained for key, v in h.items() if key.startswith(diagnostics.PROBE_PREFIX)}
     out["actor/num_mini_batches"] = torch.tensor(float(len(trained)))
     if "actor/kl_stopped" in history[-1]:
         out["actor/kl_stopped"] = history[-1]["actor/kl_stopped"]

@@ -226,6 +226,7 @@ RESUME_ALWAYS_OK = (
     "save_every",
     "eval_every",
     "log_update_norm",
+    "probe_every",
     "ess_alarm",
     "ess_alarm_patience",
     "stop_on_low_ess",

@@ -57,6 +57,7 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
             ref_log_prob=ref_log_prob,
             rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
             rewards=rewards,
+            probe=cfg.probe_every > 0 and step % cfg.probe_every == 0,  # the gradient probe, at its stride
         )
         release_free_memory()
         t_update = clock(device)

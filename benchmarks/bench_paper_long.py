@@ -1,0 +1,372 @@
+"""Where VESPO and GRPO actually differ: the paper's staleness table on 128-token responses, powered before it runs.
+
+One command: `python benchmarks/bench_paper_long.py [--seeds ...] [--jobs 2] [--variants ...] [--staleness ...]`
+runs `vespo sweep --preset paper-long` (docs/paper_regime.md, "The long-response regime": the 41-step chain task,
+128-token responses, the paper's AdamW settings, N in {4, 16, 64, 128}) into benchmarks/results/paper_long/
+(resumable: the same command finishes it; per-cell runs under cells/ are not committed). Before any cell runs it
+prints, and writes to plan.md, the design fixed here (issue 43):
+
+- the comparisons: VESPO against each baseline at each N, and each baseline's change from N = 4 to 64 against
+  VESPO's (the degradation difference), under both checkpoint rules (best: the paper's; final);
+- per family (Holm's correction runs over a family): the assumed per-seed SD of the paired differences (`ASSUMED_SD`,
+  and where it comes from), the seeds, the family size m and the minimal detectable difference (MDD) at 80% power of
+  the paired t-test at Holm's first-step level 0.05 / m (exact: noncentral t); the seeds are the fewest that detect
+  `TARGET` (0.03) in every family (`choose_seeds`), or the plan says what they detect;
+- the estimated wall time on 2 cores (`estimate_seconds`, from the per-phase costs measured on this box).
+
+After the cells it writes results.md / results.csv (the sweep's, with the regime gate of every cell), verdicts.md /
+verdicts.json / verdicts.csv: every comparison with our difference, its test (paired t over the seeds whose cells
+pass the gate: `vespo.experiments.sweep.GATES["paper-long"]`), the Holm-adjusted p over its fixed family (a
+comparison left without 2 gated seeds counts as p = 1), the verdict (reproduced / contradicted where the paper has a
+number, else VESPO ahead / behind; unresolved with its MDD from the measured SD), the gate values and the gradient
+probe's cosines beside it. Variants are the preset's (`PRESETS["paper-long"]`): a loss added there joins the plan.
+
+`--smoke --out-dir DIR`: VESPO and GRPO on the 3-step chain at N = 2 and 4, one seed, a 2-step warm start in DIR (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from vespo.experiments.compare import load_rows
+from vespo.experiments.stats import TEST_NAMES, compare, holm, minimal_detectable_difference, seeds_for
+from vespo.experiments.sweep import GATES, PRESETS, SweepConfig, preset_config, resolve, sweep
+from vespo.outputs import write_atomic
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_paper_staleness", Path(__file__).with_name("bench_paper_staleness.py")
+)
+short = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(short)  # the paper's numbers and the verdict rule, one copy
+
+OUT = Path("benchmarks/results/paper_long")
+PRESET = "paper-long"
+ALPHA = 0.05
+TARGET = 0.03
+"""The difference (held-out accuracy) the design must detect with 80% power in every family."""
+RULES = short.RULES
+ASSUMED_SD = {"at one N": 0.016, "degradation": 0.018}
+"""Per-seed SD of the paired differences each family assumes, before any long cell has run: the largest measured in
+the short-response table (benchmarks/results/paper_staleness/results.csv, 5 seeds): between methods at one N >= 16,
+0.0163 (GSPO - VESPO at N = 64; GRPO - VESPO: 0.011); of the change from N = 4 to 64 minus VESPO's, 0.0174 (GSPO's).
+The report recomputes every MDD from the SD it measures."""
+PAPER_NAME = {"grpo": "grpo", "grpo-dual10": "grpo", "gspo": "gspo", "sapo": "sapo"}
+"""Our variant -> the paper's row it is compared with (the paper's GRPO: DAPO bounds; its scripts' dual clip is 10)."""
+COST = {"start_s": 25.0, "gen_s_per_seq": 0.0, "update_s_per_step": 0.0, "eval_s_per_seq": 0.0, "probe_s": 0.0}
+"""Seconds per phase of a paper-long cell on one core of this 2-core box (`estimate_seconds`), measured on the
+calibration cell (docs/paper_regime.md): process start and warm-start load, one generated training response, one
+optimizer step (forward, backward, diagnostics, AdamW), one held-out response, one gradient probe."""
+SMOKE = {"staleness": (2, 4), "seeds": (0,), "variants": ("vespo", "grpo"), "num_operands": 3, "eval_size": 10,
+         "eval_n": 1, "eval_points": 1, "optimizer_steps": 4, "min_rollout_steps": 1, "ppo_mini_batch_size": 2,
+         "rollout_n": 2, "probes": 1}  # fmt: skip
+"""`--smoke`: SweepConfig fields of a tiny grid (the paper-long regime otherwise)."""
+
+
+def degradation(staleness: tuple[int, ...]) -> tuple[int, int] | None:
+    """(N from, N to) of the degradation comparisons: 4 -> 64 when both run, else the smallest -> the largest N
+    (`--smoke`), None with a single N."""
+    if 4 in staleness and 64 in staleness:
+        return 4, 64
+    return (min(staleness), max(staleness)) if len(staleness) > 1 else None
+
+
+def comparisons(variants: list[str], staleness: tuple[int, ...]) -> list[dict]:
+    """The comparisons this benchmark tests, fixed before any cell runs: each baseline against VESPO at each N
+    (family "at one N"), and each baseline's change from N = 4 to 64 against VESPO's (family "degradation"); with the
+    paper's difference (baseline - VESPO, points) and its sign where the paper reports both numbers."""
+    out = []
+    drop = degradation(staleness)
+    for other in [v for v in variants if v != "vespo"]:
+        paper = short.PAPER.get(PAPER_NAME.get(other, ""))
+        for n in staleness:
+            row = {"family": "at one N", "other": other, "column": n, "name": f"{other} vs VESPO at N={n}"}
+            if paper is not None and n in short.PAPER_N:
+                i = short.PAPER_N.index(n)
+                row |= _paper(paper[i] - short.PAPER["vespo"][i])
+            out.append(row)
+        if drop is not None:
+            a, b = drop
+            row = {"family": "degradation", "other": other, "column": f"{a}→{b}",
+                   "name": f"{other}'s change from N={a} to {b} minus VESPO's"}  # fmt: skip
+            if paper is not None and drop == (4, 64):
+                i, j = short.PAPER_N.index(4), short.PAPER_N.index(64)
+                row |= _paper((paper[j] - paper[i]) - (short.PAPER["vespo"][j] - short.PAPER["vespo"][i]))
+            out.append(row)
+    return out
+
+
+def _paper(gap: float) -> dict:
+    return {"paper_diff_pct": round(gap, 1), "sign": int(np.sign(gap))}
+
+
+def families(found: list[dict]) -> dict[str, int]:
+    """Family -> its size m (Holm's correction runs over each family, per checkpoint rule)."""
+    out: dict[str, int] = {}
+    for c in found:
+        out[c["family"]] = out.get(c["family"], 0) + 1
+    return out
+
+
+def choose_seeds(variants: list[str], staleness: tuple[int, ...], target: float = TARGET) -> int | None:
+    """The fewest seeds at which every family detects `target` with 80% power (paired t at Holm's first-step level,
+    the assumed SD); None when no number up to 200 does."""
+    needed = [
+        seeds_for(target, ASSUMED_SD[f], ALPHA / m) for f, m in families(comparisons(variants, staleness)).items()
+    ]
+    return None if None in needed else max(needed, default=2)
+
+
+def plan_rows(variants: list[str], staleness: tuple[int, ...], seeds: int) -> list[dict]:
+    """Per family: the assumed SD, seeds, m, Holm's first-step level and the MDD at 80% power."""
+    rows = []
+    for family, m in families(comparisons(variants, staleness)).items():
+        sd = ASSUMED_SD[family]
+        mdd = minimal_detectable_difference(sd, seeds, ALPHA / m)
+        rows.append({"family": family, "comparisons": m, "assumed_sd": sd, "seeds": seeds, "level": ALPHA / m,
+                     "mdd": mdd, "detects_target": bool(mdd <= TARGET)})  # fmt: skip
+    return rows
+
+
+def estimate_seconds(cfg: SweepConfig) -> float:
+    """Estimated wall seconds of the sweep's cells on `cfg.jobs` cores (`COST`; cells already finished count too)."""
+    from vespo.experiments.sweep import _optimizer_steps, variants
+
+    cfg = resolve(cfg)
+    per_seed = 0.0
+    for n in cfg.staleness:
+        steps = _optimizer_steps(cfg, n)
+        rollout_steps = steps // n
+        seqs = steps * cfg.ppo_mini_batch_size * cfg.rollout_n  # every sequence is generated once
+        evals = (1 + min(cfg.eval_points, rollout_steps)) * cfg.eval_size * cfg.eval_n
+        per_seed += (COST["start_s"] + seqs * COST["gen_s_per_seq"] + steps * COST["update_s_per_step"]
+                     + evals * COST["eval_s_per_seq"] + cfg.probes * COST["probe_s"])  # fmt: skip
+    return per_seed * len(variants(cfg)) * len(cfg.seeds) * len(cfg.lr) * len(cfg.task) / cfg.jobs
+
+
+def plan_text(cfg: SweepConfig) -> str:
+    cfg = resolve(cfg)
+    variants = list(cfg.variants or PRESETS[PRESET])
+    found = comparisons(variants, cfg.staleness)
+    rows = plan_rows(variants, cfg.staleness, len(cfg.seeds))
+    hours = estimate_seconds(cfg) / 3600
+    lines = [
+        "# paper-long: the design, fixed before the cells run",
+        "",
+        f"Variants {', '.join(variants)}; N = {', '.join(map(str, cfg.staleness))}; seeds {list(cfg.seeds)}; "
+        f"{len(variants) * len(cfg.staleness) * len(cfg.seeds)} cells. Estimated wall time on {cfg.jobs} cores: "
+        f"{hours:.1f} h ({COST_NOTE}).",
+        "",
+        f"Comparisons ({len(found)} per checkpoint rule, both rules: {', '.join(RULES.values())}): "
+        + "; ".join(c["name"] for c in found)
+        + ".",
+        "",
+        "| family | comparisons m | assumed per-seed SD | seeds | Holm first-step level | MDD at 80% power | "
+        f"detects {TARGET} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['comparisons']} | {r['assumed_sd']:.3f} | {r['seeds']} | {r['level']:.2g} "
+                     f"| {r['mdd']:.3f} | {'yes' if r['detects_target'] else 'no'} |")  # fmt: skip
+    need = choose_seeds(variants, cfg.staleness)
+    lines += ["", f"Seeds needed to detect {TARGET} in every family: {need if need else 'more than 200'} (paired t, "
+              "exact noncentral t; SD assumed as `ASSUMED_SD` says)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+COST_NOTE = "per-phase costs of one calibration cell on this box, two cells in parallel; a loaded box is slower"
+
+
+def _gated_seeds(rows: list[dict], cells: list[tuple[str, int]]) -> dict | None:
+    """Seeds whose cells (variant, N) all pass the regime gate; None when the rows carry no gate (every seed counts)."""
+    if not any(r.get("gate") for r in rows):
+        return None
+    ok = {(r["variant"], int(r["N"]), int(r["seed"])) for r in rows if r.get("gate") == "ok"}
+    seeds = {int(r["seed"]) for r in rows}
+    return {s for s in seeds if all((v, n, s) in ok for v, n in cells)}
+
+
+def _values(rows: list[dict], metric: str) -> dict[tuple[str, int], dict[int, float]]:
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for r in rows:
+        out.setdefault((r["variant"], int(r["N"])), {})[int(r["seed"])] = float(r[metric])
+    return out
+
+
+def _mean(rows: list[dict], variant: str, n: int, key: str) -> float | None:
+    values = [float(r[key]) for r in rows if r["variant"] == variant and int(r["N"]) == n and r.get(key) not in
+              (None, "")]  # fmt: skip
+    values = [v for v in values if math.isfinite(v)]
+    return float(np.mean(values)) if values else None
+
+
+def verdicts(rows: list[dict], variants: list[str], staleness: tuple[int, ...]) -> list[dict]:
+    """Every fixed comparison under each checkpoint rule: our difference (baseline - VESPO) over the gated seeds, its
+    paired t-test, the p-value Holm-adjusted over its fixed family (a comparison without 2 gated seeds counts as p =
+    1), the verdict and its MDD (measured SD, Holm's first-step level), the gate values and the probe's cosines."""
+    plan = comparisons(variants, staleness)
+    sizes = families(plan)
+    drop = degradation(staleness)
+    out = []
+    for metric, rule in RULES.items():
+        values = _values(rows, metric)
+        found = []
+        for c in plan:
+            if c["family"] == "at one N":
+                cells = [("vespo", c["column"]), (c["other"], c["column"])]
+                groups = {k: values.get(k, {}) for k in cells}
+            else:
+                a, b = drop
+                cells = [(v, n) for v in ("vespo", c["other"]) for n in (a, b)]
+                groups = {(v, c["column"]): {s: values.get((v, b), {}).get(s, math.nan) - values.get((v, a), {}).get(
+                    s, math.nan) for s in set(values.get((v, a), {})) & set(values.get((v, b), {}))}
+                    for v in ("vespo", c["other"])}  # fmt: skip
+            keep = _gated_seeds(rows, cells)
+            groups_all = {k: {s: x for s, x in g.items() if math.isfinite(x)} for k, g in groups.items()}
+            groups = {k: {s: x for s, x in g.items() if (keep is None or s in keep) and math.isfinite(x)}
+                      for k, g in groups.items()}  # fmt: skip
+            seeds = sorted(set(groups[("vespo", c["column"])]) & set(groups[(c["other"], c["column"])]))
+            ran = set(groups_all[("vespo", c["column"])]) & set(groups_all[(c["other"], c["column"])])
+            row = c | {"rule": rule, "metric": metric, "seeds": len(seeds), "seeds_run": len(ran)}
+            if len(seeds) >= 2:
+                (cmp,) = compare({k: {s: g[s] for s in seeds} for k, g in groups.items()}, "vespo", test="paired_t")
+                row |= {"diff": cmp.diff, "p": cmp.p, "sd": cmp.sd, "test": cmp.test}
+            else:
+                row |= {"diff": math.nan, "p": 1.0, "sd": math.nan, "test": None}
+            n = c["column"] if isinstance(c["column"], int) else drop[1]
+            for side in ("vespo", c["other"]):
+                tag = "vespo" if side == "vespo" else "other"
+                for key in ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", "probe_cos_grpo",
+                            "probe_cos_reinforce"):  # fmt: skip
+                    row[f"{tag}_{key}"] = _mean(rows, side, n, key)
+            found.append(row)
+        for family, m in sizes.items():
+            members = [r for r in found if r["family"] == family]
+            for r, q in zip(members, holm([r["p"] for r in members]), strict=True):
+                r["p_adjusted"] = q
+                r["mdd"] = minimal_detectable_difference(r["sd"], r["seeds"], ALPHA / m) if r["test"] else math.nan
+                r["verdict"] = _verdict(r)
+        out += found
+    return out
+
+
+def _verdict(r: dict) -> str:
+    if r["test"] is None:
+        return "not run" if r["seeds_run"] == 0 else "not tested (fewer than 2 seeds pass the gate)"
+    if "sign" in r:
+        return short.verdict(r["diff"], r["p_adjusted"], r["sign"], ALPHA)
+    if r["p_adjusted"] < ALPHA and r["diff"] != 0:
+        return "VESPO ahead" if r["diff"] < 0 else "VESPO behind"
+    return "unresolved"
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
+
+
+def _gate_text(g) -> str:
+    where = f"{', '.join(g.methods)} cells" if g.methods else "every cell"
+    return f"{g.label} {g.op} {g.bound:g} ({where}{f', N >= {g.min_n}' if g.min_n > 1 else ''})"
+
+
+def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
+    gates = "; ".join(_gate_text(g) for g in GATES[PRESET])
+    lines = [
+        "# paper-long: VESPO against each baseline where their updates differ",
+        "",
+        f"Our runs: `vespo sweep --preset paper-long` (docs/paper_regime.md), seeds {list(cfg.seeds)}; the paper: "
+        'Qwen3-30B-A3B, average accuracy (%), its Table "staleness" (GRPO and GRPO with the scripts\' dual clip 10 '
+        "are both compared with the paper's GRPO row). Test: "
+        f"{TEST_NAMES['paired_t']}, on the seeds whose cells pass the regime gate ({gates}); Holm over each fixed "
+        "family per checkpoint rule (plan.md); a comparison without 2 gated seeds counts as p = 1. **reproduced** / "
+        "**contradicted**: significant with / against the paper's sign; VESPO ahead / behind: significant where the "
+        f"paper has no number; unresolved: not significant at alpha = {ALPHA}, with the MDD (80% power, the measured "
+        "SD, Holm's first-step level) under it: a smaller difference cannot be seen.",
+        "",
+        "| comparison | paper (pts) | rule | our diff | gated seeds | adj. p | verdict | sd log W (VESPO / other) | "
+        "tok-clip other | grad-clip (VESPO / other) | cos·GRPO (VESPO / other) | cos·REINF VESPO |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in found:
+        verdict = r["verdict"]
+        if verdict == "unresolved":
+            verdict += f"<br>MDD {_fmt(r['mdd'], 2)}"
+        elif verdict in ("reproduced", "contradicted", "VESPO ahead", "VESPO behind"):
+            verdict = f"**{verdict}**"
+        paper = f"{r['paper_diff_pct']:+.1f}" if "paper_diff_pct" in r else "–"
+        lines.append(
+            f"| {r['name']} | {paper} | {r['rule']} | {_fmt(r['diff'])} | {r['seeds']} of {r['seeds_run']} | "
+            f"{_fmt(r['p_adjusted'])} | "
+            f"{verdict} | {_fmt(r['vespo_log_w_std_stalest'], 2)} / {_fmt(r['other_log_w_std_stalest'], 2)} | "
+            f"{_fmt(r['other_clip_frac_stalest'], 2)} | {_fmt(r['vespo_grad_clipped_frac'], 2)} / "
+            f"{_fmt(r['other_grad_clipped_frac'], 2)} | {_fmt(r['vespo_probe_cos_grpo'], 2)} / "
+            f"{_fmt(r['other_probe_cos_grpo'], 2)} | {_fmt(r['vespo_probe_cos_reinforce'], 2)} |"
+        )
+    counts: dict[str, dict[str, int]] = {}
+    for r in found:
+        counts.setdefault(r["rule"], {}).setdefault(r["verdict"], 0)
+        counts[r["rule"]][r["verdict"]] += 1
+    lines += ["", "Summary: " + "; ".join(f"{rule}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
+                                          for rule, c in counts.items()) + "."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def config(out: Path, seeds: list[int] | None, jobs: int, variants: list[str], staleness: list[int],
+           smoke: bool) -> SweepConfig:  # fmt: skip
+    fields = {"variants": tuple(variants), "staleness": tuple(staleness)}
+    if seeds is not None:
+        fields["seeds"] = tuple(seeds)
+    extra = {"tensorboard": "False"}
+    if smoke:  # a 2-step warm start cached under out, not in the user's cache
+        fields |= SMOKE | {"cache_dir": str(out / "cache")}
+        extra |= {"sft_steps": "2"}
+    return preset_config(PRESET, out_dir=str(out), jobs=jobs, extra=extra, **fields)
+
+
+def report(out: Path, cfg: SweepConfig) -> list[dict]:
+    rows = load_rows(out / "results.csv", "best_eval_acc")
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    staleness = tuple(sorted({int(r["N"]) for r in rows}))
+    found = verdicts(rows, variants, staleness)
+    write_atomic(out / "verdicts.md", verdicts_markdown(found, cfg))
+    write_atomic(out / "verdicts.json", json.dumps(found, indent=1))
+    keys = list(dict.fromkeys(k for r in found for k in r))
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=keys, restval="")
+    w.writeheader()
+    w.writerows(found)
+    write_atomic(out / "verdicts.csv", text.getvalue())
+    return found
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (chosen by power)")
+    p.add_argument("--jobs", type=int, default=2, help="cells in parallel (one torch thread each)")
+    p.add_argument("--variants", nargs="+", default=list(PRESETS[PRESET]), help="a subset of the preset's")
+    p.add_argument("--staleness", type=int, nargs="+", default=[4, 16, 64, 128])
+    p.add_argument("--out-dir", type=Path, default=OUT, help="where the sweep, plan and verdicts go")
+    p.add_argument("--smoke", action="store_true", help="four tiny cells, in seconds (CI)")
+    p.add_argument("--plan-only", action="store_true", help="print the design and the time estimate, run nothing")
+    p.add_argument("--report-only", action="store_true", help="rebuild the verdicts from out-dir's results.csv")
+    args = p.parse_args()
+    try:
+        cfg = config(args.out_dir, args.seeds, args.jobs, args.variants, args.staleness, args.smoke)
+        text = plan_text(cfg)
+        print(text, flush=True)
+        if args.plan_only:
+            raise SystemExit(0)
+        if not args.report_only:
+            sweep(cfg)
+    except ValueError as exc:
+        p.error(str(exc))
+    write_atomic(args.out_dir / "plan.md", text)
+    report(args.out_dir, cfg)
+    print((args.out_dir / "verdicts.md").read_text())

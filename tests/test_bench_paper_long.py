@@ -1,0 +1,98 @@
+"""benchmarks/bench_paper_long.py: the design fixed before the cells run (comparisons, families, seeds chosen by
+power), the regime gate deciding which seeds a comparison uses, Holm over the fixed family, and the MDD under every
+unresolved verdict."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from vespo.experiments.stats import minimal_detectable_difference, paired_t
+from vespo.experiments.sweep import PRESETS, gate
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_paper_long.py"
+spec = importlib.util.spec_from_file_location("bench_paper_long", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_the_design_is_fixed_and_powered_before_any_cell():
+    variants = list(PRESETS["paper-long"])
+    found = bench.comparisons(variants, (4, 16, 64, 128))
+    baselines = len(variants) - 1
+    assert bench.families(found) == {"at one N": 4 * baselines, "degradation": baselines}
+    by = {c["name"]: c for c in found}
+    # the paper's GRPO row for both GRPO variants; its VESPO 61.8 vs GRPO 48.6 at N = 64
+    assert by["grpo-dual10 vs VESPO at N=64"]["paper_diff_pct"] == pytest.approx(48.6 - 61.8)
+    assert "paper_diff_pct" not in by["grpo vs VESPO at N=128"] and "paper_diff_pct" not in by["cispo vs VESPO at N=4"]
+    # SAPO's drop from N = 4 to 64 (65.2 -> 16.5) minus VESPO's (70.0 -> 61.8)
+    assert by["sapo's change from N=4 to 64 minus VESPO's"]["paper_diff_pct"] == pytest.approx(-48.7 + 8.2)
+    seeds = bench.choose_seeds(variants, (4, 16, 64, 128))
+    for row in bench.plan_rows(variants, (4, 16, 64, 128), seeds):
+        sd, m = bench.ASSUMED_SD[row["family"]], row["comparisons"]
+        assert row["mdd"] == pytest.approx(minimal_detectable_difference(sd, seeds, 0.05 / m))
+        assert row["mdd"] <= bench.TARGET and row["detects_target"]
+    assert (
+        max(
+            minimal_detectable_difference(bench.ASSUMED_SD[f], seeds - 1, 0.05 / m)
+            for f, m in bench.families(found).items()
+        )
+        > bench.TARGET
+    )  # fmt: skip  (the fewest that do)
+    cfg = bench.config(Path("/tmp/unused"), None, 2, variants, [4, 16, 64, 128], smoke=False)
+    assert len(cfg.seeds) == seeds  # the preset runs the seeds the power calculation asks for
+    assert bench.estimate_seconds(cfg) > 0 and "Estimated wall time on 2 cores" in bench.plan_text(cfg)
+
+
+def _row(v, n, s, acc, gate_text="ok"):
+    return {"variant": v, "N": str(n), "seed": str(s), "best_eval_acc": str(acc), "final_eval_acc": str(acc),
+            "gate": gate_text, "log_w_std_stalest": "1.5", "clip_frac_stalest": "0.02" if v == "grpo" else "",
+            "grad_clipped_frac": "0.01", "probe_cos_grpo": "0.7" if v == "vespo" else "1.0",
+            "probe_cos_reinforce": "0.6"}  # fmt: skip
+
+
+def test_gate_decides_the_seeds_and_holm_runs_over_the_fixed_family():
+    """GRPO is 0.05 below VESPO in 4 seeds at N = 64, but seed 3's GRPO cell misses the gate: 3 seeds are tested.
+    At N = 4 the two tie (noise): unresolved, with the MDD of the measured SD under it."""
+    vespo = [0.40, 0.45, 0.50, 0.42]
+    noise = [0.01, -0.012, 0.008, -0.009]
+    rows = [_row("vespo", n, s, a) for n in (4, 64) for s, a in enumerate(vespo)]
+    rows += [_row("grpo", 4, s, a + e) for s, (a, e) in enumerate(zip(vespo, noise, strict=True))]
+    rows += [_row("grpo", 64, s, a - 0.05 + 0.001 * s, "ok" if s < 3 else "missed: sd log W 0.4") for s, a in
+             enumerate(vespo)]  # fmt: skip
+    found = {(r["name"], r["metric"]): r for r in bench.verdicts(rows, ["vespo", "grpo"], (4, 64))}
+    at64 = found[("grpo vs VESPO at N=64", "best_eval_acc")]
+    assert (at64["seeds"], at64["seeds_run"]) == (3, 4)
+    p = paired_t([a - 0.05 + 0.001 * s for s, a in enumerate(vespo[:3])], vespo[:3])
+    assert at64["p"] == pytest.approx(p)
+    assert at64["p_adjusted"] == pytest.approx(min(1.0, 2 * p))  # Holm, smallest of a family of 2 (N = 4, 64)
+    assert at64["verdict"] == "reproduced"  # the paper's GRPO is below its VESPO at N = 64
+    at4 = found[("grpo vs VESPO at N=4", "best_eval_acc")]
+    assert at4["verdict"] == "unresolved" and at4["seeds"] == 4
+    sd = float(__import__("numpy").std(noise, ddof=1))
+    assert at4["mdd"] == pytest.approx(minimal_detectable_difference(sd, 4, 0.05 / 2))
+    drop = found[("grpo's change from N=4 to 64 minus VESPO's", "best_eval_acc")]
+    assert drop["seeds"] == 3  # every cell of the seed must pass: N = 4 and 64, both methods
+    cfg = bench.config(Path("/tmp/u"), [0, 1, 2, 3], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    text = bench.verdicts_markdown(list(found.values()), cfg)
+    assert f"unresolved<br>MDD {at4['mdd']:.2g}" in text and "**reproduced**" in text
+
+
+def test_a_comparison_without_two_gated_seeds_is_not_tested_and_counts_as_p_1():
+    rows = [_row(v, 64, s, 0.4 + 0.01 * s, "missed: grad_clip share 0.3" if v == "grpo" else "ok")
+            for v in ("vespo", "grpo") for s in range(3)]  # fmt: skip
+    (r, _) = bench.verdicts(rows, ["vespo", "grpo"], (64,))
+    assert r["verdict"] == "not tested (fewer than 2 seeds pass the gate)" and r["p_adjusted"] == 1.0
+    assert math.isnan(r["diff"])
+
+
+def test_gate_of_a_cell():
+    ok = {"grad_clipped_frac": 0.05, "clip_frac_stalest": 0.04, "log_w_std_stalest": 1.2}
+    assert gate("paper-long", "grpo", 64, ok) == "ok"
+    assert gate("paper-long", "grpo", 4, ok | {"log_w_std_stalest": 0.1}) == "ok"  # sd log W is checked at N >= 64
+    assert gate("paper-long", "gspo", 64, ok | {"log_w_std_stalest": 0.1, "clip_frac_stalest": 0.4}) == "ok"
+    missed = gate("paper-long", "vespo", 128, ok | {"log_w_std_stalest": 0.6, "grad_clipped_frac": 0.1})
+    assert missed.startswith("missed: ") and "sd log W, stalest 0.6" in missed and "grad_clip share 0.1" in missed
+    assert "not logged" in gate("paper-long", "grpo", 64, ok | {"clip_frac_stalest": None})
+    assert gate("paper", "grpo", 64, ok) == ""  # a preset without a gate
