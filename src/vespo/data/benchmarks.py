@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vespo.data.limits import check_data_size
 from vespo.data.prompts import CODE_INSTRUCTION, math_prompt
 from vespo.data.reasoning_gym import is_reasoning_gym, load_reasoning_gym, parse_spec
-from vespo.data.records import check_data_size, check_records, load_jsonl, record_kind
+from vespo.data.records import check_records, load_jsonl, record_kind
 
 # DAPO-Math-17k wraps each question in its own "Answer: $Answer" instructions; the paper swaps them for PROMPT_SUFFIX.
 _DAPO_PREFIX = (

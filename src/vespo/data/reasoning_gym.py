@@ -20,7 +20,8 @@ import json
 import math
 import threading
 
-from vespo.data.records import MAX_RECORDS, short_repr, check_prompt_size
+from vespo.data.limits import MAX_RECORDS, check_prompt_size, short_repr
+from vespo.deadline import DeadlineExceeded, deadline
 
 PREFIX = "reasoning-gym:"
 TRAIN_SIZE = 1000
@@ -207,15 +208,13 @@ def parse_spec(source: str) -> list[TaskSpec]:
 def _check_one_item(spec: TaskSpec, source: str) -> None:
     """Build `spec`'s generator and its first item: the generator's own checks of its config, `ITEM_SECONDS` and the
     item's prompt size; a one-line ValueError naming `source` otherwise."""
-    from vespo.rewards.math import TimeoutException, deadline
-
     timed = (
         deadline(ITEM_SECONDS) if threading.current_thread() is threading.main_thread() else contextlib.nullcontext()
     )
     try:
         with timed:
             entry = spec.build(size=1)[0]
-    except TimeoutException:
+    except DeadlineExceeded:
         raise ValueError(
             f"{source}: one item of {spec.name} took over {ITEM_SECONDS:g} s to generate (items take milliseconds): "
             "choose smaller options"
@@ -231,7 +230,7 @@ def _check_one_item(spec: TaskSpec, source: str) -> None:
 def task_prompt(question: str, form: str) -> str:
     """The prompt of a task item in one of `FORMATS`."""
     if form == "boxed":
-        from vespo.data.prompts import math_prompt  # imports the math grader (sympy)
+        from vespo.data.prompts import math_prompt
 
         return math_prompt(question)
     return f"{question.strip()} {TAGS_INSTRUCTION if form == 'tags' else DIRECT_INSTRUCTION}"

@@ -20,11 +20,8 @@ import concurrent.futures
 import multiprocessing
 import os
 import re
-import signal
 import threading
-from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import math_verify.grader
@@ -32,6 +29,7 @@ import math_verify.parser
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from vespo.deadline import deadline as _deadline
 from vespo.rewards.batch import GraderHostError, Scores
 
 INPROCESS_MAX_BATCH = 256
@@ -156,21 +154,10 @@ def _integer_grade(completion: str, answer: str) -> MathGrade | None:
     return MathGrade(score=float(int(last) == int(str(answer).strip())), prediction=last)
 
 
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raise Math-Verify's TimeoutException (a BaseException, so no ``except Exception`` in sympy swallows it) in
-    this main thread once ``seconds`` have passed."""
-
-    def expire(signum, frame):
-        raise TimeoutException(f"grading took over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def deadline(seconds: float):
+    """`vespo.deadline.deadline` raising Math-Verify's TimeoutException (a BaseException, so no ``except Exception``
+    in sympy swallows it) in this main thread once ``seconds`` have passed."""
+    return _deadline(seconds, TimeoutException)
 
 
 def grade_math(completion: str, answer: str, *, timeout_s: float = 5) -> MathGrade:
