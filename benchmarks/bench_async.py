@@ -166,7 +166,7 @@ def write_summary(rows: list[dict], a) -> None:
         lines += [
             "",
             "No sync reference in this run (`--sync-staleness` not given). The sync staleness sweep in",
-            "benchmarks/results/archive/staleness used the same protocol on another machine, whose warm start scored",
+            "7365b5b:benchmarks/results/archive/staleness used the same protocol on another machine, whose warm start scored",
             "lower held-out accuracy at step 0 (0.20 vs the value below), so compare trends, not levels.",
         ]
     lines += ["", "Sequence log W = log pi/mu at the update and ESS of the method's weights, per lag bucket:", ""]

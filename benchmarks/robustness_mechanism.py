@@ -1,6 +1,6 @@
 """The mechanism metrics of a finished `vespo sweep`, per method, lr and N (mean over seeds and rollout steps).
 
-One command per sweep: `python benchmarks/robustness_mechanism.py benchmarks/results/archive/robustness/arithmetic`
+One command per sweep: `python benchmarks/robustness_mechanism.py SWEEP_DIR` (a `vespo sweep --out-dir`)
 writes mechanism.csv and mechanism.md beside its results.md. For the stalest mini-batch of every rollout step (the last
 one; the first is fresh) it reports the mean log W, the ESS of W, the share of sum W on the top 1% of sequences,
 the gradient norm before clipping and the update norm, next to the fresh mini-batch's gradient and update norms and
