@@ -165,9 +165,9 @@ def write_summary(rows: list[dict], a) -> None:
     else:
         lines += [
             "",
-            "No sync reference in this run (`--sync-staleness` not given). The sync staleness sweep in",
-            "7365b5b:benchmarks/results/archive/staleness used the same protocol on another machine, whose warm start scored",
-            "lower held-out accuracy at step 0 (0.20 vs the value below), so compare trends, not levels.",
+            "No sync reference in this run (`--sync-staleness` not given). The sync staleness sweep (git history:",
+            "7365b5b:benchmarks/results/archive/staleness) used the same protocol on another machine, whose warm",
+            "start scored lower held-out accuracy at step 0 (0.20 vs the value below), so compare trends, not levels.",
         ]
     lines += ["", "Sequence log W = log pi/mu at the update and ESS of the method's weights, per lag bucket:", ""]
     lines += ["| method | S | lag bucket | mean log W | weight ESS |", "|---|---|---|---|---|"]
