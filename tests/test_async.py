@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from _clock import HANG_GUARD_S
+from _commands import alive, descendants
 
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.rewards import math_reward
@@ -221,31 +222,6 @@ def test_sampler_that_keeps_crashing_fails_the_run_with_its_error(tiny_model, tm
         train(_cfg(tiny_model, tmp_path / "f", reward_fn="test_async:always_crash_reward"))
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (samplers are children of the fork server, itself a child of the learner)."""
-    parent_of = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parent_of.items() if pp in frontier]
-        out += kids
-        frontier = kids
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
@@ -263,7 +239,7 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
             assert proc.poll() is None, proc.stdout.read().decode()
             assert time.time() < deadline, "no training step (hang guard)"
             time.sleep(0.2)
-        samplers = _descendants(proc.pid)  # the fork server and the samplers it forked
+        samplers = sorted(descendants(proc.pid))  # the fork server and the samplers it forked
         assert len(samplers) >= 2, "no sampler process found"
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
@@ -271,9 +247,9 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
             os.kill(proc.pid, signal.SIGKILL)  # no shutdown code runs: the kernel's parent-death signal must act
         code = proc.wait(timeout=HANG_GUARD_S)
         deadline = time.time() + HANG_GUARD_S  # the parent-death signal acts at once; teardown on a busy box is slow
-        while any(_alive(p) for p in samplers) and time.time() < deadline:
+        while any(alive(p) for p in samplers) and time.time() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in samplers), "sampler outlived the learner"
+        assert not any(alive(p) for p in samplers), "sampler outlived the learner"
         if how == "ctrl-c":
             assert code == 130, proc.stdout.read().decode()
             assert "interrupted" in proc.stdout.read().decode()

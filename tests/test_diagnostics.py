@@ -127,7 +127,18 @@ def test_momentum_share_sgd_and_empty_or_zero_cases():
 # one definition: the learner and the lab call the same functions
 
 
-def _learner_history(n_mini_batches: int = 2, **settings):
+def _tiny_update(
+    method: str = "vespo",
+    n_mini_batches: int = 2,
+    *,
+    hparams: dict | None = None,
+    lr: float = 1e-2,
+    betas=(0.9, 0.99),
+    micro_batch_size: int = 4,
+    **kw,
+):
+    """ppo_update on a batch the tiny model sampled (4 prompts x 4, fixed seeds); returns (history, parameters after
+    the update). `kw` goes to `UpdateSettings`, except `probe`, which goes to `ppo_update`."""
     from vespo.advantages import group_advantages
     from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
     from vespo.rollout import sample
@@ -140,11 +151,16 @@ def _learner_history(n_mini_batches: int = 2, **settings):
     adv = group_advantages(torch.tensor([float(i % 3 == 0) for i in range(16)]), 4)
     with torch.no_grad():
         old, _ = policy_log_probs(model, rollout, torch.arange(16), micro_batch_size=8, temperature=1.0)
-    cfg = UpdateSettings(
-        method="vespo", num_mini_batches=n_mini_batches, seqs_per_mini_batch=16 // n_mini_batches, micro_batch_size=4
-    )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=settings.pop("betas", (0.9, 0.99)))
-    return ppo_update(model, opt, rollout, adv, old, cfg)
+    probe = kw.pop("probe", False)
+    cfg = UpdateSettings(method=method, hparams=hparams or {}, num_mini_batches=n_mini_batches,
+                         seqs_per_mini_batch=16 // n_mini_batches, micro_batch_size=micro_batch_size, **kw)  # fmt: skip
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas)
+    hist = ppo_update(model, opt, rollout, adv, old, cfg, probe=probe)
+    return hist, [p.detach().clone() for p in model.parameters()]
+
+
+def _learner_history(betas=(0.9, 0.99)):
+    return _tiny_update("vespo", betas=betas)[0]
 
 
 def _lab_step_stats(method: str = "vespo"):
@@ -306,25 +322,8 @@ def _no_sync(*args, **kwargs):
 
 
 def _probe_update(method: str, hparams: dict | None = None, probe: bool = True, n_mini_batches: int = 2, **kw):
-    """ppo_update on a sampled batch of the tiny model (as `_learner_history`), with the probe at the last mini-batch;
-    returns (history, parameters after the update)."""
-    from vespo.advantages import group_advantages
-    from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
-    from vespo.rollout import sample
-    from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
-
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, num_hidden_layers=1, seed=0)
-    prompts = [p.prompt for p in arithmetic_split(num_operands=2, max_operand=9, eval_size=1)[0][:4]]
-    rollout = sample(model, tok, prompts, n=4, max_new_tokens=6, generator=torch.Generator().manual_seed(0))
-    adv = group_advantages(torch.tensor([float(i % 3 == 0) for i in range(16)]), 4)
-    with torch.no_grad():
-        old, _ = policy_log_probs(model, rollout, torch.arange(16), micro_batch_size=8, temperature=1.0)
-    cfg = UpdateSettings(method=method, hparams=hparams or {}, num_mini_batches=n_mini_batches,
-                         seqs_per_mini_batch=16 // n_mini_batches, micro_batch_size=3, **kw)  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
-    hist = ppo_update(model, opt, rollout, adv, old, cfg, probe=probe)
-    return hist, [p.detach().clone() for p in model.parameters()]
+    """`_tiny_update` with the probe at the last mini-batch (micro-batches of 3, lr 3e-2)."""
+    return _tiny_update(method, n_mini_batches, hparams=hparams, lr=3e-2, micro_batch_size=3, probe=probe, **kw)
 
 
 def test_probe_of_grpo_against_itself_is_exactly_one():

@@ -216,6 +216,16 @@ def test_config_refuses_unsupported_options(tmp_path):
         _config(VespoGRPOConfig, tmp_path, vespo_method="ppo")
 
 
+def _accumulated_grad(trainer, micro_batches):
+    """The gradient TRL's loop accumulates over `micro_batches` (one optimizer step's), as one flat vector."""
+    trainer.model.zero_grad()
+    trainer._buffered_inputs, trainer._vespo_context = micro_batches, None
+    for step, mb in enumerate(micro_batches):
+        trainer._step = step
+        trainer._compute_loss(trainer.model, mb).backward()
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+
 @pytest.mark.parametrize("method", ["vespo_moment", "vespo_ess", "vespo_selfnorm"])
 def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_path):
     """Gradient accumulation over two micro-batches gives the gradient of one pass over both: the controller decides
@@ -246,15 +256,7 @@ def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_p
     one = {k: torch.cat([mbs[0][k], mbs[1][k]]) for k in mbs[0] if k != "num_items_in_batch"}
     one["num_items_in_batch"] = mbs[0]["num_items_in_batch"]
 
-    def grad_of(trainer, micro_batches):
-        trainer.model.zero_grad()
-        trainer._buffered_inputs, trainer._vespo_context = micro_batches, None
-        for step, mb in enumerate(micro_batches):
-            trainer._step = step
-            trainer._compute_loss(trainer.model, mb).backward()
-        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
-
-    accumulated, single = grad_of(split, mbs), grad_of(whole, [one])
+    accumulated, single = _accumulated_grad(split, mbs), _accumulated_grad(whole, [one])
     torch.testing.assert_close(accumulated, single, rtol=1e-5, atol=1e-8)
     split._flush_vespo_metrics()
     metrics = split._metrics["train"]
@@ -263,7 +265,7 @@ def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_p
     assert chosen[0] == chosen[1] and chosen[0] != {"vespo_moment": 2.0}.get(method, 1.0)
     # deciding per micro-batch (the call's own statistics, k and N only) gives a different gradient
     split._step_context = lambda model: BatchContext(mini_batch_index=0, num_mini_batches=1)
-    per_micro = grad_of(split, mbs)
+    per_micro = _accumulated_grad(split, mbs)
     assert (per_micro - single).norm() > 1e-3 * single.norm()
 
 
@@ -564,18 +566,10 @@ def test_m2po_accumulation_equals_one_pass(tokenizer, dataset, tmp_path):
     one = {k: torch.cat([mbs[0][k], mbs[1][k]]) for k in mbs[0] if k != "num_items_in_batch"}
     one["num_items_in_batch"] = mbs[0]["num_items_in_batch"]
 
-    def grad_of(trainer, micro_batches):
-        trainer.model.zero_grad()
-        trainer._buffered_inputs, trainer._vespo_context = micro_batches, None
-        for step, mb in enumerate(micro_batches):
-            trainer._step = step
-            trainer._compute_loss(trainer.model, mb).backward()
-        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
-
-    accumulated, single = grad_of(split, mbs), grad_of(whole, [one])
+    accumulated, single = _accumulated_grad(split, mbs), _accumulated_grad(whole, [one])
     torch.testing.assert_close(accumulated, single, rtol=1e-5, atol=1e-8)
     split._flush_vespo_metrics()
     assert max(split._metrics["train"]["m2po/masked_frac"][-2:]) > 0  # the mask acted
     split._step_context = lambda model: BatchContext(mini_batch_index=0, num_mini_batches=1)
-    per_micro = grad_of(split, mbs)
+    per_micro = _accumulated_grad(split, mbs)
     assert (per_micro - single).norm() > 1e-3 * single.norm()
