@@ -84,15 +84,15 @@ def unknown_flag(argv: Iterable[str], accepted: Iterable[str]) -> str | None:
     return None
 
 
-def dataclass_flags(config: type) -> set[str]:
-    """The flags tyro makes of a flat dataclass: `--field` (and `--no-field` for a bool) and the aliases of
-    `tyro.conf.arg`; `tyro.conf.Suppress` fields have none."""
+def dataclass_flags(config: type, prefix: str = "") -> set[str]:
+    """The flags tyro makes of a dataclass: `--field` (and `--no-field` for a bool), the aliases of `tyro.conf.arg`,
+    and `--field.sub` for a nested dataclass's fields; `tyro.conf.Suppress` fields have none."""
     import dataclasses
     import typing
 
     import tyro
 
-    flags = {"-h", "--help"}
+    flags = set() if prefix else {"-h", "--help"}
     hints = typing.get_type_hints(config, include_extras=True)
     for f in dataclasses.fields(config):
         hint, meta = hints[f.name], ()
@@ -100,8 +100,12 @@ def dataclass_flags(config: type) -> set[str]:
             hint, *meta = typing.get_args(hint)
         if any(m is tyro.conf.Suppress for m in meta):
             continue
-        for name in (f"--{f.name}", *(a for m in meta for a in getattr(m, "aliases", None) or ())):
-            flags |= {name, f"--no-{name[2:]}"} if hint is bool else {name}
+        if dataclasses.is_dataclass(hint):
+            flags |= dataclass_flags(hint, f"{prefix}{f.name}.")
+            continue
+        aliases = () if prefix else (a for m in meta for a in getattr(m, "aliases", None) or ())
+        for name in (f"--{prefix}{f.name}", *aliases):
+            flags |= {name, f"--{prefix}no-{name[2 + len(prefix):]}"} if hint is bool else {name}
     return flags
 
 
