@@ -97,11 +97,14 @@ PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_gr
 PAPER_LR = 1e-4
 """The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
 LONG_LR = 1e-4
-"""The paper-long preset's learning rate (docs/paper_regime.md, "The long-response regime": calibrated with the chain
-length and warm start so that the gate `GATES["paper-long"]` holds at N = 64)."""
-LONG_SFT_STEPS = 8000
-"""The paper-long preset's warm start: SFT steps on the 41-step chain (fewer than the chain's default leave its digits
-imperfect, so every step of a response carries some entropy and RL has room below the ceiling)."""
+"""The paper-long preset's learning rate (docs/paper_regime.md, "The long-response regime"): with the 128-token chain
+and its warm start, the gate `GATES["paper-long"]` holds at N = 64 and the stale KL stays in the paper regime's range;
+at 3e-4 VESPO's stale drift runs away (KL(mu || pi) ~1, mean phi ~0.04) and it collapses."""
+LONG_WARM_START = {"sft_steps": 4000, "sft_lr": 1e-3}
+"""The paper-long preset's warm start on the 41-step chain: at the chain's default SFT lr (3e-3) the 128-token chain
+does not learn (teacher-forced digits 21-42% right over 2,500-8,000 steps); at 1e-3 its digits are 99.9% right
+greedily after 4,000 steps, but sampled at temperature 1 about 2% of them are wrong, so held-out accuracy starts at
+0.175 (chance 0.10): every step of a response carries some entropy, and RL has room below the ceiling."""
 PAPER_ADAMW = {"betas": (0.9, 0.999), "weight_decay": 0.01, "grad_clip": 1.0}
 """The paper's optimiser settings (its official scripts keep veRL's AdamW defaults and grad_clip 1.0)."""
 PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
@@ -137,7 +140,7 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
             "eval_points": 4,
             "probes": 4,
         },
-        PAPER_ADAMW | {"sft_steps": LONG_SFT_STEPS},
+        PAPER_ADAMW | LONG_WARM_START,
     ),
 }
 """Presets that set the training regime as well as the variants: preset -> (SweepConfig fields it sets where the user
