@@ -105,7 +105,7 @@ def dataclass_flags(config: type, prefix: str = "") -> set[str]:
             continue
         aliases = () if prefix else (a for m in meta for a in getattr(m, "aliases", None) or ())
         for name in (f"--{prefix}{f.name}", *aliases):
-            flags |= {name, f"--{prefix}no-{name[2 + len(prefix):]}"} if hint is bool else {name}
+            flags |= {name, f"--{prefix}no-{name[2 + len(prefix) :]}"} if hint is bool else {name}
     return flags
 
 
