@@ -150,7 +150,7 @@ def test_summary_and_collapse_flag():
 
 
 @pytest.mark.slow
-def test_tiny_grid_end_to_end_and_resume(tmp_path):
+def test_tiny_grid_end_to_end_and_resume(tmp_path, capsys):
     cfg = SweepConfig(
         out_dir=str(tmp_path / "sw"),
         methods=("vespo", "grpo"),
@@ -186,6 +186,14 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path):
     stamp = done.stat().st_mtime_ns
     assert sweep(cfg) == summaries and done.stat().st_mtime_ns == stamp
     assert json.loads(done.read_text())["N"] == 2
+    # a torn summary.json (an older vespo wrote it in place and crashed) is summarised again, not a JSONDecodeError
+    done.write_text("")
+    again = sweep(cfg)
+    assert [{k: v for k, v in s.items() if k != "wall_s"} for s in again] == [
+        {k: v for k, v in s.items() if k != "wall_s"} for s in summaries
+    ]
+    assert json.loads(done.read_text())["N"] == 2
+    assert "is damaged; summarised again from its metrics.jsonl" in capsys.readouterr().err
 
 
 def test_lr_and_task_are_grid_axes():
