@@ -190,7 +190,7 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    fmt = path.suffix.lstrip(".") or "png"
+    fmt = path.suffix.lstrip(".").lower() or "png"
     try:
         write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"))
     finally:
