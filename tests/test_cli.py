@@ -178,6 +178,8 @@ _ANSWERED_AT_ONCE = [  # (argv with {root}, exit code, what the one-line error n
     (["train", "--help"], 0, None),
     (["sweep", "--help"], 0, None),
     (["export", "--help"], 0, None),
+    (["bound", "--help"], 0, None),
+    (["kernels", "--help"], 0, None),
     (["train", "--method", "vesop", "--run-dir", "{root}/run"], 2, "unknown method 'vesop'"),
     (["train", "--metod", "vespo"], 2, "unknown flag --metod; nearest: --method"),
     (["train", "--output-dirr", "{root}/run"], 2, "nearest: --output-dir"),

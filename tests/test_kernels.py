@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vespo import kernels
+from vespo.cli import bound_cli
 from vespo.kernels import effective_sample_size, phi_max, surrogate, variance_bound_K, vespo_log_phi
 
 C_PAIRS = [(2.0, 3.0), (3.0, 2.0), (1.5, 0.7), (0.5, 2.0), (5.0, 5.0)]
@@ -106,10 +107,10 @@ def test_ess_values():
 
 
 def test_bound_cli(capsys):
-    assert kernels.bound_cli(["--c1", "2", "--c2", "3"]) == 0
+    assert bound_cli(["--c1", "2", "--c2", "3"]) == 0
     out = capsys.readouterr().out
     assert "K       = 2.46302" in out and "w = (c1-1)/c2 = 0.333333" in out
     assert "phi_max = 1.20813" in out and "W = c1/c2 = 0.666667" in out
-    assert kernels.bound_cli(["--c1", "0.5", "--c2", "2"]) == 0
+    assert bound_cli(["--c1", "0.5", "--c2", "2"]) == 0
     captured = capsys.readouterr()
     assert "K       = inf" in captured.out and "vacuous" in captured.err

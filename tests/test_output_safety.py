@@ -277,7 +277,7 @@ def test_a_grading_host_failure_stops_the_run_in_one_line(assets, tmp_path, monk
 
 
 def test_kernels_replaces_an_existing_figure_only_when_asked(tmp_path, capsys):
-    from vespo.plots import kernels_cli
+    from vespo.cli import kernels_cli
 
     (tmp_path / "kernels.png").write_bytes(b"theirs")
     (tmp_path / "file").write_text("x")

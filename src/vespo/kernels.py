@@ -11,7 +11,6 @@ Everything that touches W takes log W, so no value overflows for any finite log 
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 
@@ -20,7 +19,7 @@ import torch
 _MAX_LOG_W_IN_EXP = 80.0
 
 
-def _check_c(c1: float, c2: float) -> None:
+def check_c(c1: float, c2: float) -> None:
     if not (math.isfinite(c1) and math.isfinite(c2)) or c1 <= 0 or c2 <= 0:
         raise ValueError(f"VESPO kernel needs c1 > 0 and c2 > 0 (Prop. 3.1), got c1={c1}, c2={c2}")
 
@@ -40,19 +39,19 @@ def vespo_log_phi(log_w: torch.Tensor, c1: float | torch.Tensor, c2: float | tor
 
 def phi_max(c1: float, c2: float) -> float:
     """sup_W phi(W) = (c1/c2)^c1 * exp(c2 - c1), attained at W = c1/c2 (paper Prop. C.1)."""
-    _check_c(c1, c2)
+    check_c(c1, c2)
     return math.exp(c1 * math.log(c1 / c2) + c2 - c1)
 
 
 def phi_argmax(c1: float, c2: float) -> float:
     """The W at which phi is largest: c1 / c2 (paper Prop. C.1)."""
-    _check_c(c1, c2)
+    check_c(c1, c2)
     return c1 / c2
 
 
 def variance_bound_K(c1: float, c2: float) -> float:
     """K = sup_w phi(w)/w from Prop. 3.1: ((c1-1)/c2)^(c1-1) * exp(c2-c1+1) for c1 > 1, e^c2 at c1 = 1, inf below."""
-    _check_c(c1, c2)
+    check_c(c1, c2)
     if c1 < 1.0:
         return math.inf
     if c1 == 1.0:
@@ -63,7 +62,7 @@ def variance_bound_K(c1: float, c2: float) -> float:
 
 def variance_bound_argmax(c1: float, c2: float) -> float:
     """The w attaining K: (c1-1)/c2 for c1 > 1; 0 (approached, not attained) for c1 = 1; nan where K is infinite."""
-    _check_c(c1, c2)
+    check_c(c1, c2)
     if c1 < 1.0:
         return math.nan
     return (c1 - 1.0) / c2
@@ -75,7 +74,7 @@ def surrogate(w: torch.Tensor, c1: float, c2: float) -> torch.Tensor:
     For the shifted kernel, f(W) = e^c2 * c2^-c1 * gamma_lower(c1, c2 * W), where gamma_lower is the lower incomplete
     gamma function; torch's `igamma` is the regularised P(a, x) = gamma_lower(a, x) / Gamma(a).
     """
-    _check_c(c1, c2)
+    check_c(c1, c2)
     w = torch.as_tensor(w)
     if torch.any(w < 0):
         raise ValueError("surrogate is defined for W >= 0")
@@ -100,34 +99,3 @@ def effective_sample_size(log_weights: torch.Tensor, mask: torch.Tensor | None =
     log_ess = 2.0 * torch.logsumexp(lw, dim=-1) - torch.logsumexp(2.0 * lw, dim=-1)
     ess = (torch.exp(log_ess) / n.clamp(min=1)).clamp(max=1.0)  # <= 1 by Cauchy-Schwarz, up to rounding
     return torch.where(n > 0, ess, torch.zeros_like(ess))
-
-
-def bound_cli(argv: list[str]) -> int:
-    """`vespo bound --c1 2 --c2 3`: print K, phi_max and where they are attained (Prop. 3.1 and C.1)."""
-    from vespo.cli import ArgumentParser
-
-    parser = ArgumentParser(prog="vespo bound", description=bound_cli.__doc__)
-    parser.add_argument("--c1", type=float, default=2.0, help="power exponent c1 (alpha); default 2")
-    parser.add_argument("--c2", type=float, default=3.0, help="decay rate c2 (lambda); default 3")
-    args = parser.parse_args(argv)
-    try:
-        _check_c(args.c1, args.c2)
-    except ValueError as err:
-        parser.error(str(err))
-    c1, c2 = args.c1, args.c2
-    k, k_at = variance_bound_K(c1, c2), variance_bound_argmax(c1, c2)
-    print(f"phi(W) = W^{c1:g} * exp({c2:g} * (1 - W))")
-    print(f"phi_max = {phi_max(c1, c2):.6g}   attained at W = c1/c2 = {phi_argmax(c1, c2):.6g}")
-    if math.isinf(k):
-        print("K       = inf  (phi(w)/w -> inf as w -> 0)")
-        print(
-            f"warning: c1 = {c1:g} < 1 makes the variance bound E_mu[phi^2] <= Z*K*C of Prop. 3.1 vacuous; "
-            "choose c1 >= 1 for a finite K.",
-            file=sys.stderr,
-        )
-    elif c1 == 1.0:
-        print(f"K       = {k:.6g}   approached as w -> 0 (c1 = 1: K = e^c2)")
-    else:
-        print(f"K       = {k:.6g}   attained at w = (c1-1)/c2 = {k_at:.6g}")
-    print("Prop. 3.1: E_mu[phi(W)^2] <= Z * K * C, with Z = E_mu[phi(W)] and C >= E_Q[W].")
-    return 0

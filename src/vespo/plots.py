@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-from vespo.cli import ArgumentParser
 from vespo.kernels import surrogate, vespo_log_phi
-from vespo.outputs import check_output_file, write_atomic
+from vespo.outputs import write_atomic
 
 Curve = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # w -> (phi(w), f(w))
 
@@ -240,19 +239,3 @@ def plot_kernels(out_dir: str | Path, w_max: float = 3.0) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return save_figure(kernel_figure(w_max), out / "kernels.png", dpi=120)
-
-
-def kernels_cli(argv: list[str]) -> int:
-    """`vespo kernels --out DIR`: write the Figure-2-style kernel plot to DIR/kernels.png."""
-    parser = ArgumentParser(prog="vespo kernels", description=kernels_cli.__doc__)
-    parser.add_argument("--out", default="runs/kernels", help="output directory (default: runs/kernels)")
-    parser.add_argument("--w-max", type=float, default=3.0, help="right end of the w axis (default: 3)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing DIR/kernels.png")
-    args = parser.parse_args(argv)
-    try:
-        Path(args.out).expanduser().mkdir(parents=True, exist_ok=True)
-        check_output_file(Path(args.out).expanduser() / "kernels.png", label="--out", overwrite=args.overwrite)
-    except (OSError, ValueError) as exc:  # OutputError, or a path that cannot be a directory
-        parser.error(str(exc) if isinstance(exc, ValueError) else f"--out {args.out}: {exc.strerror or exc}")
-    print(plot_kernels(args.out, args.w_max))
-    return 0
