@@ -264,3 +264,17 @@ def test_atomic_dir_leaves_a_concurrent_build_alone_and_creates_the_parent(tmp_p
     finally:
         os.close(fd)
     assert running.is_dir() and not killed.exists() and (out / "config.json").read_text() == '{"v": 2}'
+
+
+def test_eval_samples_file_is_never_truncated_through_a_hard_link(tmp_path, outside):
+    from vespo.evaluation import _open_samples
+
+    os.link(outside, tmp_path / "samples.jsonl")
+    with pytest.raises(OutputError, match="hard links"):
+        _open_samples(tmp_path / "samples.jsonl")
+    assert outside.read_bytes() == OUTSIDE
+    (tmp_path / "samples.jsonl").unlink()
+    (tmp_path / "samples.jsonl").write_text("old\n")
+    with _open_samples(tmp_path / "samples.jsonl") as f:
+        f.write("new\n")
+    assert (tmp_path / "samples.jsonl").read_text() == "new\n"

@@ -209,8 +209,14 @@ def evaluate_benchmarks(
 
 
 def _open_samples(path: str | Path):
-    """samples.jsonl, started empty: a regular file only (`open_regular`: never through a link or into a FIFO)."""
-    return open(open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8")
+    """samples.jsonl, started empty: a regular file of its own only (`open_regular`: never through a link or into a
+    FIFO; a file with a second hard link is refused before it is emptied, so nothing elsewhere is truncated)."""
+    fd = open_regular(path, os.O_WRONLY | os.O_CREAT)
+    if os.fstat(fd).st_nlink != 1:
+        os.close(fd)
+        raise OutputError(f"{path} has other hard links, so it is not vespo's samples file; remove it")
+    os.ftruncate(fd, 0)
+    return open(fd, "w", encoding="utf-8")
 
 
 PARTIAL_NOTE = (
