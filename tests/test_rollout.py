@@ -39,6 +39,46 @@ def test_sample_layout_masks_and_log_probs_match_recomputation(tiny):
     assert (logp[r.response_mask == 0] == 0).all() and (ent[r.response_mask.bool()] > 0).all()
 
 
+def test_preallocated_kv_cache_samples_exactly_what_the_growing_cache_does(tiny, monkeypatch):
+    """The preallocated cache (`hf._PreallocatedLayer`) is a faster layout of the same keys and values: the same
+    seed gives the same tokens and bit-identical sampler log-probs as transformers' own `DynamicLayer`."""
+    from vespo.rollout import hf
+
+    model, tok = tiny
+    kinds = []
+    real = hf._preallocate
+    monkeypatch.setattr(hf, "_preallocate", lambda cache, n: (real(cache, n), kinds.extend(map(type, cache.layers))))
+
+    def run():
+        return sample(model, tok, ["3+8+5=", "1+2=", "9="], n=4, max_new_tokens=24, temperature=1.3,
+                      generator=torch.Generator().manual_seed(7))  # fmt: skip
+
+    fast = run()
+    layers = []
+    monkeypatch.setattr(hf, "_preallocate", lambda cache, n: layers.extend(cache.layers))  # the growing cache
+    slow = run()
+    assert kinds and all(kind is hf._PreallocatedLayer for kind in kinds)
+    assert len(layers) == len(kinds) and all(type(x).__name__ == "DynamicLayer" for x in layers)
+    assert fast.response_mask.shape[1] > 10  # the cache grew over many decoded tokens
+    assert torch.equal(fast.input_ids, slow.input_ids) and torch.equal(fast.response_mask, slow.response_mask)
+    assert torch.equal(fast.rollout_log_prob, slow.rollout_log_prob)
+
+
+def test_preallocated_layer_refuses_to_write_past_its_room():
+    from transformers.cache_utils import DynamicLayer
+
+    from vespo.rollout.hf import _PreallocatedLayer
+
+    grown = DynamicLayer()
+    grown.update(torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 4))
+    layer = _PreallocatedLayer(grown, capacity=5)
+    keys, values = layer.update(torch.full((2, 1, 2, 4), 2.0), torch.full((2, 1, 2, 4), 3.0))
+    assert keys.shape == (2, 1, 5, 4) and layer.get_seq_length() == 5
+    assert (keys[:, :, :3] == 1).all() and (keys[:, :, 3:] == 2).all() and (values[:, :, 3:] == 3).all()
+    with pytest.raises(RuntimeError, match="holds 5 positions; 6 were written"):
+        layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))
+
+
 def test_logit_noise_makes_a_controlled_mismatch(tiny):
     model, tok = tiny
     r = sample(
