@@ -11,7 +11,7 @@ the warm start and a seed fixes every arm's random streams, so a control and a p
 (paired t-test); where a seed collapsed (final accuracy < 0.5 x initial) the outcome is bimodal and the test is
 Fisher's exact test on collapsed seeds (`vespo.experiments.stats.compare`); Holm over each table (final and best
 checkpoint). Beyond the paper; reported whichever way it goes. `--report-only` rewrites the report from
-controls.csv (and the grids' results.csv for the collapse flags).
+controls.csv alone (the grids' sweep directories are not committed).
 `--smoke --out-dir DIR`: one lr and one control (mean_phi) at N = 2, one seed, 2 optimizer steps of 2 prompts x 2 on
 a 2-step warm start built in DIR (CI; each cell is a `vespo train` process).
 """
@@ -66,20 +66,12 @@ def run(seeds: list[int], jobs: int, root: Path = OUT, smoke: bool = False) -> l
 
 
 def _load(out: Path) -> list[dict]:
-    """controls.csv rows (numbers parsed), with each cell's collapse flag from its grid's results.csv when missing."""
+    """controls.csv rows, numbers parsed."""
     rows = list(csv.DictReader((out / "controls.csv").open(newline="")))
-    flags = {}
-    for name in ("plain", *CONTROLS):
-        path = out / f"grid_{name}" / "results.csv"
-        for r in csv.DictReader(path.open(newline="")) if path.is_file() else []:
-            label = r["variant"] if name == "plain" else name
-            flags[(label, r["N"], r["seed"])] = r["collapsed"]
     for r in rows:
         for k in ("final_eval_acc", "best_eval_acc", "update_norm"):
             r[k] = float(r[k])
         r["N"], r["seed"] = int(r["N"]), int(r["seed"])
-        if r.get("collapsed") in (None, ""):
-            r["collapsed"] = flags.get((r["variant"], str(r["N"]), str(r["seed"])), "")
     return rows
 
 
