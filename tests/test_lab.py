@@ -12,7 +12,6 @@ from vespo import compute_policy_loss
 from vespo.experiments.lab import (
     LabCell,
     LabConfig,
-    cli,
     expected_reward,
     init_logits,
     rewards_of,
@@ -21,6 +20,7 @@ from vespo.experiments.lab import (
     success_threshold,
     token_log_probs,
 )
+from vespo.experiments.lab_cli import cli as lab_cli
 from vespo.kernels import effective_sample_size, variance_bound_K, vespo_log_phi
 
 
@@ -149,10 +149,10 @@ def test_adam_gives_back_the_step_size_vespo_takes_away():
 
 
 def test_cli_rejects_bad_input_in_one_line(capsys):
-    assert cli(["--methods", "nope"]) == 2
+    assert lab_cli(["--methods", "nope"]) == 2
     out = capsys.readouterr().err.strip().splitlines()
     assert len(out) == 1 and "methods" in out[0] and "vespo" in out[0]
-    assert cli(["--staleness", "3", "--optimizer-steps", "128"]) == 2
+    assert lab_cli(["--staleness", "3", "--optimizer-steps", "128"]) == 2
     assert "staleness" in capsys.readouterr().err
 
 

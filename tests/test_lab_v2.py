@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vespo.experiments.lab import LabCell, LabConfig, cli
+from vespo.experiments.lab import LabCell, LabConfig
+from vespo.experiments.lab_cli import cli as lab_cli
 from vespo.experiments.lab_model import EOS, ChainPolicy, ChainSpec, run_chain_cell
 
 SMALL = ChainSpec(vocab=16, rank=4, knots=3, eval_samples=256)
@@ -133,10 +134,10 @@ def test_stale_cell_reports_drift():
 
 
 def test_cli_rejects_bad_v2_settings_in_one_line(capsys):
-    assert cli(["--chain.vocab", "8"]) == 2
+    assert lab_cli(["--chain.vocab", "8"]) == 2
     out = capsys.readouterr().err.strip().splitlines()  # errors go to stderr
     assert len(out) == 1 and "chain.vocab" in out[0] and ">= 16" in out[0]
-    assert cli(["--mismatch-std", "0.1"]) == 2  # the old name of rollout_logit_noise
+    assert lab_cli(["--mismatch-std", "0.1"]) == 2  # the old name of rollout_logit_noise
     assert "rollout_logit_noise" in capsys.readouterr().err
 
 

@@ -228,21 +228,20 @@ def test_compare_never_replaces_its_input_or_an_existing_file_unless_asked(tmp_p
 
 @pytest.mark.parametrize("command", ["lab", "sweep"])
 def test_grids_refuse_a_foreign_or_busy_out_dir_before_any_cell_runs(tmp_path, capsys, command):
-    from vespo.experiments import lab, sweep
+    from vespo.cli import main
 
-    module = lab if command == "lab" else sweep
-    grid = ["--methods", "vespo", "--staleness", "1", "--seeds", "0"]
+    grid = [command, "--methods", "vespo", "--staleness", "1", "--seeds", "0"]
     foreign = tmp_path / "theirs"
     foreign.mkdir()
     (foreign / "results.md").write_text("mine")
-    assert module.cli([*grid, "--out-dir", str(foreign)]) == 2
+    assert main([*grid, "--out-dir", str(foreign)]) == 2
     assert "not created by vespo" in _one_line(capsys.readouterr().err)
-    assert module.cli([*grid, "--out-dir", str(foreign), "--overwrite-output-dir"]) == 2
+    assert main([*grid, "--out-dir", str(foreign), "--overwrite-output-dir"]) == 2
     assert "which vespo did not write" in _one_line(capsys.readouterr().err)
     assert sorted(p.name for p in foreign.iterdir()) == ["results.md"]
     held = claim(tmp_path / "busy", command, [], label="out_dir")
     try:
-        assert module.cli([*grid, "--out-dir", str(tmp_path / "busy")]) == 2
+        assert main([*grid, "--out-dir", str(tmp_path / "busy")]) == 2
         assert f"(pid {os.getpid()})" in _one_line(capsys.readouterr().err)
     finally:
         held.release()

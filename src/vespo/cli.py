@@ -31,7 +31,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "grid of methods x staleness N x seeds, with tables and paper-style plots",
     ),
     "lab": (
-        "vespo.experiments.lab",
+        "vespo.experiments.lab_cli",
         "cli",
         "exact sequence-level workbench: methods x length T x staleness N x lr, in seconds",
     ),

@@ -30,14 +30,13 @@ a binary search in one flattened CDF of all contexts (no per-step (B, V) work).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 
 from vespo import diagnostics
 from vespo.advantages import group_advantages
+from vespo.experiments.lab_config import ChainSpec
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
 from vespo.losses.core import seq_log_ratio, top_share
@@ -45,51 +44,6 @@ from vespo.step_control import sampler_log_w, scale_step, step_scale
 
 Tensor = torch.Tensor
 EOS = 0
-
-
-@dataclass(frozen=True)
-class ChainSpec:
-    """The v2 model (`vespo lab --preset v2`); every cell of a grid shares one initial policy."""
-
-    vocab: int = 1024
-    """Tokens, EOS (id 0) included (>= 16)."""
-    rank: int = 32
-    """Rank d of the shared bilinear term E[prev] . U[y]."""
-    zipf: float = 1.3
-    """Zipf exponent of the initial distribution of the non-EOS tokens (rank r gets mass ~ r^-zipf)."""
-    p_correct: float = 0.15
-    """Initial probability of the correct token before the bilinear noise (below the Zipf head's 0.28, so the most
-    likely token is a wrong one in most contexts: sharpening the current policy is harmful)."""
-    mean_length: float = 0.5
-    """Initial mean response length as a fraction of T (geometric: constant EOS probability per token)."""
-    knots: int = 8
-    """Hat functions of the EOS position term g(t)."""
-    eval_samples: int = 1024
-    """Sequences of the fixed evaluation sample that estimates E[R] (common random numbers across evaluations)."""
-    min_length: float = 0.25
-    """Shortest gradable response, as a fraction of T (shorter ones get R = 0: no answer by a length trick)."""
-    success_quantile: float = 0.75
-    """q = this quantile of the initial policy's accuracy (ungradable responses count -1): ~1/4 succeed."""
-    reward: Literal["accuracy", "threshold"] = "accuracy"
-    """"accuracy": R = the share of correct tokens of a gradable response (ended with EOS, >= min_length x T
-    tokens), 0 otherwise: graded, so on-policy training leaves headroom (E[R] <= the token accuracy, which a rank-d
-    model of V contexts does not saturate). "threshold": R = 1[gradable and a share >= q correct], the reward lab v2
-    was published with (benchmarks/results/lab_v2*): it saturates on-policy (E[R] ~ 0.997 at N = 1, T = 256)."""
-
-    def checks(self) -> list[tuple[str, bool, str, object]]:
-        """(flag, valid, what is accepted, value) for every field: `vespo lab` reports the first invalid one."""
-        return [
-            ("chain.vocab", self.vocab >= 16, "an integer >= 16", self.vocab),
-            ("chain.rank", self.rank >= 1, "an integer >= 1", self.rank),
-            ("chain.zipf", math.isfinite(self.zipf) and self.zipf >= 0, "a finite number >= 0", self.zipf),
-            ("chain.p_correct", 0 < self.p_correct < 1, "a number in (0, 1)", self.p_correct),
-            ("chain.mean_length", 0 < self.mean_length <= 100, "a number in (0, 100]", self.mean_length),
-            ("chain.knots", self.knots >= 2, "an integer >= 2", self.knots),
-            ("chain.eval_samples", self.eval_samples >= 16, "an integer >= 16", self.eval_samples),
-            ("chain.min_length", 0 <= self.min_length < 1, "a number in [0, 1)", self.min_length),
-            ("chain.success_quantile", 0 < self.success_quantile < 1, "a number in (0, 1)", self.success_quantile),
-            ("chain.reward", self.reward in ("accuracy", "threshold"), "accuracy or threshold", self.reward),
-        ]
 
 
 class ChainPolicy:
