@@ -26,9 +26,6 @@ from vespo.cli import ArgumentParser
 from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.data.reasoning_gym import PREFIX, is_reasoning_gym
 from vespo.outputs import OutputError, OwnedDir, claim, open_regular, write_atomic
-from vespo.rewards.code import score_code
-from vespo.rewards.math import score_math
-from vespo.rewards.reasoning_gym import score_tasks
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -93,6 +90,8 @@ def summarize(benchmark: str, kind: str, k: int, scores: list[list[float]], seco
 def score_samples(records: list[dict], samples: list[list[str]]) -> list[list[float]]:
     """Per-problem scores of sampled completions, with the verifier of the records' kind (math, code or a
     reasoning-gym task)."""
+    from vespo.rewards import score_code, score_math, score_tasks  # torch, sympy: not for `vespo eval --help`
+
     if len(records) != len(samples):
         raise ValueError(f"got {len(records)} problems but samples for {len(samples)}")
     flat = [c for group in samples for c in group]
@@ -347,15 +346,15 @@ def cli(argv: list[str]) -> int:
     """``vespo eval``: check every input, load the model, evaluate the benchmarks, print and write the table."""
     parser = _parser()
     args = parser.parse_args(argv)
-    from vespo.models import check_model_source, resolve_device
-    from vespo.rollout.vllm import vllm_available
-
     if not (math.isfinite(args.temperature) and args.temperature > 0):
         parser.error(f"--temperature must be a finite number > 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.top_k < 0:
         parser.error(f"--top-k must be an integer >= 0 (0: off), got {args.top_k}")
+    from vespo.models import check_model_source, resolve_device  # torch, transformers
+    from vespo.rollout.vllm import vllm_available
+
     try:
         try:
             check_model_source(args.model)
