@@ -10,7 +10,8 @@ noise. Outcomes that are bimodal (a seed either collapses or learns) are compare
 Fisher's exact test, never with a t-test. `choose_test` states the rule; `compare` applies it per comparison.
 
 Pure functions of plain lists; a difference is called significant only by `compare`, with the test and the number
-of comparisons stated.
+of comparisons stated. scipy (1.4 s to import) is imported by the functions that use it, so `vespo compare --help`
+answers at once.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as _st
-from scipy.optimize import brentq
 
 LEVEL = 0.95
 POWER = 0.8
@@ -30,13 +29,15 @@ POWER = 0.8
 
 def mean_ci(values: list[float], level: float = LEVEL) -> tuple[float, float]:
     """(mean, half-width of the Student-t confidence interval); half-width is nan for fewer than 2 values."""
+    from scipy.stats import t as t_dist
+
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return math.nan, math.nan
     if x.size < 2:
         return float(x.mean()), math.nan
     sem = x.std(ddof=1) / math.sqrt(x.size)
-    return float(x.mean()), float(_st.t.ppf(0.5 + level / 2, x.size - 1) * sem)
+    return float(x.mean()), float(t_dist.ppf(0.5 + level / 2, x.size - 1) * sem)
 
 
 def format_ci(values: list[float], digits: int = 3) -> str:
@@ -52,6 +53,8 @@ def format_ci(values: list[float], digits: int = 3) -> str:
 def welch(a: list[float], b: list[float]) -> float:
     """Two-sided p-value of Welch's t-test for a difference of means (unequal variances); 1.0 when undefined (fewer
     than 2 values a side, or both sides constant and equal)."""
+    from scipy.stats import t as t_dist
+
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.size < 2 or b.size < 2:
         return 1.0
@@ -60,7 +63,7 @@ def welch(a: list[float], b: list[float]) -> float:
         return 1.0 if a.mean() == b.mean() else 0.0
     t = (a.mean() - b.mean()) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    return float(2 * _st.t.sf(abs(t), df))
+    return float(2 * t_dist.sf(abs(t), df))
 
 
 def _differences(a: list[float], b: list[float]) -> np.ndarray:
@@ -75,6 +78,8 @@ def paired_t(a: list[float], b: list[float]) -> float:
     """Two-sided p-value of the paired t-test (scipy's ttest_rel): t = mean(d) / (sd(d) / sqrt(n)), n - 1 degrees
     of freedom, d = a - b. 1.0 when undefined (fewer than 2 pairs); with every difference equal, 1.0 if they are 0
     and 0.0 otherwise (a constant nonzero shift, as `welch` treats two constant sides)."""
+    from scipy.stats import t as t_dist
+
     d = _differences(a, b)
     if d.size < 2:
         return 1.0
@@ -82,7 +87,7 @@ def paired_t(a: list[float], b: list[float]) -> float:
     if sd == 0:
         return 1.0 if d.mean() == 0 else 0.0
     t = d.mean() / (sd / math.sqrt(d.size))
-    return float(2 * _st.t.sf(abs(t), d.size - 1))
+    return float(2 * t_dist.sf(abs(t), d.size - 1))
 
 
 WILCOXON_EXACT_MAX = 200
@@ -103,18 +108,20 @@ def wilcoxon(a: list[float], b: list[float]) -> float:
 
     With n pairs the smallest attainable p is 2 / 2^n: 0.0625 for 5 seeds, so the test cannot reach 0.05 below 6.
     """
+    from scipy.stats import norm, rankdata
+
     d = np.round(_differences(a, b), 12)  # float noise of a - b (1e-17) must not break a tie or a zero
     d = d[d != 0]
     n = d.size
     if n == 0:
         return 1.0
-    ranks = _st.rankdata(np.abs(d))  # midranks for ties
+    ranks = rankdata(np.abs(d))  # midranks for ties
     t_plus = ranks[d > 0].sum()
     if n > WILCOXON_EXACT_MAX:
         _, counts = np.unique(np.abs(d), return_counts=True)
         var = n * (n + 1) * (2 * n + 1) / 24 - (counts**3 - counts).sum() / 48
         z = (t_plus - n * (n + 1) / 4) / math.sqrt(var)
-        return float(2 * _st.norm.sf(abs(z)))
+        return float(2 * norm.sf(abs(z)))
     doubled = np.rint(2 * ranks).astype(int)  # midranks are multiples of 1/2
     dist = np.zeros(doubled.sum() + 1)
     dist[0] = 1.0
@@ -165,14 +172,16 @@ def fisher_exact(events_a: int, n_a: int, events_b: int, n_b: int) -> float:
     events_b]] (e.g. collapsed seeds out of seeds per method): under the null, with the margins fixed, events_a is
     hypergeometric; p sums the probabilities of every table no more likely than the observed one (relative slack
     1e-7, scipy's convention). 1.0 when a side is empty. Example: 0/5 vs 3/5 collapsed gives p = 0.167."""
+    from scipy.stats import hypergeom
+
     if not (0 <= events_a <= n_a and 0 <= events_b <= n_b):
         raise ValueError(f"need 0 <= events <= n on both sides, got {events_a}/{n_a} and {events_b}/{n_b}")
     if n_a == 0 or n_b == 0:
         return 1.0
     total, events = n_a + n_b, events_a + events_b
     support = np.arange(max(0, events - n_b), min(events, n_a) + 1)
-    pmf = _st.hypergeom.pmf(support, total, events, n_a)
-    observed = _st.hypergeom.pmf(events_a, total, events, n_a)
+    pmf = hypergeom.pmf(support, total, events, n_a)
+    observed = hypergeom.pmf(events_a, total, events, n_a)
     return float(min(1.0, pmf[pmf <= observed * (1 + 1e-7)].sum()))
 
 
@@ -193,13 +202,16 @@ def paired_t_power(diff: float, sd: float, n: int, alpha: float) -> float:
     true mean is `diff`: P(|T| > t_{1 - alpha/2, n-1}) with T noncentral t, n - 1 degrees of freedom, noncentrality
     diff sqrt(n) / sd (exact, scipy's `nct`). nan for fewer than 2 pairs; with sd = 0, 1 for a nonzero diff and alpha
     for diff = 0 (a constant shift is always detected, as `paired_t` treats it)."""
+    from scipy.stats import nct
+    from scipy.stats import t as t_dist
+
     if n < 2:
         return math.nan
     if sd == 0:
         return 1.0 if diff != 0 else alpha
     df, nc = n - 1, abs(diff) * math.sqrt(n) / sd
-    crit = _st.t.ppf(1 - alpha / 2, df)
-    return float(_st.nct.sf(crit, df, nc) + _st.nct.sf(crit, df, -nc))  # upper and lower rejection regions
+    crit = t_dist.ppf(1 - alpha / 2, df)
+    return float(nct.sf(crit, df, nc) + nct.sf(crit, df, -nc))  # upper and lower rejection regions
 
 
 def minimal_detectable_difference(sd: float, n: int, alpha: float, power: float = POWER) -> float:
@@ -208,6 +220,8 @@ def minimal_detectable_difference(sd: float, n: int, alpha: float, power: float 
     family of m comparisons under Holm, pass alpha / m, the level Holm's first step tests at (a difference that must
     be found among nulls needs it; later steps are looser, so this bounds every comparison's MDD from above).
     nan for fewer than 2 pairs or a non-finite sd; 0 for sd = 0."""
+    from scipy.optimize import brentq
+
     if n < 2 or not math.isfinite(sd):
         return math.nan
     if sd == 0:
