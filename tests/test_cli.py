@@ -1,5 +1,7 @@
 """The `vespo` command and the kernel figure."""
 
+import contextlib
+import io
 import json
 import re
 import subprocess
@@ -162,7 +164,7 @@ def test_hparams_are_typed_by_the_methods_own_signature(argv, expected):
 
 
 # --- a command line that answers at once (issue 39 item 2): no heavy import before the config is valid
-_HEAVY = ("torch", "transformers", "datasets", "reasoning_gym", "trl", "matplotlib")
+_HEAVY = ("torch", "transformers", "datasets", "reasoning_gym", "trl", "vllm", "matplotlib", "scipy")
 _IMPORTS = """
 import json, sys
 from vespo.cli import main
@@ -174,12 +176,21 @@ except SystemExit as exc:
 with open(sys.argv[2], "w") as f:
     json.dump({"code": code, "heavy": [m for m in json.loads(sys.argv[3]) if m in sys.modules]}, f)
 """
+
+
+def _listed_commands() -> list[str]:
+    """The sub-commands `vespo --help` lists: each is checked below, so a new one is covered without editing this."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["--help"])
+    listing = out.getvalue().split("commands:\n", 1)[1].split("\n\n", 1)[0]
+    return [line.split()[0] for line in listing.splitlines()]
+
+
+_LISTED = _listed_commands()
 _ANSWERED_AT_ONCE = [  # (argv with {root}, exit code, what the one-line error names)
-    (["train", "--help"], 0, None),
-    (["sweep", "--help"], 0, None),
-    (["export", "--help"], 0, None),
-    (["bound", "--help"], 0, None),
-    (["kernels", "--help"], 0, None),
+    *(([name, "--help"], 0, None) for name in _LISTED),
+    *(([name, "--no-such-flag"], 2, "unknown flag --no-such-flag") for name in _LISTED),
     (["train", "--method", "vesop", "--run-dir", "{root}/run"], 2, "unknown method 'vesop'"),
     (["train", "--metod", "vespo"], 2, "unknown flag --metod; nearest: --method"),
     (["train", "--output-dirr", "{root}/run"], 2, "nearest: --output-dir"),
@@ -189,7 +200,17 @@ _ANSWERED_AT_ONCE = [  # (argv with {root}, exit code, what the one-line error n
     (["train", "--num-train-epochs", "3"], 2, "--total-training-steps"),
     (["sweep", "--methods", "vesop", "--out-dir", "{root}/sw"], 2, "unknown method 'vesop'"),
     (["sweep", "--mini-batch", "2"], 2, "nearest: --mini-batch-size"),
+    (["lab", "--methods", "vesop", "--out-dir", "{root}/sw"], 2, "methods: unknown ['vesop']"),
+    (["lab", "--lr", "-1", "--out-dir", "{root}/sw"], 2, "lr must be a finite number > 0, got -1.0"),
+    (["eval", "--model", "m", "--temperature", "0", "--out", "{root}/run"], 2, "--temperature must be"),
+    (["compare", "{root}/results.csv", "--alpha", "2"], 2, "--alpha must be in (0, 1), got 2.0"),
 ]
+
+
+def test_the_help_listing_is_read():
+    """`_LISTED`, which the test below runs, is read from `vespo --help`: the parse finds every command it shows
+    today (a new one adds itself)."""
+    assert set(_LISTED) >= {"train", "export", "sweep", "lab", "compare", "eval", "kernels", "bound"}
 
 
 @pytest.mark.parametrize(
