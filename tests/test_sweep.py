@@ -17,6 +17,7 @@ from vespo.experiments.sweep import (
     sweep,
     train_config,
 )
+from vespo.train.config import TrainConfig
 
 
 def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
@@ -337,3 +338,54 @@ def test_issue_40_variants_reach_their_cells_and_earlier_cells_keep_their_names(
     before = {k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY and k not in LATER_FIELDS}
     assert cell_key(tc) == settings_key(before)  # the hash a cell had before the fields existed
     assert cell_key(dataclasses.replace(tc, eval_top_p=0.7)) != cell_key(tc)
+
+
+def test_cell_configs_built_directly_equal_the_ones_parsed_from_flags():
+    """Issue 41: a cell's TrainConfig is built from its settings, no flags; every field (types included) and every
+    cell's name are what parsing its `vespo train` flags gave, for presets, hparams, tasks and typed `extra`."""
+    import dataclasses
+
+    from vespo.experiments.sweep import _train_config_argv, preset_config
+
+    extra = {"weight_decay": "0", "tensorboard": "False", "eval_top_p": "0.7", "rollout-logit-noise": "0.3",
+             "target_kl": "None", "sft_steps": "5"}  # fmt: skip
+    configs = [
+        SweepConfig(preset="paper", staleness=(1, 64), seeds=(0, 3)),
+        SweepConfig(preset="paper", staleness=(4,), seeds=(0,), lr=(3e-5, 1e-4), extra=extra),
+        SweepConfig(preset="paper-long", staleness=(4, 128), seeds=(0, 8)),
+        preset_config(
+            "paper-long",
+            staleness=(64,),
+            seeds=(0,),
+            num_operands=3,
+            ppo_mini_batch_size=2,
+            rollout_n=2,
+            extra={"loss_agg_mode": "seq-mean-token-mean", "max_response_length": "20"},
+        ),  # fmt: skip
+        SweepConfig(staleness=(1, 4, 64), seeds=(0,)),
+        SweepConfig(
+            methods=("vespo", "grpo", "vcpo", "vespo-unitpos", "topr-tokenmean"),
+            staleness=(1, 8),
+            seeds=(1,),
+            lr=(1e-4, 9e-4),
+            task=("arithmetic", "chain", "scratchpad"),
+            num_operands=5,
+            probes=2,
+            extra={
+                "eval_top_p": "0.7",
+                "target_kl": "0.02",
+                "kl_coef": "0.01",
+                "tensorboard": "True",
+                "num_completions_to_print": "3",
+                "wandb_project": "None",
+            },
+        ),  # fmt: skip
+        SweepConfig(preset="asymmetry", staleness=(2,), seeds=(0,), optimizer_steps=4),
+        SweepConfig(preset="step_controls", staleness=(2,), seeds=(0,), optimizer_steps=4),
+    ]
+    for cfg in configs:
+        for c in cells(cfg):
+            parsed, built = _train_config_argv(cfg, c), train_config(cfg, c)
+            for f in dataclasses.fields(TrainConfig):
+                a, b = getattr(parsed, f.name), getattr(built, f.name)
+                assert (repr(a), type(a)) == (repr(b), type(b)), (c.name, f.name)

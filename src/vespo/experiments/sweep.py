@@ -22,6 +22,8 @@ import subprocess
 import sys
 import threading
 import time
+import types
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +34,8 @@ import tyro
 
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.outputs import open_append, read_regular, write_atomic
-from vespo.train.config import TrainConfig, check_output_dir
+from vespo.train.config import FIELD_TYPES, TrainConfig, check_output_dir, conforms, describe_type
+from vespo.train.config import resolve as resolve_train_config
 from vespo.train.config_io import parse_args  # torch, scipy, matplotlib: imported where a grid runs or is drawn
 
 Variant = tuple[str, dict, dict]
@@ -43,8 +46,10 @@ NAMED: dict[str, Variant] = {
     "topr-tokenmean": ("topr", {}, {"loss_agg_mode": "token-mean"}),
     "vespo-unitpos": ("vespo", {"positive_weight": "one"}, {}),  # issue 29: VESPO with TOPR's weight 1 on A >= 0
     # VCPO as its scripts run it: its loss with sequence-level rollout IS at threshold 8, ESS step scaling and the
-    # off-policy optimal baseline (docs/losses.md); `vespo train --method vcpo` alone is the loss with GRPO advantages
-    "vcpo": ("vcpo", {"rollout_is_threshold": 8.0}, {"step_scale": "ess_sqrt", "adv_estimator": "opob"}),
+    # off-policy optimal baseline (docs/losses.md); `vespo train --method vcpo` alone is the loss with GRPO advantages.
+    # The threshold is text, as `--hparams rollout_is_threshold 8.0` gives it (a correction option keeps its text:
+    # veRL's "lower_upper" form), so the cells run with the command line keep their names (`cell_key`)
+    "vcpo": ("vcpo", {"rollout_is_threshold": "8.0"}, {"step_scale": "ess_sqrt", "adv_estimator": "opob"}),
 }
 """Variants selectable by name in `methods` besides the registered methods."""
 # preset -> {variant name: (method, hparams, settings)}; the default preset is filled from `methods`
@@ -457,9 +462,79 @@ def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
     return argv
 
 
-def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
-    """The resolved TrainConfig a cell runs with (parsed from the same flags its subprocess gets)."""
+def _train_config_argv(cfg: SweepConfig, cell: Cell) -> TrainConfig:
     return parse_args(cell_flags(cfg, cell))
+
+
+def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
+    """The resolved TrainConfig a cell runs with: fixed mini-batch and optimizer steps, N mini-batches per rollout
+    step; then the preset's regime, the variant's settings and the user's `extra`, each over the ones before."""
+    cfg = resolve(cfg)
+    rollout_steps = _optimizer_steps(cfg, cell.n) // cell.n
+    fields = {
+        "method": cell.method,
+        "hparams": dict(cell.hparams),
+        "seed": cell.seed,
+        "ppo_mini_batch_size": cfg.ppo_mini_batch_size,
+        "train_batch_size": cfg.ppo_mini_batch_size * cell.n,
+        "rollout_n": cfg.rollout_n,
+        "total_training_steps": rollout_steps,
+        "lr": cell.lr,
+        "task": cell.task,
+        "eval_every": max(1, rollout_steps // cfg.eval_points),
+        "eval_size": cfg.eval_size,
+        "eval_n": cfg.eval_n,
+        "save_every": max(1, rollout_steps // 8),
+        "probe_every": max(1, rollout_steps // cfg.probes) if cfg.probes else 0,
+        "num_threads": 1,
+        "run_dir": str(Path(cfg.out_dir) / "cells" / cell.name),
+        "cache_dir": cfg.cache_dir,
+        "progress": False,
+    }
+    if cell.task == "chain":
+        from vespo.embedded.task import chain_response_tokens  # imports torch
+
+        fields |= {"num_operands": cfg.num_operands, "max_response_length": chain_response_tokens(cfg.num_operands)}
+    if cell.task == "scratchpad":
+        from vespo.embedded.task import scratchpad_response_tokens
+
+        longest = scratchpad_response_tokens(cfg.num_operands, 9)
+        fields |= {"num_operands": cfg.num_operands, "max_response_length": longest + 4}  # room to run over
+    train = PRESET_REGIMES[cfg.preset][1] if cfg.preset in PRESET_REGIMES else {}
+    for settings in (train, cell.settings, typed_extra(cfg.extra)):  # the preset's regime, the variant's, `extra`
+        fields |= settings
+    return resolve_train_config(TrainConfig(**fields))
+
+
+def typed_extra(extra: dict[str, object]) -> dict[str, object]:
+    """`extra` as TrainConfig fields (hyphens read as underscores) with values of the field's type, as `vespo train`'s
+    command line reads text: "None" is None where None is accepted, "True"/"False" a bool, a number where one is; a
+    value that is not text (an API caller's) is kept. A value that fits no type of its field is a one-line
+    ValueError."""
+    typed = {}
+    for key, value in extra.items():
+        name = key.replace("-", "_")
+        hint = FIELD_TYPES[name]
+        if isinstance(value, str):
+            value = _from_text(value, hint)
+        if not conforms(value, hint):
+            raise ValueError(f"extra: {key} must be {describe_type(hint)}, got {value!r}")
+        typed[name] = value
+    return typed
+
+
+def _from_text(text: str, hint: object) -> object:
+    """`text` as the first type of `hint` it reads as (None, bool, int, float), else the text itself."""
+    kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for kind in kinds:
+        if kind is type(None) and text == "None":
+            return None
+        if kind is bool and text in ("True", "False"):
+            return text == "True"
+        if kind in (int, float):
+            with contextlib.suppress(ValueError):
+                return kind(text)
+    return text
 
 
 def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
