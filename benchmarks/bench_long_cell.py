@@ -3,7 +3,7 @@
 One command: `python benchmarks/bench_long_cell.py [--before REV] [--repeats 3] [--staleness 64]`. Runs the first
 rollout step of the `vespo sweep --preset paper-long` cell (VESPO, seed 0: the 41-step chain, 128-token responses,
 8 prompts x 8 responses per mini-batch, N mini-batches: generation of 64 N sequences, then N optimizer steps), as the
-sweep runs it (a fresh `vespo train` process on one torch thread, the preset's flags from `sweep.cell_flags`, with
+sweep runs it (a fresh `vespo train` process on one torch thread, the preset's config from `sweep.train_config`, with
 evaluation, checkpoints and the gradient probe off), with the code at REV and with this checkout, alternating, and
 reports each arm's wall time and the phases the loop logs (generation, update). A full cell is 8 such rollout steps
 plus 5 evaluations and process start. The warm start is the preset's, shared by both arms (built first if missing:
@@ -15,6 +15,7 @@ start in DIR, one repeat (CI).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -27,26 +28,26 @@ from pathlib import Path
 
 from bench_workbench_speed import _checkout
 
-from vespo.experiments.sweep import cell_flags, cells, preset_config, resolve
+from vespo.experiments.sweep import cells, preset_config, resolve, train_config
+from vespo.train.config_io import to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 
 
 def _flags(staleness: int, cache: Path, smoke: bool) -> list[str]:
-    """The preset cell's `vespo train` flags, cut to one rollout step with nothing but generation and the update."""
+    """The preset cell's `vespo train` flags (its config, in a temporary file), cut to one rollout step with nothing
+    but generation and the update."""
     fields = {"num_operands": 3, "ppo_mini_batch_size": 2, "rollout_n": 2} if smoke else {}
     cfg = resolve(preset_config("paper-long", variants=("vespo",), staleness=(staleness,), seeds=(0,),
                                 cache_dir=str(cache), out_dir=str(cache / "unused"), **fields))  # fmt: skip
-    argv = cell_flags(cfg, cells(cfg)[0])
-    cut = {"--total-training-steps": "1", "--eval-every": "0", "--probe-every": "0", "--save-every": "1000"}
+    cut = {"total_training_steps": 1, "eval_every": 0, "probe_every": 0, "save_every": 1000}
     if smoke:
-        cut["--sft-steps"] = "2"
-    for flag, value in cut.items():
-        argv[argv.index(flag) + 1] = value
-    i = argv.index("--run-dir")
-    del argv[i : i + 2]
-    return argv
+        cut["sft_steps"] = 2
+    fd, path = tempfile.mkstemp(prefix="long_cell.", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(to_yaml(dataclasses.replace(train_config(cfg, cells(cfg)[0]), run_dir=None, **cut)))
+    return ["--config", path]
 
 
 def _run(src: Path, argv: list[str], run_dir: Path) -> dict:

@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -340,52 +341,87 @@ def test_issue_40_variants_reach_their_cells_and_earlier_cells_keep_their_names(
     assert cell_key(dataclasses.replace(tc, eval_top_p=0.7)) != cell_key(tc)
 
 
-def test_cell_configs_built_directly_equal_the_ones_parsed_from_flags():
-    """Issue 41: a cell's TrainConfig is built from its settings, no flags; every field (types included) and every
-    cell's name are what parsing its `vespo train` flags gave, for presets, hparams, tasks and typed `extra`."""
+def test_cell_configs_are_built_from_the_settings_with_typed_extra():
+    """Issue 41: a cell's TrainConfig is built from its settings, no flags parsed. Checked field by field against the
+    flag-parsed configs before that path went (presets, hparams, tasks, typed `extra`: every field and type equal);
+    pinned here by hand: rollout steps = max(optimizer_steps, min_rollout_steps x N) / N, evaluations, checkpoints and
+    probes at equal strides of them, and the cell keys the flag-parsed configs had (finished cells are reused)."""
     import dataclasses
 
-    from vespo.experiments.sweep import _train_config_argv, preset_config
+    from vespo.experiments.sweep import preset_config
 
-    extra = {"weight_decay": "0", "tensorboard": "False", "eval_top_p": "0.7", "rollout-logit-noise": "0.3",
-             "target_kl": "None", "sft_steps": "5"}  # fmt: skip
-    configs = [
-        SweepConfig(preset="paper", staleness=(1, 64), seeds=(0, 3)),
-        SweepConfig(preset="paper", staleness=(4,), seeds=(0,), lr=(3e-5, 1e-4), extra=extra),
-        SweepConfig(preset="paper-long", staleness=(4, 128), seeds=(0, 8)),
-        preset_config(
-            "paper-long",
-            staleness=(64,),
-            seeds=(0,),
-            num_operands=3,
-            ppo_mini_batch_size=2,
-            rollout_n=2,
-            extra={"loss_agg_mode": "seq-mean-token-mean", "max_response_length": "20"},
-        ),  # fmt: skip
-        SweepConfig(staleness=(1, 4, 64), seeds=(0,)),
-        SweepConfig(
-            methods=("vespo", "grpo", "vcpo", "vespo-unitpos", "topr-tokenmean"),
-            staleness=(1, 8),
-            seeds=(1,),
-            lr=(1e-4, 9e-4),
-            task=("arithmetic", "chain", "scratchpad"),
-            num_operands=5,
-            probes=2,
-            extra={
-                "eval_top_p": "0.7",
-                "target_kl": "0.02",
-                "kl_coef": "0.01",
-                "tensorboard": "True",
-                "num_completions_to_print": "3",
-                "wandb_project": "None",
-            },
-        ),  # fmt: skip
-        SweepConfig(preset="asymmetry", staleness=(2,), seeds=(0,), optimizer_steps=4),
-        SweepConfig(preset="step_controls", staleness=(2,), seeds=(0,), optimizer_steps=4),
-    ]
-    for cfg in configs:
-        for c in cells(cfg):
-            parsed, built = _train_config_argv(cfg, c), train_config(cfg, c)
-            for f in dataclasses.fields(TrainConfig):
-                a, b = getattr(parsed, f.name), getattr(built, f.name)
-                assert (repr(a), type(a)) == (repr(b), type(b)), (c.name, f.name)
+    def changed(cfg):  # (cell name, the fields that differ from TrainConfig's defaults)
+        (c,) = cells(cfg)
+        tc = train_config(cfg, c)
+        return c.name, {k: v for k, v in dataclasses.asdict(tc).items() if v != getattr(TrainConfig(), k)}
+
+    common = {"reward_fn": "vespo.rewards:math_reward", "eval_size": 500, "eval_n": 2, "num_threads": 1,
+              "progress": False}  # fmt: skip
+    # paper-long, N = 64: max(64, 8 x 64) / 64 = 8 rollout steps of 8 x 64 prompts; 4 evaluations and probes
+    name, fields = changed(preset_config("paper-long", out_dir="sw", variants=("vespo",), staleness=(64,), seeds=(0,)))
+    assert name == "vespo/N64/seed0/97794d43d7e7"
+    assert fields == common | {
+        "train_batch_size": 512, "ppo_mini_batch_size": 8, "total_training_steps": 8, "lr": 1e-4,
+        "weight_decay": 0.01, "betas": (0.9, 0.999), "probe_every": 2, "eval_every": 2, "save_every": 1,
+        "task": "chain", "num_operands": 41, "max_response_length": 3 * 41 + 5, "sft_steps": 4000, "sft_lr": 1e-3,
+        "run_dir": f"sw/cells/{name}",
+    }  # fmt: skip
+    # paper's vcpo, N = 4: max(32, 8 x 4) / 4 = 8 rollout steps; `extra` text typed by its field (weight_decay 0.0)
+    extra = {"weight_decay": "0", "target_kl": "0.02", "tensorboard": "False", "eval-top-p": "None"}
+    cfg = preset_config("paper", out_dir="sw", variants=("vcpo",), staleness=(4,), seeds=(2,), extra=extra)
+    name, fields = changed(cfg)
+    assert name == "vcpo/N4/seed2/c4f6eb35c90d"
+    assert fields == common | {
+        "method": "vcpo", "hparams": {"rollout_is_threshold": "8.0"}, "adv_estimator": "opob",
+        "step_scale": "ess_sqrt", "train_batch_size": 32, "ppo_mini_batch_size": 8, "total_training_steps": 8,
+        "lr": 1e-4, "betas": (0.9, 0.999), "target_kl": 0.02, "tensorboard": False, "probe_every": 2,
+        "eval_every": 2, "save_every": 1, "task": "scratchpad", "num_operands": 4, "seed": 2,
+        "run_dir": f"sw/cells/{name}",
+    }  # fmt: skip
+    # no preset, N = 8: 192 / 8 = 24 rollout steps, evaluations every 24 / 4, checkpoints every 24 / 8
+    name, fields = changed(SweepConfig(methods=("topr-tokenmean",), out_dir="sw", staleness=(8,), seeds=(1,)))
+    assert name == "topr-tokenmean/N8/seed1/cd173bb8dbd5"
+    assert fields == common | {
+        "method": "topr", "loss_agg_mode": "token-mean", "train_batch_size": 32, "ppo_mini_batch_size": 4,
+        "total_training_steps": 24, "seed": 1, "save_every": 3, "eval_every": 6, "eval_n": 4,
+        "run_dir": f"sw/cells/{name}",
+    }  # fmt: skip
+    for key, text, accepted in (("eval_every", "x", "an integer"), ("tensorboard", "yes", "true or false"),
+                                ("step_scale", "half", "one of")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"extra: {key} must be {accepted}.*got '{text}'"):
+            cells(SweepConfig(methods=("vespo",), staleness=(1,), seeds=(0,), extra={key: text}))
+
+
+def test_a_cell_runs_from_its_config_file(tmp_path, monkeypatch):
+    """A cell's `vespo train` process reads the cell's config file beside its run dir (which says how to run it by
+    hand): the same TrainConfig, `--resume` added once a checkpoint exists."""
+    import subprocess
+    import sys
+
+    from vespo.experiments.sweep import run_cell
+    from vespo.train.config_io import parse_args
+    from vespo.train.runs import CHECKPOINT
+
+    started = []
+
+    class Exits1:
+        def __init__(self, argv, **kwargs):
+            started.append(argv)
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(subprocess, "Popen", Exits1)
+    cfg = SweepConfig(out_dir=str(tmp_path / "sw"), methods=("grpo",), staleness=(2,), seeds=(0,), optimizer_steps=4,
+                      extra={"tensorboard": "False"})  # fmt: skip
+    (cell,) = cells(cfg)
+    tc = train_config(cfg, cell)
+    path = tmp_path / "sw" / "cells" / "grpo" / "N2" / "seed0" / f"{cell.key}.yaml"
+    for resume in ([], ["--resume"]):
+        with pytest.raises(RuntimeError, match="failed \\(exit 1\\)"):
+            run_cell(cfg, cell)
+        assert started.pop() == [sys.executable, "-m", "vespo", "train", "--config", str(path), *resume]
+        assert parse_args(["--config", str(path)]) == tc
+        (Path(tc.run_dir) / CHECKPOINT).parent.mkdir(parents=True, exist_ok=True)
+        (Path(tc.run_dir) / CHECKPOINT).write_bytes(b"")
+    assert path.read_text().splitlines()[1] == f"#   vespo train --config {path}"

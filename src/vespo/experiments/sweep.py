@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, se
 from vespo.outputs import open_append, read_regular, write_atomic
 from vespo.train.config import FIELD_TYPES, TrainConfig, check_output_dir, conforms, describe_type
 from vespo.train.config import resolve as resolve_train_config
-from vespo.train.config_io import parse_args  # torch, scipy, matplotlib: imported where a grid runs or is drawn
+from vespo.train.config_io import to_yaml  # torch, scipy, matplotlib: imported where a grid runs or is drawn
 
 Variant = tuple[str, dict, dict]
 """(method, hparams, other `vespo train` settings): one row of a table."""
@@ -149,7 +150,7 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
     ),
 }
 """Presets that set the training regime as well as the variants: preset -> (SweepConfig fields it sets where the user
-left them at their defaults, `resolve`; `vespo train` settings of every cell, `cell_flags`)."""
+left them at their defaults, `resolve`; `vespo train` settings of every cell, `train_config`)."""
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ class Cell:
 
 def resolve(cfg: SweepConfig) -> SweepConfig:
     """The config a sweep runs with: a preset's regime (`PRESET_REGIMES`) fills every field left at SweepConfig's
-    default (its `vespo train` settings reach every cell in `cell_flags`, below `extra`). Applied once
+    default (its `vespo train` settings reach every cell in `train_config`, below `extra`). Applied once
     (`regime_applied`); configs without a regime come back as they are. To set a field to SweepConfig's default value
     under a preset, use `preset_config` (the command line does)."""
     if cfg.preset not in PRESET_REGIMES or cfg.regime_applied:
@@ -415,57 +416,6 @@ def _optimizer_steps(cfg: SweepConfig, n: int) -> int:
     return max(cfg.optimizer_steps, cfg.min_rollout_steps * n)
 
 
-def cell_flags(cfg: SweepConfig, cell: Cell) -> list[str]:
-    """`vespo train` flags of one cell: fixed mini-batch and optimizer steps, N mini-batches per rollout step."""
-    cfg = resolve(cfg)
-    rollout_steps = _optimizer_steps(cfg, cell.n) // cell.n
-    flags = {
-        "method": cell.method,
-        "seed": cell.seed,
-        "ppo-mini-batch-size": cfg.ppo_mini_batch_size,
-        "train-batch-size": cfg.ppo_mini_batch_size * cell.n,
-        "rollout-n": cfg.rollout_n,
-        "total-training-steps": rollout_steps,
-        "lr": cell.lr,
-        "task": cell.task,
-        "eval-every": max(1, rollout_steps // cfg.eval_points),
-        "eval-size": cfg.eval_size,
-        "eval-n": cfg.eval_n,
-        "save-every": max(1, rollout_steps // 8),
-        "probe-every": max(1, rollout_steps // cfg.probes) if cfg.probes else 0,
-        "num-threads": 1,
-        "run-dir": Path(cfg.out_dir) / "cells" / cell.name,
-        "cache-dir": cfg.cache_dir,
-    }
-    if cell.task == "chain":
-        from vespo.embedded.task import chain_response_tokens  # imports torch
-
-        flags |= {"num-operands": cfg.num_operands, "max-response-length": chain_response_tokens(cfg.num_operands)}
-    if cell.task == "scratchpad":
-        from vespo.embedded.task import scratchpad_response_tokens
-
-        longest = scratchpad_response_tokens(cfg.num_operands, 9)
-        flags |= {"num-operands": cfg.num_operands, "max-response-length": longest + 4}  # room to run over
-    train = PRESET_REGIMES[cfg.preset][1] if cfg.preset in PRESET_REGIMES else {}
-    for settings in (train, cell.settings, cfg.extra):  # the preset's regime, the variant's, then the user's `extra`
-        flags |= {k.replace("_", "-"): v for k, v in settings.items()}
-    argv = ["--no-progress"]
-    for key, value in flags.items():
-        if str(value) in ("True", "False"):  # tyro booleans are --flag / --no-flag
-            argv.append(f"--{key}" if str(value) == "True" else f"--no-{key}")
-        elif isinstance(value, tuple | list):  # a tuple field, e.g. betas: one value per argument
-            argv += [f"--{key}", *(str(x) for x in value)]
-        else:
-            argv += [f"--{key}", str(value)]
-    if cell.hparams:
-        argv += ["--hparams", *(str(x) for kv in cell.hparams.items() for x in kv)]
-    return argv
-
-
-def _train_config_argv(cfg: SweepConfig, cell: Cell) -> TrainConfig:
-    return parse_args(cell_flags(cfg, cell))
-
-
 def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
     """The resolved TrainConfig a cell runs with: fixed mini-batch and optimizer steps, N mini-batches per rollout
     step; then the preset's regime, the variant's settings and the user's `extra`, each over the ones before."""
@@ -501,12 +451,12 @@ def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
         longest = scratchpad_response_tokens(cfg.num_operands, 9)
         fields |= {"num_operands": cfg.num_operands, "max_response_length": longest + 4}  # room to run over
     train = PRESET_REGIMES[cfg.preset][1] if cfg.preset in PRESET_REGIMES else {}
-    for settings in (train, cell.settings, typed_extra(cfg.extra)):  # the preset's regime, the variant's, `extra`
+    for settings in (train, cell.settings, _typed_extra(cfg.extra)):  # the preset's regime, the variant's, `extra`
         fields |= settings
     return resolve_train_config(TrainConfig(**fields))
 
 
-def typed_extra(extra: dict[str, object]) -> dict[str, object]:
+def _typed_extra(extra: dict[str, object]) -> dict[str, object]:
     """`extra` as TrainConfig fields (hyphens read as underscores) with values of the field's type, as `vespo train`'s
     command line reads text: "None" is None where None is accepted, "True"/"False" a bool, a number where one is; a
     value that is not text (an API caller's) is kept. A value that fits no type of its field is a one-line
@@ -537,10 +487,24 @@ def _from_text(text: str, hint: object) -> object:
     return text
 
 
+def write_cell_config(tc: TrainConfig) -> list[str]:
+    """Write a cell's config beside its run dir (`<key>.yaml`, headed by the command that runs it by hand) and return
+    the command the sweep runs it with: `vespo train --config <key>.yaml` in a process of its own."""
+    run_dir = Path(tc.run_dir)
+    path = run_dir.parent / f"{run_dir.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    where = "" if path.is_absolute() else " from the directory the sweep ran in"
+    header = (f"# a `vespo sweep` cell; run it{where} (--resume: continue its checkpoint) with\n"
+              f"#   vespo train --config {shlex.quote(str(path))}\n")  # fmt: skip
+    write_atomic(path, header + to_yaml(tc))
+    return [sys.executable, "-m", "vespo", "train", "--config", str(path)]
+
+
 def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
-    """Run one cell in a subprocess (resuming a half-finished one); returns its summary (also saved as summary.json).
-    Nothing is deleted: the cell's run dir is its own (named by `cell_key`). A finished cell whose summary.json is
-    damaged (a crash of an older vespo that wrote it in place) is summarised again from its metrics, saying so."""
+    """Run one cell in a `vespo train` process on its config file (`write_cell_config`), resuming a half-finished one;
+    returns its summary (also saved as summary.json). Nothing is deleted: the cell's run dir is its own (named by
+    `cell_key`). A finished cell whose summary.json is damaged (a crash of an older vespo that wrote it in place) is
+    summarised again from its metrics, saying so."""
     from vespo.train.runs import CHECKPOINT, read_metrics
 
     tc = train_config(cfg, cell)
@@ -562,12 +526,11 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
               file=sys.stderr)  # fmt: skip
         done.unlink()
     resume = (run_dir / CHECKPOINT).is_file()  # else a fresh run; one killed before its checkpoint is started over
+    argv = write_cell_config(tc)
     log = run_dir.parent / f"{run_dir.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open_append(log) as f:
-        argv = [sys.executable, "-m", "vespo", "train", *cell_flags(cfg, cell), *(["--resume"] if resume else [])]
-        returncode = _CELLS.run(argv, stdout=f, stderr=subprocess.STDOUT)
+        returncode = _CELLS.run([*argv, *(["--resume"] if resume else [])], stdout=f, stderr=subprocess.STDOUT)
     if returncode is None:  # the sweep is stopping: the cell was never started, or stopped
         return {}
     if returncode != 0:

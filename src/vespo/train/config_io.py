@@ -9,7 +9,6 @@ import dataclasses
 import fnmatch
 import re
 import sys
-import threading
 import typing
 from pathlib import Path
 
@@ -27,7 +26,6 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 
 _YAML_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # PyYAML reads `1e-3` (no dot) as a string
-_TYRO_LOCK = threading.Lock()
 _YAML_MAX_BYTES = 1 << 20  # a config is a few KB; a larger file (or /dev/zero) is refused before parsing
 
 
@@ -338,9 +336,8 @@ def parse_args(argv: list[str]) -> TrainConfig:
         del argv[i : i + 2]
     argv, trl = _take_trl_flags(argv)
     try:
-        with _TYRO_LOCK:  # tyro's parser cache is not thread-safe (a sweep builds its cells' configs in threads)
-            cfg = parse_flags(TrainConfig, argv, default=defaults, prog="vespo train", description=_DESCRIPTION,
-                              also=_READ_HERE)  # fmt: skip
+        cfg = parse_flags(TrainConfig, argv, default=defaults, prog="vespo train", description=_DESCRIPTION,
+                          also=_READ_HERE)  # fmt: skip
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
     given = yaml_keys | {_field_of(a) for a in argv if a.startswith("--")}
