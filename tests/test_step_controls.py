@@ -93,3 +93,23 @@ def test_controls_are_validated_before_compute():
     with pytest.raises(ConfigError, match="target_kl"):
         resolve(TrainConfig(target_kl=0.0))
     assert resolve(TrainConfig(method="vespo_selfnorm", step_scale="mean_phi", target_kl=0.05)).target_kl == 0.05
+
+
+def test_one_clip_and_one_step_for_the_trainer_and_the_lab():
+    """Issue 41: the lab clips and steps with the learner's functions. A gradient (3, 4) has norm 5: grad_clip 1
+    scales it to (0.6, 0.8), grad_clip 0 (the lab's "off") leaves it; both return 5. SGD at lr 1 then moves the weights
+    by that gradient, and step_scale "mean_phi" with mean phi 0.25 by a quarter of it: (-0.75, -1), norm 1.25."""
+    from vespo.train.learner import clip_gradient, optimizer_step
+
+    for max_norm, after in ((1.0, [0.6, 0.8]), (0.0, [3.0, 4.0])):
+        theta = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        theta.grad = torch.tensor([3.0, 4.0], dtype=torch.float64)
+        assert float(clip_gradient([theta], max_norm)) == pytest.approx(5.0)
+        assert theta.grad.tolist() == pytest.approx(after)
+    opt = torch.optim.SGD([theta], lr=1.0)
+    mask = torch.ones(1, 1, dtype=torch.float64)
+    inputs = ({"vespo/Z": torch.tensor(0.25, dtype=torch.float64)}, mask, mask, None, mask)
+    out = optimizer_step(opt, [theta], True, step_scale="mean_phi", log_update_norm=True, scaler=None,
+                         scheduler=None, step_inputs=inputs)  # fmt: skip
+    assert theta.tolist() == pytest.approx([-0.75, -1.0]) and float(out["actor/step_scale"]) == 0.25
+    assert float(out["actor/update_norm"]) == pytest.approx(1.25)

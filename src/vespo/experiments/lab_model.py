@@ -40,7 +40,7 @@ from vespo.experiments.lab_config import ChainSpec
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
 from vespo.losses.core import seq_log_ratio, top_share
-from vespo.step_control import sampler_log_w, scale_step, step_scale
+from vespo.train.learner import clip_gradient, optimizer_step
 
 Tensor = torch.Tensor
 EOS = 0
@@ -258,7 +258,8 @@ LAB_STEP_METRICS = (
 
 
 def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) -> dict[str, Tensor]:
-    """One optimizer step of a lab cell (either preset) on mini-batch k of N through `compute_policy_loss`, and what
+    """One optimizer step of a lab cell (either preset) on mini-batch k of N through `compute_policy_loss`, clipped
+    and taken by the learner's functions (`clip_gradient`, `optimizer_step`; grad_clip 0: unclipped), and what
     explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu (exact: no per-token guard), the gradient
     norm before and after clipping, the update's size and the size of its current-gradient part u_g
     (`diagnostics.momentum_parts`), the top-1% share of the per-sequence score coefficient |sum_t dL/dlog pi_t|
@@ -269,7 +270,7 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     and the momentum share of the step (`vespo.diagnostics`).
 
     Controls (Z = the mini-batch's mean phi capped at 1, VESPO family): `cfg.step_scale` moves the weights by s x
-    Adam's step as the trainer does (`vespo.step_control`: s = Z, or VCPO's sqrt ESS);
+    Adam's step in the trainer's `optimizer_step` (`vespo.step_control`: s = Z, or VCPO's sqrt ESS);
     `cfg.momentum_scale="mean_phi"` multiplies Adam's first moment by Z before the step, so a mini-batch whose phi
     has collapsed also silences the momentum the fresh mini-batches left (the echo), not only its own gradient."""
     lp.retain_grad()
@@ -287,25 +288,19 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     )
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-    z = metrics["vespo/Z"].clamp(max=1.0) if "vespo/Z" in metrics else None  # mean phi of this mini-batch
+    grad_norm = clip_gradient(params, cfg.grad_clip)  # before clipping
     if getattr(cfg, "momentum_scale", "none") == "mean_phi":  # damp the echo: m <- Z m before the step
+        z = metrics[diagnostics.MEAN_PHI].clamp(max=1.0)  # mean phi of this mini-batch
         with torch.no_grad():
             for p in params:
                 if "exp_avg" in opt.state.get(p, {}):
                     opt.state[p]["exp_avg"].mul_(z)
     momentum_share = diagnostics.momentum_share(opt)  # the state before the step, the clipped gradient
     u_g, _ = diagnostics.momentum_parts(opt)
-    before = [p.detach().clone() for p in params]
-    opt.step()
-    kind = getattr(cfg, "step_scale", "none")
-    if kind != "none":  # theta <- theta_old + s (theta_adam - theta_old)
-        log_w = sampler_log_w(lp.detach(), old_lp, rollout_lp, mask)
-        scale_step(
-            params, before, step_scale(kind, mean_phi=z, log_w=log_w, valid=mask.sum(-1) > 0)["actor/step_scale"]
-        )
+    # the learner's step, scaled by the step control; always taken (a non-finite cell shows in its summary)
+    inputs = (metrics, lp.detach(), old_lp, rollout_lp, mask)
+    step = optimizer_step(opt, params, True, step_scale=getattr(cfg, "step_scale", "none"), log_update_norm=True,
+                          scaler=None, scheduler=None, step_inputs=inputs)  # fmt: skip
     with torch.no_grad():
         log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,) exact
         guarded = seq_log_ratio(lp.detach(), old_lp, mask)  # (M,) the losses' log W (tokens clamped at +-20)
@@ -316,13 +311,12 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
             if "vespo/phi_sq_mean" in metrics
             else torch.tensor(math.nan)
         )
-        update = torch.stack([(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]).norm()
         return {
             "log_w_mean": log_w.mean(),
             "log_w_min": log_w.min(),
             "ess": torch.nan_to_num(effective_sample_size(guarded, mask.sum(-1) > 0), nan=0.0),  # = the losses' is/ess
             "grad_norm": grad_norm,
-            "update_norm": update,
+            "update_norm": step["actor/update_norm"],
             "top1_share": top_share(coef.log()),  # log 0 = -inf: no share
             "bound_holds": bound,
             "grad_clipped": diagnostics.clip_bound(grad_norm, cfg.grad_clip),

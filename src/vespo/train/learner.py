@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 
-from vespo import diagnostics
+from vespo import diagnostics, step_control
 from vespo.advantages import opob_advantages
 from vespo.aggregation import agg_loss
 from vespo.losses import (
@@ -30,7 +30,7 @@ from vespo.losses import (
 )
 from vespo.losses.core import row_sum, seq_log_ratio, token_log_ratio, top_share
 from vespo.rollout import Rollout, response_log_probs
-from vespo.step_control import sampler_log_w, scale_step, step_scale
+from vespo.step_control import sampler_log_w, scale_step
 
 Tensor = torch.Tensor
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
@@ -335,13 +335,13 @@ def ppo_update(
             sums |= _gradient_probe(model, params, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, ctx)
         if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
             optimizer.zero_grad(set_to_none=True)
-            history.append({key: v.detach() for key, v in sums.items()} | {"actor/kl_stopped": torch.tensor(1.0)})
+            history.append({key: v.detach() for key, v in sums.items()})
             break
         # 4. the optimizer step (scaled by a step control)
         rollout_rows = None if rollout_log_prob is None else rollout_log_prob[rows]
-        sums |= optimizer_step(optimizer, params, s, finite, scaler=scaler, scheduler=scheduler,
-                               step_inputs=(sums, mini_lp, old_log_prob[rows], rollout_rows,
-                                            rollout.response_mask[rows]))  # fmt: skip
+        inputs = (sums, mini_lp, old_log_prob[rows], rollout_rows, rollout.response_mask[rows])
+        sums |= optimizer_step(optimizer, params, finite, step_scale=s.step_scale, log_update_norm=s.log_update_norm,
+                               scaler=scaler, scheduler=scheduler, step_inputs=inputs)  # fmt: skip
         history.append({key: v.detach() for key, v in sums.items()})
     return history
 
@@ -418,12 +418,13 @@ def mini_batch_diagnostics(
     (`vespo.diagnostics`, the lab's definitions): `actor/grad_norm` (before clipping), `actor/grad_clipped` (1 when
     grad_clip cut the step; its mean over a rollout step is the clip fraction), `is/top1pct_w_share`, `is/kl_mu_pi`
     (k3 KL(mu || pi) per token, also target_kl's estimate), `is/log_w_std` (std of sequence log W over sequences),
-    `actor/nonfinite_grad` and `actor/momentum_share` (share of the coming step from the current gradient, from the
-    optimizer state before the step; nan for a skipped non-finite step). Returns (finite gradient, target_kl stop):
+    `actor/nonfinite_grad`, `actor/momentum_share` (share of the coming step from the current gradient, from the
+    optimizer state before the step; nan for a skipped non-finite step) and, with target_kl, `actor/kl_stopped` (1
+    where the KL stops the update). Returns (finite gradient, target_kl stop):
     the one host sync per optimizer step (a NaN step would poison the weights)."""
     if scaler is not None:
         scaler.unscale_(optimizer)  # clip and log the true gradient
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)  # before clipping
+    grad_norm = clip_gradient(params, s.grad_clip)  # before clipping
     sums["actor/grad_norm"] = grad_norm
     sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
     sums["actor/grad_clipped"] = diagnostics.clip_bound(grad_norm, s.grad_clip)  # mean: the clip fraction
@@ -436,29 +437,38 @@ def mini_batch_diagnostics(
     sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
     sums["actor/momentum_share"] = diagnostics.momentum_share(optimizer) if finite else grad_norm.new_tensor(math.nan)
     if s.target_kl is not None:
-        sums["actor/target_kl_k3"] = kl
+        sums["actor/target_kl_k3"], sums["actor/kl_stopped"] = kl, torch.tensor(float(stop))
     if scaler is not None and (stop or not finite):
         scaler.update()  # an overflow lowers the loss scale; the step itself is skipped
     return finite, stop
 
 
+def clip_gradient(params: list[Tensor], max_norm: float) -> Tensor:
+    """Clip the accumulated gradient to global norm `max_norm` (0: left as it is, the lab's option; the trainer's
+    grad_clip is > 0); returns its norm before clipping."""
+    if max_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
+
 def optimizer_step(
     optimizer: torch.optim.Optimizer,
     params: list[Tensor],
-    s: UpdateSettings,
     finite: bool,
     *,
+    step_scale: str,
+    log_update_norm: bool,
     scaler: torch.amp.GradScaler | None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     step_inputs: tuple,
 ) -> dict[str, Tensor]:
     """The optimizer's step on the clipped gradient (skipped when not `finite`, as veRL does), the scheduler's, then
-    `settings.step_scale` moves the weights by s x that step (`vespo.step_control`; `actor/step_scale`, and
+    the control `step_scale` moves the weights by s x that step (`vespo.step_control`; `actor/step_scale`, and
     `actor/step_ess` for VCPO's rule; `step_inputs` = the mini-batch's metrics so far, log pi, mu, the sampler's
     log-probs and mask). `actor/update_norm` (with `log_update_norm`): how far the weights actually moved (Adam can
-    undo a gradient that phi shrank)."""
+    undo a gradient that phi shrank). The one step of the trainer's loops and of the lab (`lab_model.lab_step`)."""
     out: dict[str, Tensor] = {}
-    keep = s.log_update_norm or s.step_scale != "none"
+    keep = log_update_norm or step_scale != "none"
     before = [p.detach().clone() for p in params] if keep else None
     if finite:
         if scaler is None:
@@ -468,18 +478,17 @@ def optimizer_step(
             scaler.update()
         if scheduler is not None:
             scheduler.step()
-    if s.step_scale != "none" and finite:  # theta <- theta_old + s * (theta_opt - theta_old), s <= 1
+    if step_scale != "none" and finite:  # theta <- theta_old + s * (theta_opt - theta_old), s <= 1
         sums, mini_lp, mini_old, rollout_rows, mini_mask = step_inputs
-        out |= step_scale(s.step_scale, mean_phi=sums.get(diagnostics.MEAN_PHI),
-                          log_w=sampler_log_w(mini_lp, mini_old, rollout_rows, mini_mask.to(mini_lp.dtype)),
-                          valid=mini_mask.sum(-1) > 0)  # fmt: skip
+        out |= step_control.step_scale(step_scale, mean_phi=sums.get(diagnostics.MEAN_PHI),
+                                       log_w=sampler_log_w(mini_lp, mini_old, rollout_rows,
+                                                           mini_mask.to(mini_lp.dtype)),
+                                       valid=mini_mask.sum(-1) > 0)  # fmt: skip
         scale_step(params, before, out["actor/step_scale"])
-    if s.log_update_norm:
+    if log_update_norm:
         out["actor/update_norm"] = torch.stack(
             [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
         ).norm()
-    if s.target_kl is not None:
-        out["actor/kl_stopped"] = torch.tensor(0.0)
     return out
 
 
