@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 
 
-def _flags(staleness: int, cache: Path, smoke: bool) -> list[str]:
-    """The preset cell's `vespo train` flags (its config, in a temporary file), cut to one rollout step with nothing
+def _flags(staleness: int, cache: Path, smoke: bool, tmp: Path) -> list[str]:
+    """The preset cell's `vespo train` flags (its config, written into `tmp`), cut to one rollout step with nothing
     but generation and the update."""
     fields = {"num_operands": 3, "ppo_mini_batch_size": 2, "rollout_n": 2} if smoke else {}
     cfg = resolve(preset_config("paper-long", variants=("vespo",), staleness=(staleness,), seeds=(0,),
@@ -44,10 +44,9 @@ def _flags(staleness: int, cache: Path, smoke: bool) -> list[str]:
     cut = {"total_training_steps": 1, "eval_every": 0, "probe_every": 0, "save_every": 1000}
     if smoke:
         cut["sft_steps"] = 2
-    fd, path = tempfile.mkstemp(prefix="long_cell.", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        f.write(to_yaml(dataclasses.replace(train_config(cfg, cells(cfg)[0]), run_dir=None, **cut)))
-    return ["--config", path]
+    path = tmp / "cell.yaml"
+    path.write_text(to_yaml(dataclasses.replace(train_config(cfg, cells(cfg)[0]), run_dir=None, **cut)))
+    return ["--config", str(path)]
 
 
 def _run(src: Path, argv: list[str], run_dir: Path) -> dict:
@@ -77,7 +76,7 @@ def main() -> int:
         args.out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=args.out_dir if args.smoke else None))
     cache = args.cache_dir or (tmp / "cache" if args.smoke else Path.home() / ".cache" / "vespo")
-    argv = _flags(args.staleness, cache, args.smoke)
+    argv = _flags(args.staleness, cache, args.smoke, tmp)
     _checkout(args.before, tmp / "before")
     arms = {"before": tmp / "before" / "src", "after": ROOT / "src"}
     runs: dict[str, list[dict]] = {name: [] for name in arms}
