@@ -90,7 +90,7 @@ def main() -> int:
 
     ratios = {k: med("before", k) / med("after", k) for k in ("wall_s", "time/gen_s", "time/update_s")}
     result = {"before": args.before, "staleness": args.staleness, "runs": runs, "speedup": ratios,
-              "load": os.getloadavg(), "argv": argv}  # fmt: skip
+              "load": os.getloadavg()}  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "long_cell.json").write_text(json.dumps(result, indent=2, default=str))
     md = [
