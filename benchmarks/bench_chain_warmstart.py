@@ -21,7 +21,7 @@ import torch
 from vespo.embedded.task import build_tiny_model, build_tokenizer, chain_response_tokens, embedded_split, solution_text
 from vespo.embedded.warm_start import SFT_STEPS, WarmStartSpec, embedded_policy_path, sft_cache_key, sft_warm_start
 from vespo.models import load_policy
-from vespo.train.config import TrainConfig, resolve
+from vespo.train.config import TrainConfig
 from vespo.train.setup import evaluate, load_data
 
 OUT = Path(__file__).parent / "results"
@@ -29,7 +29,7 @@ OUT = Path(__file__).parent / "results"
 
 def chain_config(k: int, **overrides) -> TrainConfig:
     settings = {"task": "chain", "num_operands": k, "max_response_length": chain_response_tokens(k), "eval_size": 200}
-    return resolve(TrainConfig(**(settings | overrides)))  # defaults filled in, as `vespo train` runs it
+    return TrainConfig(**(settings | overrides))  # defaults filled in, as `vespo train` runs it
 
 
 def seconds_per_step(k: int, steps: int = 10) -> float:

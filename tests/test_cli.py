@@ -95,14 +95,14 @@ def test_bad_grid_and_path_is_one_line_naming_the_field_and_nothing_is_created(
 ):
     import vespo.experiments.lab
     import vespo.experiments.sweep
-    import vespo.train.launch
+    import vespo.train.runs
 
     def ran(*args, **kwargs):
         raise AssertionError("the bad input was accepted and the command started")
 
     monkeypatch.setattr(vespo.experiments.sweep, "sweep", ran)
     monkeypatch.setattr(vespo.experiments.lab, "lab", ran)
-    monkeypatch.setattr(vespo.train.launch, "_run", ran)
+    monkeypatch.setattr(vespo.train.runs, "claim_run_dir", ran)  # a run starts by claiming its run dir
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("keep")
     before = sorted(tmp_path.rglob("*"))
@@ -115,7 +115,7 @@ def test_bad_grid_and_path_is_one_line_naming_the_field_and_nothing_is_created(
 
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsys, monkeypatch, checkpointed):
-    import vespo.train.launch
+    import vespo.train.runs
     from vespo.train.runs import CHECKPOINT
 
     def interrupted(cfg):
@@ -124,7 +124,7 @@ def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsy
             (tmp_path / "run" / CHECKPOINT).write_bytes(b"x")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vespo.train.launch, "_run", interrupted)
+    monkeypatch.setattr(vespo.train.runs, "claim_run_dir", interrupted)
     assert main(["train", "--run-dir", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
     assert ("--resume continues" in err) == checkpointed, err

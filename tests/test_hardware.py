@@ -12,7 +12,8 @@ from vespo.cli import main
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.models import resolve_device
 from vespo.rollout import sample
-from vespo.train.config import ConfigError, TrainConfig, resolve
+from vespo.train.config import ConfigError, TrainConfig
+from vespo.train.host import check_host
 from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
 from vespo.train.runs import read_metrics
 from vespo.train.setup import build_reference, build_scheduler
@@ -145,8 +146,8 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale():
 )
 def test_lr_schedule_per_optimizer_step(kind, warmup, expected):
     """The learning rate each optimizer step uses (logged as actor/lr), over 4 rollout steps x N = 2 mini-batches."""
-    cfg = resolve(TrainConfig(lr_scheduler_type=kind, warmup_steps=warmup, total_training_steps=4,
-                              train_batch_size=4, ppo_mini_batch_size=2))  # fmt: skip
+    cfg = TrainConfig(lr_scheduler_type=kind, warmup_steps=warmup, total_training_steps=4,
+                      train_batch_size=4, ppo_mini_batch_size=2)  # fmt: skip
     model, _, rollout, adv, old = _setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = build_scheduler(opt, cfg)
@@ -158,8 +159,8 @@ def test_lr_schedule_per_optimizer_step(kind, warmup, expected):
 
 
 def test_warmup_ratio_and_constant():
-    cfg = resolve(TrainConfig(lr_scheduler_type="linear", warmup_ratio=0.25, total_training_steps=4,
-                              train_batch_size=4, ppo_mini_batch_size=2))  # fmt: skip
+    cfg = TrainConfig(lr_scheduler_type="linear", warmup_ratio=0.25, total_training_steps=4,
+                      train_batch_size=4, ppo_mini_batch_size=2)  # fmt: skip
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = build_scheduler(opt, cfg)
     lrs = []
@@ -168,7 +169,7 @@ def test_warmup_ratio_and_constant():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.0, 0.5, 1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])  # ceil(0.25 * 8) = 2 warmup
-    assert build_scheduler(opt, resolve(TrainConfig())) is None
+    assert build_scheduler(opt, TrainConfig()) is None
 
 
 peft = pytest.importorskip("peft")
@@ -181,7 +182,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_base():
 
     model, _, rollout, adv, old = _setup()
     base = copy.deepcopy(model)
-    cfg = resolve(TrainConfig(use_peft=True, lora_r=4, lora_alpha=8, kl_coef=0.1, lr=5e-2))
+    cfg = TrainConfig(use_peft=True, lora_r=4, lora_alpha=8, kl_coef=0.1, lr=5e-2)
     policy = add_lora(model, cfg)
     opt = build_optimizer(policy, cfg)
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
@@ -229,7 +230,7 @@ def test_cuda_request_without_cuda_is_refused():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match="device: cuda"):
-        resolve(TrainConfig(device="cuda"))
+        check_host(TrainConfig(device="cuda"))
 
 
 def test_gradient_checkpointing_gives_the_same_update():

@@ -233,14 +233,14 @@ def test_async_refuses_a_dev_shm_smaller_than_the_weights_before_the_run_dir(tmp
     one line saying what to do, exit 2, before the run dir is claimed (it used to die with "unable to allocate
     shared memory" after config.yaml was written)."""
     from vespo.cli import main
-    from vespo.train import config
+    from vespo.train import config, host
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     with open(model / "model.safetensors", "wb") as f:  # sparse: 200 MiB of weights that take no disk
         f.truncate(200 << 20)
-    monkeypatch.setattr(config, "_available_memory", lambda: 1 << 40)  # the RAM check passes: only /dev/shm is short
+    monkeypatch.setattr(host, "_available_memory", lambda: 1 << 40)  # the RAM check passes: only /dev/shm is short
     monkeypatch.setattr(os, "statvfs", _shm(64 << 20))
     run = tmp_path / "run"
     argv = ["train", "--async", "--model", str(model), "--run-dir", str(run), "--no-progress", "--no-tensorboard"]
@@ -251,5 +251,5 @@ def test_async_refuses_a_dev_shm_smaller_than_the_weights_before_the_run_dir(tmp
     assert "docker run --shm-size=1g" in err and "mode=sync" in err, err
     assert not run.exists()
     monkeypatch.setattr(os, "statvfs", _shm(201 << 20))  # room for the weights: the check passes
-    cfg = config.resolve(config.TrainConfig(mode="async", model=str(model), run_dir=str(run)))
-    assert cfg.mode == "async" and not run.exists()
+    host.check_host(config.TrainConfig(mode="async", model=str(model), run_dir=str(run)))
+    assert not run.exists()

@@ -421,13 +421,13 @@ def test_opob_weights_are_per_sequence_gradient_norms_and_train_any_method():
 
 
 def test_config_checks_for_the_new_controls():
-    from vespo.train.config import ConfigError, TrainConfig, resolve
+    from vespo.train.config import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="adv_estimator=opob .* needs mode=sync and shuffle=false"):
-        resolve(TrainConfig(adv_estimator="opob", shuffle=True, run_dir="/tmp/vespo-test-unused"))
+        TrainConfig(adv_estimator="opob", shuffle=True, run_dir="/tmp/vespo-test-unused")
     with pytest.raises(ConfigError, match=r"eval_top_p must be a finite number in \[1e-06, 1\]"):
-        resolve(TrainConfig(eval_top_p=1.5, run_dir="/tmp/vespo-test-unused"))
-    resolve(TrainConfig(method="grpo", step_scale="ess_sqrt", run_dir="/tmp/vespo-test-unused"))  # any method
+        TrainConfig(eval_top_p=1.5, run_dir="/tmp/vespo-test-unused")
+    TrainConfig(method="grpo", step_scale="ess_sqrt", run_dir="/tmp/vespo-test-unused")  # any method
 
 
 def test_the_four_are_registered_with_their_sources_defaults():

@@ -230,13 +230,13 @@ def test_a_verifier_that_raises_hangs_or_returns_nan_is_a_counted_zero(monkeypat
 )
 def test_bad_reasoning_gym_specs_are_one_line_in_train_and_eval(spec, message, tiny_gguf, tmp_path, capsys):
     from vespo.evaluation import cli as eval_cli
-    from vespo.train.config import ConfigError, TrainConfig, resolve
+    from vespo.train.config import ConfigError, TrainConfig
 
     with pytest.raises(ValueError) as info:
         parse_spec(spec)
     assert message in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="dataset: "):
-        resolve(TrainConfig(dataset=spec, run_dir=str(tmp_path / "run")))
+        TrainConfig(dataset=spec, run_dir=str(tmp_path / "run"))
     with pytest.raises(SystemExit) as code:
         eval_cli(["--model", str(tiny_gguf), "--benchmarks", spec, "--out", str(tmp_path / "out")])
     assert code.value.code == 2 and message in capsys.readouterr().err

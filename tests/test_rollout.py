@@ -206,10 +206,12 @@ def test_one_engine_for_every_loop_shares_or_casts_the_learners_weights(tiny):
 
 
 def test_vllm_engine_is_refused_in_one_line_where_it_cannot_run():
-    """sync and async alike: without vLLM and CUDA, `--sampler-engine vllm` is refused before any compute."""
+    """sync and async alike: without vLLM and CUDA, `--sampler-engine vllm` is refused before any compute (by the
+    host check `vespo train` runs first: the config itself is valid)."""
     from vespo.train.config import ConfigError
     from vespo.train.config_io import parse_args
+    from vespo.train.host import check_host
 
     for mode in ([], ["--async", "--max-staleness", "8"]):
         with pytest.raises(ConfigError, match="sampler_engine=vllm needs vLLM installed"):
-            parse_args(["--sampler-engine", "vllm", *mode])
+            check_host(parse_args(["--sampler-engine", "vllm", *mode]))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vespo.outputs import LOCK, MARKER
-from vespo.train.config import ConfigError, TrainConfig, resolve
+from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.config_io import to_yaml
 from vespo.train.learner import Learner, UpdateSettings
 from vespo.train.runs import (
@@ -125,7 +125,7 @@ def test_resume_refuses_a_changed_config_and_keeps_the_saved_one(tmp_path):
     assert check_run(dataclasses.replace(longer, allow_change=("total_training_steps",)))["step"] == 3
     with pytest.raises(ConfigError, match="below the checkpoint's step 3"):
         check_run(dataclasses.replace(resume, total_training_steps=2, allow_change=("total_training_steps",)))
-    with pytest.raises(ConfigError, match="only \\['total_training_steps'\\]"):
+    with pytest.raises(ConfigError, match=r"allow_change must be a list \(each item one of \['total_"):
         check_run(dataclasses.replace(resume, allow_change=("lr",)))
     assert (tmp_path / "run" / "config.yaml").read_text() == saved  # nothing was overwritten
 
@@ -159,7 +159,7 @@ def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
     with pytest.raises(ConfigError, match="--resume to continue it, --overwrite-output-dir to replace it"):
         check_run(fresh)
     with pytest.raises(ConfigError, match="exclude each other"):
-        resolve(dataclasses.replace(cfg, resume=True, overwrite_output_dir=True))
+        dataclasses.replace(cfg, resume=True, overwrite_output_dir=True)
     over = dataclasses.replace(fresh, overwrite_output_dir=True)
     assert check_run(over) is None and (tmp_path / "run" / CHECKPOINT).exists()  # checking deletes nothing
     capsys.readouterr()
@@ -184,9 +184,9 @@ def test_a_foreign_config_yaml_is_never_replaced(tmp_path):
 
 
 def test_default_run_dir_is_per_method():
-    assert resolve(TrainConfig(method="grpo")).run_dir == "runs/grpo"
-    assert resolve(TrainConfig()).run_dir == "runs/vespo"
-    assert resolve(TrainConfig(method="grpo", run_dir="x")).run_dir == "x"
+    assert TrainConfig(method="grpo").run_dir == "runs/grpo"
+    assert TrainConfig().run_dir == "runs/vespo"
+    assert TrainConfig(method="grpo", run_dir="x").run_dir == "x"
 
 
 def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
@@ -232,7 +232,7 @@ def test_save_total_limit_keeps_the_last_k_checkpoints(tmp_path):
     save_checkpoint(tmp_path, 6, _learner(model, opt), torch.Generator())  # keep=1: last.pt only, numbered ones kept
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
     with pytest.raises(ConfigError, match="save_total_limit must be an integer >= 1"):
-        resolve(TrainConfig(save_total_limit=0))
+        TrainConfig(save_total_limit=0)
 
 
 @pytest.mark.parametrize("content", [b"", b"torn", b"PK\x03\x04 half a zip"])

@@ -355,8 +355,7 @@ def test_cell_configs_are_built_from_the_settings_with_typed_extra():
         tc = train_config(cfg, c)
         return c.name, {k: v for k, v in dataclasses.asdict(tc).items() if v != getattr(TrainConfig(), k)}
 
-    common = {"reward_fn": "vespo.rewards:math_reward", "eval_size": 500, "eval_n": 2, "num_threads": 1,
-              "progress": False}  # fmt: skip
+    common = {"eval_size": 500, "eval_n": 2, "num_threads": 1, "progress": False}  # reward_fn: math, as TrainConfig()
     # paper-long, N = 64: max(64, 8 x 64) / 64 = 8 rollout steps of 8 x 64 prompts; 4 evaluations and probes
     name, fields = changed(preset_config("paper-long", out_dir="sw", variants=("vespo",), staleness=(64,), seeds=(0,)))
     assert name == "vespo/N64/seed0/97794d43d7e7"

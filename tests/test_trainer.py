@@ -76,7 +76,6 @@ def _cfg(root, run_dir, **kw) -> TrainConfig:
         (["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "must divide"),
         (["--method", "ppo2"], "known methods: \\['aipo'"),
         (["--method", "grpo", "--hparams", "c1_pos", "2"], "unknown hyperparameter"),
-        (["--dataset", "/nonexistent/x.jsonl"], "dataset: file not found"),
         (["--probe-every", "-1"], "probe_every"),
         (["--probe-every", "2", "--async"], "probe_every needs mode=sync"),
     ],
@@ -84,6 +83,19 @@ def _cfg(root, run_dir, **kw) -> TrainConfig:
 def test_bad_config_fails_at_parse(argv, message):
     with pytest.raises(ValueError, match=message):
         parse_args(argv)
+
+
+def test_a_missing_data_file_is_the_hosts_to_refuse_before_any_compute(tmp_path):
+    """The config names a file; whether it is there is this machine's matter (`check_host`, run before any compute):
+    a saved config stays valid on a machine without the file."""
+    from vespo.train.host import check_host
+
+    cfg = parse_args(["--dataset", "/nonexistent/x.jsonl", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match="dataset: file not found: /nonexistent/x.jsonl"):
+        check_host(cfg)
+    with pytest.raises(ConfigError, match="dataset: file not found"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def test_missing_dataset_field_fails_before_training(local_model_and_data, tmp_path):
@@ -393,7 +405,7 @@ def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
         return [{"problem": "Find x.", "answer": "7"}]
 
     monkeypatch.setattr(data, "_load_hub", fake_hub)
-    cfg = TrainConfig(dataset=data.DAPO_MATH_HUB_ID, eval_dataset="math500", train_batch_size=1)
+    cfg = TrainConfig(dataset=data.DAPO_MATH_HUB_ID, eval_dataset="math500", train_batch_size=1, ppo_mini_batch_size=1)
     train_set, held_out = load_data(cfg)
     assert train_set == [{"prompt": "What is 2+3? " + PROMPT_SUFFIX, "answer": "5"}]
     assert held_out == [{"prompt": "Find x. " + PROMPT_SUFFIX, "answer": "7"}]

@@ -196,6 +196,26 @@ def check_eval_size(task: str, *, num_operands: int, max_operand: int, eval_size
     return pool
 
 
+def check_task(task: str, *, num_operands: int, max_operand: int, eval_size: int, max_response_length: int) -> None:
+    """The embedded task's settings fit together: `eval_size` within the held-out pool, and a response length that
+    holds a whole solution where every step is written out (chain, scratchpad); one-line ValueError otherwise."""
+    check_eval_size(task, num_operands=num_operands, max_operand=max_operand, eval_size=eval_size)
+    if task == "scratchpad":
+        need = scratchpad_response_tokens(num_operands, max_operand)
+        if max_response_length < need:
+            raise ValueError(
+                f"task=scratchpad with num_operands={num_operands}, max_operand={max_operand} needs "
+                f"max_response_length >= {need} (every running sum written out), got {max_response_length}"
+            )
+    if task == "chain":
+        need = chain_response_tokens(num_operands)
+        if num_operands < 2 or max_response_length < need:
+            raise ValueError(
+                f"task=chain with num_operands={num_operands} needs num_operands >= 2 and "
+                f"max_response_length >= {need} (3 * num_operands + 5), got {max_response_length}"
+            )
+
+
 def held_out_pool(task: str, *, num_operands: int, max_operand: int) -> int:
     """Size of a task's fixed held-out pool: 1000 drawn problems (chain, scratchpad), or for arithmetic half its
     distinct sums up to 500 (the pool of 3 one-digit operands is 500 of 1000)."""

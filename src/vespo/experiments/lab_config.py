@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 import tyro
 
-from vespo.train.config import check_output_dir, known_methods
+from vespo.train.config import known_methods
+from vespo.train.host import check_output_dir
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ import tyro
 
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.outputs import open_append, read_regular, write_atomic
-from vespo.train.config import FIELD_TYPES, TrainConfig, check_output_dir, conforms, describe_type
-from vespo.train.config import resolve as resolve_train_config
+from vespo.train.config import FIELD_TYPES, TrainConfig, conforms, describe_type
 from vespo.train.config_io import to_yaml  # torch, scipy, matplotlib: imported where a grid runs or is drawn
+from vespo.train.host import check_host, check_output_dir
 
 Variant = tuple[str, dict, dict]
 """(method, hparams, other `vespo train` settings): one row of a table."""
@@ -400,7 +400,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         for n in cfg.staleness
         for s in cfg.seeds
     ]
-    return [dataclasses.replace(c, key=cell_key(train_config(cfg, c))) for c in grid]  # parses and validates
+    return [dataclasses.replace(c, key=cell_key(check_host(train_config(cfg, c)))) for c in grid]  # and this machine
 
 
 def cell_key(tc: TrainConfig) -> str:
@@ -453,7 +453,7 @@ def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
     train = PRESET_REGIMES[cfg.preset][1] if cfg.preset in PRESET_REGIMES else {}
     for settings in (train, cell.settings, _typed_extra(cfg.extra)):  # the preset's regime, the variant's, `extra`
         fields |= settings
-    return resolve_train_config(TrainConfig(**fields))
+    return TrainConfig(**fields)
 
 
 def _typed_extra(extra: dict[str, object]) -> dict[str, object]:

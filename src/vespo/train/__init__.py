@@ -1,6 +1,7 @@
-"""Training: `config` (TrainConfig, YAML, validation), `setup` (run state), `learner` (log-probs and the N
-mini-batch update), the loops `sync` and `async_` (+ its `sampler` processes and their `forkserver`), `runs` (run dir,
-checkpoints, logs) and `launch`, which picks the loop. Names load on first use (the `vespo` command starts light)."""
+"""Training: `config` (TrainConfig, valid once built; its `fields`, read from YAML and flags by `config_io`), `host`
+(what the machine must provide), `setup` (run state), `learner` (log-probs and the N mini-batch update), the loops
+`sync` and `async_` (+ its `sampler` processes and their `forkserver`), `runs` (run dir, checkpoints, logs) and
+`launch`, which picks the loop. Names load on first use (the `vespo` command starts light)."""
 
 import importlib
 

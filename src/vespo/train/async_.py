@@ -300,7 +300,7 @@ class LagStats:
 
 
 def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
-    """Run asynchronous RL training per a resolved `cfg` (mode == "async") in the claimed run dir `out`; returns the
+    """Run asynchronous RL training per `cfg` (mode == "async") in the claimed run dir `out`; returns the
     last step's metrics."""
     settings = update_settings(cfg, num_mini_batches=1, shuffle=False)  # one update per queued mini-batch
     ctx = sampler_context()  # started by `vespo train --async` already, else now: beside the learner's setup

@@ -1,6 +1,6 @@
 """Reading and writing a `TrainConfig`: strict YAML (`--config`, a run's config.yaml), veRL's nested keys, and the
-`vespo train` command line (with TRL's names). Every path ends in `vespo.train.config.resolve`, the one validation,
-run once.
+`vespo train` command line (with TRL's names). Each reads into `TrainFields` and builds the `TrainConfig` once at the
+end, which checks it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pathlib import Path
 import yaml
 
 from vespo.cli import UsageError, parse_flags
-from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type, resolve, short_repr
+from vespo.data.limits import short_repr
+from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type
+from vespo.train.fields import TrainFields
 
 
 def to_yaml(cfg: TrainConfig) -> str:
@@ -323,26 +325,26 @@ TRL_REFUSED = {
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
-    """`[--config file.yaml] [flags]` -> resolved, validated TrainConfig; flags override the YAML file. TRL's names
+    """`[--config file.yaml] [flags]` -> TrainConfig (checked when built); flags override the YAML file. TRL's names
     (`TRL_NAMES`) are read as their vespo fields; any flag that cannot be read is a one-line ConfigError."""
     argv = [tok for a in argv for tok in (("--mode", "async") if a == "--async" else (a,))]  # `--async` shortcut
-    defaults, yaml_keys = TrainConfig(), set()
+    defaults, yaml_keys = TrainFields(), set()
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv):
             raise ConfigError("--config needs a YAML file path")
         fields = load_yaml(argv[i + 1])
-        defaults, yaml_keys = TrainConfig(**fields), set(fields)
+        defaults, yaml_keys = TrainFields(**fields), set(fields)
         del argv[i : i + 2]
     argv, trl = _take_trl_flags(argv)
     try:
-        cfg = parse_flags(TrainConfig, argv, default=defaults, prog="vespo train", description=_DESCRIPTION,
+        cfg = parse_flags(TrainFields, argv, default=defaults, prog="vespo train", description=_DESCRIPTION,
                           also=_READ_HERE)  # fmt: skip
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
     given = yaml_keys | {_field_of(a) for a in argv if a.startswith("--")}
     cfg = _from_trl(cfg, trl, given)
-    return resolve(dataclasses.replace(cfg, hparams=cfg.hparams | _typed_hparams(cfg.method, argv)))
+    return TrainConfig(**vars(cfg) | {"hparams": cfg.hparams | _typed_hparams(cfg.method, argv)})
 
 
 _READ_HERE = ("--config", "--async", *(f"--{name}" for name in (*TRL_NAMES, *TRL_REFUSED)))
@@ -384,7 +386,7 @@ def _take_trl_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return rest, trl
 
 
-def _from_trl(cfg: TrainConfig, trl: dict[str, str], given: set[str]) -> TrainConfig:
+def _from_trl(cfg: TrainFields, trl: dict[str, str], given: set[str]) -> TrainFields:
     """`cfg` with TRL's values (`TRL_NAMES`) in vespo's fields and units: --per-device-train-batch-size B (completions)
     is B / rollout_n prompts per optimizer step, and a rollout batch of one optimizer step (TRL's default generation
     batch) unless vespo's train_batch_size or staleness is set; --max-steps M (optimizer steps) is M / N rollout
@@ -401,7 +403,7 @@ def _from_trl(cfg: TrainConfig, trl: dict[str, str], given: set[str]) -> TrainCo
             raise ConfigError(f"{flag} must be {describe_type(kind)}, got {value!r}") from None
     cfg = dataclasses.replace(cfg, **{k: v for k, v in changes.items() if k not in _TRL_CONVERTED})
     if "ppo_mini_batch_size" in changes:
-        completions, group = changes["ppo_mini_batch_size"], max(cfg.rollout_n, 1)  # rollout_n < 2: resolve says so
+        completions, group = changes["ppo_mini_batch_size"], max(cfg.rollout_n, 1)  # rollout_n < 2: refused when built
         if completions < 1 or completions % group:
             raise ConfigError(
                 f"--per-device-train-batch-size counts completions (TRL): it must be a positive multiple of "
@@ -414,7 +416,7 @@ def _from_trl(cfg: TrainConfig, trl: dict[str, str], given: set[str]) -> TrainCo
     if "total_training_steps" in changes:
         steps = changes["total_training_steps"]
         mini = cfg.ppo_mini_batch_size
-        n = (cfg.staleness or cfg.train_batch_size // mini) if mini >= 1 else 0  # n < 1: resolve refuses the geometry
+        n = (cfg.staleness or cfg.train_batch_size // mini) if mini >= 1 else 0  # n < 1: refused when built
         if steps < 1 or (n >= 1 and steps % n):
             raise ConfigError(
                 f"--max-steps counts optimizer steps (TRL): it must be a positive multiple of the staleness N={n} "

@@ -1,6 +1,6 @@
-"""`vespo train`: parse and validate the config, then run the loop it names (sync or async). The loops never import
-each other; this is the one place that picks one. torch and transformers are imported once the config is valid, so
-`--help` and bad input are answered at once."""
+"""`vespo train`: parse the config (valid once built), check that this machine can run it, then run the loop it names
+(sync or async). The loops never import each other; this is the one place that picks one. torch and transformers are
+imported once the config is valid, so `--help` and bad input are answered at once."""
 
 from __future__ import annotations
 
@@ -8,18 +8,15 @@ import json
 import sys
 from pathlib import Path
 
-from vespo.train.config import EMBEDDED, ConfigError, TrainConfig, resolve
+from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.config_io import parse_args
+from vespo.train.host import check_host
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
-    """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. Everything is
-    validated before any compute."""
-    return _run(resolve(cfg))
-
-
-def _run(cfg: TrainConfig) -> dict[str, float]:
-    """`train` on a resolved config (`parse_args` resolves it once)."""
+    """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. What the run needs
+    of this machine is checked before any compute (`check_host`; `cfg` itself was checked when it was built)."""
+    check_host(cfg)
     from vespo.models import quiet_hf_progress
     from vespo.train.runs import claim_run_dir
 
@@ -54,11 +51,11 @@ def cli(argv: list[str]) -> int:
     """`vespo train [--config file.yaml] [flags]`."""
     cfg = None
     try:
-        cfg = parse_args(argv)  # resolved
+        cfg = parse_args(argv)
         from vespo.rewards.batch import GraderHostError
 
         try:
-            last = _run(cfg)
+            last = train(cfg)
         except GraderHostError as exc:  # never scored as wrong answers: the run stops before it trains on them
             print(f"vespo train: grading failed on this host: {exc}; {_interrupted(cfg)}", file=sys.stderr)
             return 1

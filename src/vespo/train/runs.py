@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from vespo.outputs import OutputError, OwnedDir, atomic_dir, claim, open_append, read_regular, write_atomic
-from vespo.train.config import ConfigError, TrainConfig, check_output_dir, check_values, default_reward_fn
+from vespo.train.config import ConfigError, TrainConfig, default_reward_fn
 from vespo.train.config_io import load_yaml, to_yaml
+from vespo.train.host import check_output_dir
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
@@ -241,10 +242,8 @@ RESUME_OVERRIDABLE = ("total_training_steps",)
 
 
 def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
-    """Refuse a resume whose config differs from the saved one in anything that changes the run."""
-    bad = sorted(set(cfg.allow_change) - set(RESUME_OVERRIDABLE))
-    if bad:
-        raise ConfigError(f"allow_change: {bad} cannot be changed on resume; only {list(RESUME_OVERRIDABLE)} can")
+    """Refuse a resume whose config differs from the saved one in anything that changes the run (`cfg.allow_change`
+    names only `RESUME_OVERRIDABLE` fields: its type says so)."""
     now = dataclasses.asdict(cfg)
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
     for side in (now, saved):  # `reward_fn: null` is the dataset's default reward
@@ -289,7 +288,7 @@ def check_run(cfg: TrainConfig) -> dict | None:
         raise ConfigError(f"resume: {existing} is missing, so the run's config cannot be checked")
     saved = load_yaml(existing, label="resume:")
     try:
-        check_values(TrainConfig(**saved))
+        TrainConfig(**saved)  # built to be checked: a config.yaml edited by hand is refused here
     except ConfigError as exc:
         raise ConfigError(f"resume: {existing}: {exc}") from None
     if cfg.mode == "async" and "async" not in ckpt:

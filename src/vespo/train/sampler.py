@@ -188,12 +188,11 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
 
     from vespo.rewards.batch import load_reward_fn
     from vespo.rollout import build_engine
-    from vespo.train.config import reward_spec
     from vespo.train.produce import make_batch
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
-    reward_fn = load_reward_fn(reward_spec(cfg))
+    reward_fn = load_reward_fn(cfg.reward_fn)
     engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=policy_path, seed=cfg.seed)
     version = store.pull(engine.load, -1)
     events.put(("ready", rank, None))

@@ -24,7 +24,8 @@ from vespo.outputs import OwnedDir
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.rollout import Rollout, decode_responses
 from vespo.rollout.hf import compile_log_probs
-from vespo.train.config import EMBEDDED, ConfigError, TrainConfig, default_num_threads, reward_spec
+from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
+from vespo.train.host import default_num_threads
 from vespo.train.learner import Learner, UpdateSettings, policy_log_probs
 from vespo.train.runs import Run, check_run, restore, seed_everything, start_run
 
@@ -54,7 +55,7 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
     once the inputs have loaded, so a bad input leaves no run behind; it records the thread count used."""
     ckpt = check_run(cfg)  # run dir usable; on resume, a safe checkpoint and the saved config (None: fresh run)
     try:
-        reward_fn = load_reward_fn(reward_spec(cfg))
+        reward_fn = load_reward_fn(cfg.reward_fn)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     train_set, eval_set = load_data(cfg)
@@ -202,7 +203,7 @@ def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
             raise ValueError(
                 f"dataset has {len(train_set)} prompts, fewer than train_batch_size={cfg.train_batch_size}"
             )
-        check_reward_columns(reward_spec(cfg), reward_columns(train_set))
+        check_reward_columns(cfg.reward_fn, reward_columns(train_set))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return train_set, eval_set

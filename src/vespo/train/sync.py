@@ -21,8 +21,7 @@ from vespo.train.setup import completion_rows, setup_run, update_settings
 
 
 def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
-    """Run synchronous RL training per a resolved `cfg` in the claimed run dir `out`; returns the last step's
-    metrics."""
+    """Run synchronous RL training per `cfg` in the claimed run dir `out`; returns the last step's metrics."""
     settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
     state = setup_run(cfg, out, settings)
     run, learner, tokenizer, gen = state.run, state.learner, state.tokenizer, state.gen
