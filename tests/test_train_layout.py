@@ -137,6 +137,27 @@ def test_dropout_is_disabled_so_the_first_mini_batch_is_on_policy(tmp_path):
     assert TrainConfig().disable_dropout
 
 
+def test_a_run_checks_its_config_once(tmp_path, monkeypatch):
+    """`vespo train` checks its TrainConfig once, when the command line builds it (`TrainConfig.__post_init__`), and
+    never builds another while the run starts and trains: the thread count it chose goes to config.yaml, not into a
+    second config."""
+    import vespo.train.config as config
+
+    checks = []
+    real = config._check_consistency
+    monkeypatch.setattr(config, "_check_consistency", lambda cfg: checks.append(cfg) or real(cfg))
+    argv = ["train", "--total-training-steps", "1", "--eval-every", "0", "--sft-steps", "2", "--train-batch-size", "2",
+            "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--run-dir", str(tmp_path / "run"),
+            "--cache-dir", str(tmp_path / "cache"), "--no-progress"]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert len(checks) == 1 and checks[0].num_threads is None
+    assert "num_threads: 1\n" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
     """(module, names) of every `from vespo... import` in a source file."""
     out = []

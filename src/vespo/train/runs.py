@@ -319,18 +319,20 @@ def _is_legacy_run(run_dir: Path) -> bool:
     return {"method", "run_dir"} <= set(saved) and (run_dir / CHECKPOINT).is_file()
 
 
-def start_run(cfg: TrainConfig, out: OwnedDir) -> Path:
-    """Write config.yaml into the claimed run dir (after `check_run`, once the inputs have loaded). A fresh run in a
-    dir that holds a run (one that stopped before its first checkpoint, or any with `overwrite_output_dir`) first
-    deletes that run's outputs, the names in the marker's manifest and nothing else, saying so on stderr."""
+def start_run(cfg: TrainConfig, out: OwnedDir, num_threads: int | None = None) -> Path:
+    """Write config.yaml into the claimed run dir (after `check_run`, once the inputs have loaded), with the thread
+    count the run uses (`num_threads`; None: `cfg`'s). A fresh run in a dir that holds a run (one that stopped before
+    its first checkpoint, or any with `overwrite_output_dir`) first deletes that run's outputs, the names in the
+    marker's manifest and nothing else, saying so on stderr."""
     old = [] if cfg.resume else out.existing()
     if old:
         why = "replacing the run there" if (out.path / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
         print(f"vespo train: run_dir {out.path}: {why} (deleting its {', '.join(old)})", file=sys.stderr)
         out.clear()
     # what the run is, not how this command started it: fed back with --config it starts the same run again
-    saved = dataclasses.replace(cfg, resume=False, overwrite_output_dir=False, allow_change=())
-    write_atomic(out.path / "config.yaml", to_yaml(saved))
+    threads = cfg.num_threads if num_threads is None else num_threads
+    saved = to_yaml(cfg, resume=False, overwrite_output_dir=False, allow_change=(), num_threads=threads)
+    write_atomic(out.path / "config.yaml", saved)
     return out.path
 
 
@@ -368,11 +370,12 @@ class Logger:
             tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step + 1)
             self.sinks.append(lambda m, s: [tb.add_scalar(k, v, s) for k, v in m.items()])
             self._tb = tb
-            _tb_hparams(tb, cfg)
+            _tb_hparams(tb, Path(run_dir) / "config.yaml")
         for name, project in (("wandb", cfg.wandb_project), ("trackio", cfg.trackio_project)):
             if project:
                 lib = importlib.import_module(name)  # ImportError here is the clear message we want
-                lib.init(project=project, config=dataclasses.asdict(cfg), resume="allow" if name == "wandb" else None)
+                saved = load_yaml(Path(run_dir) / "config.yaml")  # what the run is (`start_run`)
+                lib.init(project=project, config=saved, resume="allow" if name == "wandb" else None)
                 self.sinks.append(lambda m, s, lib=lib: lib.log(m, step=s))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -399,17 +402,15 @@ class Logger:
             self._tb.close()
 
 
-def _tb_hparams(tb, cfg: TrainConfig) -> None:
-    """The run's config in TensorBoard: the HParams tab (scalar fields, against reward and held-out accuracy) and
-    the full config.yaml as text."""
+def _tb_hparams(tb, path: Path) -> None:
+    """The run's config.yaml (`path`, written by `start_run`) in TensorBoard: the HParams tab (scalar fields, against
+    reward and held-out accuracy) and the file as text."""
     from torch.utils.tensorboard.summary import hparams
 
-    from vespo.train.config_io import to_yaml
-
-    flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in dataclasses.asdict(cfg).items()}
+    flat = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in load_yaml(path).items()}
     for summary in hparams(flat, {"reward/mean": 0.0, "eval/accuracy": 0.0}):
         tb._get_file_writer().add_summary(summary)
-    tb.add_text("config", "```yaml\n" + to_yaml(cfg) + "```", 0)
+    tb.add_text("config", "```yaml\n" + path.read_text() + "```", 0)
 
 
 def truncate_log(path: Path, step: int) -> list[dict]:

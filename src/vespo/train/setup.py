@@ -59,12 +59,12 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     train_set, eval_set = load_data(cfg)
-    if cfg.num_threads is None:  # chosen once, for every process of the run, after every input check
+    threads = cfg.num_threads
+    if threads is None:  # chosen once, for every process of the run, after every input check
         threads, why = default_num_threads(cfg)
-        cfg = dataclasses.replace(cfg, num_threads=threads)
         print(f"vespo train: {why}; --num-threads N to change", file=sys.stderr, flush=True)
-    torch.set_num_threads(cfg.num_threads)
-    start_run(cfg, out)
+    torch.set_num_threads(threads)
+    start_run(cfg, out, threads)
     if cfg.model == EMBEDDED:
         policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.progress)
     device = resolve_device(cfg.device)
@@ -96,7 +96,7 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
     start, loop = restore(ckpt, learner, gen) if ckpt is not None else (0, {})
     held_out = (lambda: evaluate(model, tokenizer, eval_set, cfg)) if eval_set else None
     run = Run(cfg, out, start, held_out)
-    return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn, cfg.num_threads)
+    return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn, threads)
 
 
 def add_lora(model: transformers.PreTrainedModel, cfg: TrainConfig):
