@@ -219,3 +219,30 @@ def test_import_graph_has_no_cycle_no_private_import_and_layers_point_one_way():
 
 def _is_parent_package(d: str, n: str) -> bool:
     return n.startswith(d + ".")
+
+
+@pytest.mark.slow
+def test_the_sync_runs_config_comes_back_to_a_module_at_most_10_times(tmp_path):
+    """Issue 41's coupling count, measured by benchmarks/trace_config.py on a tiny run: the config `train_sync`
+    receives (and its `dataclasses.replace` family) returns to a module it had already left <= 10 times (24 before
+    TrainConfig validated itself), and the training loop module is among those it enters."""
+    import importlib.util
+
+    import transformers.models.llama.modeling_llama  # noqa: F401  (imported before tracing: the profile hook is slow)
+
+    import vespo.embedded.warm_start  # noqa: F401
+    import vespo.train.launch  # noqa: F401
+    import vespo.train.sync  # noqa: F401
+
+    spec = importlib.util.spec_from_file_location(
+        "trace_config", Path(__file__).parents[1] / "benchmarks" / "trace_config.py"
+    )
+    trace_config = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trace_config)
+    argv = ["train", "--total-training-steps", "1", "--eval-every", "0", "--sft-steps", "2", "--train-batch-size", "2",
+            "--ppo-mini-batch-size", "2", "--rollout-n", "2", "--run-dir", str(tmp_path / "run"), "--cache-dir",
+            str(tmp_path / "cache"), "--no-progress"]  # fmt: skip
+    calls, parent = trace_config.trace(argv)
+    modules, returns, by_module, _ = trace_config.count(calls, parent, "train_sync")
+    assert "vespo.train.sync" in modules and len(calls) > 5
+    assert returns <= 10, f"the config returns {returns} times: {dict(by_module)}"
