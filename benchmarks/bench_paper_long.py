@@ -60,11 +60,12 @@ the short-response table (benchmarks/results/paper_staleness/results.csv, 5 seed
 The report recomputes every MDD from the SD it measures."""
 PAPER_NAME = {"grpo": "grpo", "grpo-dual10": "grpo", "gspo": "gspo", "sapo": "sapo"}
 """Our variant -> the paper's row it is compared with (the paper's GRPO: DAPO bounds; its scripts' dual clip is 10)."""
-COST = {"start_s": 40.0, "gen_s_per_seq": 0.020, "update_s_per_step": 1.23, "eval_s_per_seq": 0.018, "probe_s": 1.0}
-"""Seconds per phase of a paper-long cell on one core of this 2-core box (`estimate_seconds`), from the calibration
-cells (docs/paper_regime.md, lr 1e-4, N = 64, two cells in parallel at load 5-10 from other jobs): process start and
-imports, one generated training response (128 tokens), one optimizer step (mu scoring, forward, backward,
-diagnostics, AdamW), one held-out response, one gradient probe."""
+COST = {"start_s": 20.0, "gen_s_per_seq": 0.0045, "update_s_per_step": 0.46, "eval_s_per_seq": 0.006, "probe_s": 1.0}
+"""Seconds per phase of a paper-long cell on one core of this 2-core box (`estimate_seconds`), from the VESPO and GRPO
+cells of benchmarks/results/paper_long/ (N = 4 and 64, two cells in parallel at load 2-3, with the preallocated KV
+cache: an N = 64 cell ~450 s, an N = 4 cell ~100 s): process start and imports, one generated training response
+(128 tokens), one optimizer step (mu scoring, forward, backward, diagnostics, AdamW), one held-out response, one
+gradient probe."""
 SMOKE = {"staleness": (2, 4), "seeds": (0,), "variants": ("vespo", "grpo"), "num_operands": 3, "eval_size": 10,
          "eval_n": 1, "eval_points": 1, "optimizer_steps": 4, "min_rollout_steps": 1, "ppo_mini_batch_size": 2,
          "rollout_n": 2, "probes": 1}  # fmt: skip
@@ -182,7 +183,7 @@ def plan_text(cfg: SweepConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-COST_NOTE = "per-phase costs of the calibration cells on this box at load 5-10, two cells in parallel"
+COST_NOTE = "per-phase costs of the committed cells on this box at load 2-3, two cells in parallel"
 
 
 def _gated_seeds(rows: list[dict], cells: list[tuple[str, int]]) -> dict | None:
