@@ -27,7 +27,7 @@ import numpy as np
 
 from vespo.experiments.sweep import SweepConfig, sweep
 from vespo.experiments.sweep import cells as sweep_cells
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 
 RESULTS = Path(__file__).parent / "results"
 OUT = RESULTS / "async_lag"

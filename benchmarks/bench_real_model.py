@@ -147,7 +147,7 @@ def run_cell(job: tuple) -> dict:
     import transformers
 
     from vespo.train import train
-    from vespo.train.runs import read_metrics
+    from vespo.train.logs import read_metrics
 
     transformers.utils.logging.set_verbosity_error()
     start = time.perf_counter()

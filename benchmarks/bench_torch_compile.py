@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "trl_real"
 TASK = ("reasoning-gym:basic_arithmetic:max_digits=1:size=40:min_terms=2:max_terms=2:min_digits=1:operators=+"

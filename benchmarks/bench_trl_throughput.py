@@ -145,7 +145,7 @@ def vespo_config(b: Bench, *, steps: int, seed: int, run_dir: str, variant: str 
 
 def run_vespo(b: Bench, *, steps: int, seed: int, tag: str, variant: str = "sync") -> dict:
     from vespo.train import train  # the `vespo train` entry: sync or async per cfg.mode
-    from vespo.train.runs import read_metrics
+    from vespo.train.logs import read_metrics
 
     run_dir = Path(b.work_dir) / f"vespo-{variant}-{tag}"
     cfg = vespo_config(b, steps=steps, seed=seed, run_dir=str(run_dir), variant=variant)

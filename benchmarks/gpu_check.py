@@ -44,7 +44,7 @@ def _larger_model(path: Path, layers: int, hidden: int) -> int:
 
 def _run(args: list[str], run_dir: Path, device: str) -> dict:
     from vespo.cli import main
-    from vespo.train.runs import read_metrics
+    from vespo.train.logs import read_metrics
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

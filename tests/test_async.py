@@ -23,7 +23,7 @@ from vespo.train import train
 from vespo.train.async_ import _sigterm_as_interrupt, lag_bucket
 from vespo.train.config import TrainConfig
 from vespo.train.config_io import parse_args
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 from vespo.train.sampler import Schedule, WeightStore, batch_seed
 
 CTX = torch.multiprocessing.get_context("spawn")

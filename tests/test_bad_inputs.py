@@ -18,7 +18,8 @@ from _gguf import write_tiny_gguf
 from vespo.data.reasoning_gym import load_reasoning_gym
 from vespo.train.config import TrainConfig
 from vespo.train.learner import Learner, UpdateSettings
-from vespo.train.runs import CHECKPOINT, claim_run_dir, save_checkpoint, start_run
+from vespo.train.resume import CHECKPOINT, save_checkpoint
+from vespo.train.runs import claim_run_dir, start_run
 
 _DRIVER = r"""
 import contextlib, io, json, sys, traceback

@@ -116,7 +116,7 @@ def test_bad_grid_and_path_is_one_line_naming_the_field_and_nothing_is_created(
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsys, monkeypatch, checkpointed):
     import vespo.train.runs
-    from vespo.train.runs import CHECKPOINT
+    from vespo.train.resume import CHECKPOINT
 
     def interrupted(cfg):
         if checkpointed:
@@ -382,7 +382,7 @@ def test_trl_names_match_the_yaml_given_fields(tmp_path):
 # --- the run's time, printed after its first step (issue 39 item 3)
 def test_time_estimate_counts_the_steps_and_evaluations_left():
     from vespo.train.config import TrainConfig
-    from vespo.train.runs import time_estimate
+    from vespo.train.progress import time_estimate
 
     cfg = TrainConfig(total_training_steps=10, eval_every=4)
     line = time_estimate(cfg, 1, 2.0, 3.0)  # 9 steps x 2 s + evaluations at 4, 8 and 10 x 3 s = 27 s

@@ -9,7 +9,9 @@ import torch
 
 from vespo.cli import main
 from vespo.losses.core import ratio_metrics
-from vespo.train.runs import CHECKPOINT, EssAlarm, read_metrics
+from vespo.train.alarms import EssAlarm
+from vespo.train.logs import read_metrics
+from vespo.train.resume import CHECKPOINT
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from vespo.rollout import sample
 from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.host import check_host
 from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 from vespo.train.setup import build_reference, build_scheduler
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -13,7 +13,8 @@ from conftest import with_model
 from vespo.outputs import LOCK, MARKER, claim
 from vespo.rewards import GraderHostError
 from vespo.train.launch import cli
-from vespo.train.runs import CHECKPOINT, read_metrics
+from vespo.train.logs import read_metrics
+from vespo.train.resume import CHECKPOINT
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def test_run_plot_title_is_the_method_and_settings(tmp_path):
 
     from vespo.train.config import TrainConfig
     from vespo.train.config_io import to_yaml
-    from vespo.train.runs import plot_run, run_title
+    from vespo.train.reward_plot import plot_run, run_title
 
     (tmp_path / "config.yaml").write_text(to_yaml(TrainConfig(method="grpo", train_batch_size=64, lr=1e-3, seed=2)))
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")

@@ -248,7 +248,7 @@ def test_train_and_eval_end_to_end_on_a_gguf_with_a_reasoning_gym_task(tiny_gguf
     tasks' own, the reward their verifier (counts logged); then `vespo eval` on the GGUF writes per-sample rows."""
     from vespo.evaluation import cli as eval_cli
     from vespo.train import TrainConfig, train
-    from vespo.train.runs import read_metrics
+    from vespo.train.logs import read_metrics
 
     cfg = TrainConfig(
         model=str(tiny_gguf),

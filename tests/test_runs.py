@@ -14,17 +14,9 @@ from vespo.outputs import LOCK, MARKER
 from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.config_io import to_yaml
 from vespo.train.learner import Learner, UpdateSettings
-from vespo.train.runs import (
-    CHECKPOINT,
-    Logger,
-    check_run,
-    claim_run_dir,
-    load_checkpoint,
-    read_metrics,
-    restore,
-    save_checkpoint,
-    start_run,
-)
+from vespo.train.logs import Logger, read_metrics
+from vespo.train.resume import CHECKPOINT, check_run, load_checkpoint, restore, save_checkpoint
+from vespo.train.runs import claim_run_dir, start_run
 
 
 def _learner(model, opt=None) -> Learner:
@@ -255,18 +247,18 @@ def test_release_free_memory_trims_only_a_heap_with_enough_free_bytes(monkeypatc
     more than TRIM_MIN_FREE_BYTES free is trimmed; without glibc nothing is called."""
     import types
 
-    from vespo.train import runs
+    from vespo.train import system
 
     calls = []
-    for free, trimmed in ((runs.TRIM_MIN_FREE_BYTES + 1, True), (runs.TRIM_MIN_FREE_BYTES, False)):
+    for free, trimmed in ((system.TRIM_MIN_FREE_BYTES + 1, True), (system.TRIM_MIN_FREE_BYTES, False)):
         fake = types.SimpleNamespace(mallinfo2=lambda f=free: types.SimpleNamespace(fordblks=f),
                                      malloc_trim=lambda pad: calls.append(pad))  # fmt: skip
-        monkeypatch.setattr(runs, "_libc", lambda fake=fake: fake)
+        monkeypatch.setattr(system, "_libc", lambda fake=fake: fake)
         calls.clear()
-        runs.release_free_memory()
+        system.release_free_memory()
         assert calls == ([0] if trimmed else [])
-    monkeypatch.setattr(runs, "_libc", lambda: None)
-    runs.release_free_memory()  # another C library: a no-op
+    monkeypatch.setattr(system, "_libc", lambda: None)
+    system.release_free_memory()  # another C library: a no-op
 
 
 def test_a_killed_export_leaves_out_as_it_was_and_the_same_command_then_succeeds(tmp_path):

@@ -399,7 +399,7 @@ def test_a_cell_runs_from_its_config_file(tmp_path, monkeypatch):
 
     from vespo.experiments.sweep import run_cell
     from vespo.train.config_io import parse_args
-    from vespo.train.runs import CHECKPOINT
+    from vespo.train.resume import CHECKPOINT
 
     started = []
 

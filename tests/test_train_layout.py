@@ -14,7 +14,7 @@ from conftest import with_model
 
 from vespo.cli import main
 from vespo.embedded.task import build_tiny_model, build_tokenizer
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 
 SRC = Path(__file__).parents[1] / "src" / "vespo"
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_train_metrics.json").read_text())

@@ -25,7 +25,7 @@ from vespo.train import train
 from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.config_io import parse_args
 from vespo.train.learner import policy_log_probs
-from vespo.train.runs import read_metrics
+from vespo.train.logs import read_metrics
 from vespo.train.setup import build_optimizer, load_data
 
 

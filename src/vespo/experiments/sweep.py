@@ -505,7 +505,8 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     returns its summary (also saved as summary.json). Nothing is deleted: the cell's run dir is its own (named by
     `cell_key`). A finished cell whose summary.json is damaged (a crash of an older vespo that wrote it in place) is
     summarised again from its metrics, saying so."""
-    from vespo.train.runs import CHECKPOINT, read_metrics
+    from vespo.train.logs import read_metrics
+    from vespo.train.resume import CHECKPOINT
 
     tc = train_config(cfg, cell)
     run_dir = Path(tc.run_dir)
@@ -736,7 +737,7 @@ def _noise_floor(summaries: list[dict], eval_prompts: int) -> str:
 
 def _curves(out_dir: Path, cell: Cell, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(optimizer steps, values) of one metric of one cell; x = rollout step x N so all N share one axis."""
-    from vespo.train.runs import read_metrics
+    from vespo.train.logs import read_metrics
 
     rows = [r for r in read_metrics(out_dir / "cells" / cell.name) if key in r]
     return np.array([r["step"] * cell.n for r in rows]), np.array([r[key] for r in rows])

@@ -32,9 +32,9 @@ from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.forkserver import sampler_context
 from vespo.train.learner import rollout_metrics, to_floats
-from vespo.train.runs import clock, release_free_memory
 from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.train.setup import completion_rows, setup_run, update_settings
+from vespo.train.system import clock, release_free_memory
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails
 _STARTUP_S = 600.0  # a sampler that is not ready (model loaded, weights pulled) after this long fails the run

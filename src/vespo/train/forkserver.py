@@ -26,8 +26,8 @@ PRELOAD = (
     "vespo.rollout",
     "vespo.train.config",
     "vespo.train.produce",
-    "vespo.train.runs",
     "vespo.train.sampler",
+    "vespo.train.system",
 )
 """Imported once by the server for every sampler (an ImportError only skips that module; the model's own modeling
 module and a user's reward module load in the sampler: a user module may do anything at import)."""

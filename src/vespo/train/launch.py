@@ -35,7 +35,7 @@ def _interrupted(cfg: TrainConfig | None) -> str:
     if cfg is None:
         return "nothing was started"
     from vespo.embedded.warm_start import WarmStartSpec, unfinished
-    from vespo.train.runs import CHECKPOINT
+    from vespo.train.resume import CHECKPOINT
 
     run_dir = Path(cfg.run_dir).expanduser()
     partial = unfinished(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else None
@@ -79,7 +79,8 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
     from vespo.models import load_policy
     from vespo.train.config_io import load_yaml
-    from vespo.train.runs import load_checkpoint, save_policy
+    from vespo.train.resume import load_checkpoint
+    from vespo.train.runs import save_policy
     from vespo.train.setup import add_lora
 
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()

@@ -14,7 +14,7 @@ from vespo.data import format_prompts
 from vespo.rewards.batch import grade_batch
 from vespo.rollout import Engine, Rollout, decode_responses
 from vespo.train.config import TrainConfig
-from vespo.train.runs import release_free_memory
+from vespo.train.system import release_free_memory
 
 
 @dataclass

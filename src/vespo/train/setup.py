@@ -27,7 +27,9 @@ from vespo.rollout.hf import compile_log_probs
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.host import default_num_threads
 from vespo.train.learner import Learner, UpdateSettings, policy_log_probs
-from vespo.train.runs import Run, check_run, restore, seed_everything, start_run
+from vespo.train.resume import check_run, restore
+from vespo.train.runs import Run, start_run
+from vespo.train.system import seed_everything
 
 
 @dataclasses.dataclass

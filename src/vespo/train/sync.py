@@ -16,8 +16,8 @@ from vespo.rollout import build_engine
 from vespo.train.config import TrainConfig
 from vespo.train.learner import rollout_metrics, to_floats
 from vespo.train.produce import make_batch
-from vespo.train.runs import clock, release_free_memory
 from vespo.train.setup import completion_rows, setup_run, update_settings
+from vespo.train.system import clock, release_free_memory
 
 
 def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
