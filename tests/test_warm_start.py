@@ -1,5 +1,5 @@
-"""The embedded model's SFT warm start: kept on Ctrl-C, resumed bit for bit, used only for exactly its
-settings, announced when long."""
+"""The embedded model's SFT warm start: kept on Ctrl-C, resumed bit for bit, announced when long (its kept state is
+used only for exactly its settings: tests/test_checkpoints.py)."""
 
 import time
 from pathlib import Path
@@ -49,20 +49,6 @@ def test_an_interrupted_warm_start_is_kept_resumed_and_equals_an_uninterrupted_o
     assert not partial.exists()  # published, then the partial state is gone
     got, want = _weights(final), _weights(reference)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-
-
-def test_a_partial_warm_start_is_used_only_for_exactly_its_settings(tmp_path):
-    from vespo.embedded.warm_start import load_partial, save_partial
-
-    path = tmp_path / "embedded-x.partial.pt"
-    state = {"step": 3, "model": {}, "optimizer": {}, "rng": {}, "losses": [], "key": "k", "steps": 10}
-    save_partial(path, state)
-    assert load_partial(path, "k", 10) is not None
-    assert load_partial(path, "other", 10) is None and load_partial(path, "k", 20) is None
-    save_partial(path, state | {"step": 10})  # all steps done but never published: not a warm start either
-    assert load_partial(path, "k", 10) is None
-    path.write_bytes(b"torn")
-    assert load_partial(path, "k", 10) is None
 
 
 def test_a_long_warm_start_says_how_long_and_how_it_is_cached(tmp_path, capsys, monkeypatch):

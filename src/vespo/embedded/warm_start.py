@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from vespo import checkpoints
+from vespo.checkpoints import LOSSES, MODEL, OPTIMIZER, RNG, SETTINGS_KEY, STEP, TOTAL_STEPS, WARM_START
 from vespo.embedded.task import (
     SCRATCHPAD,
     Problem,
@@ -27,7 +29,7 @@ from vespo.embedded.task import (
     scratchpad_noise,
     solution_text,
 )
-from vespo.outputs import atomic_dir, write_atomic
+from vespo.outputs import atomic_dir
 
 
 @dataclass(frozen=True)
@@ -84,16 +86,16 @@ def embedded_policy_path(cfg: WarmStartSpec, *, progress: bool = False) -> Path:
 
     Cache: the finished policy is the directory `embedded-<key>` (`sft_cache_key`), published by an atomic rename
     once every step has run, and the only thing ever read as a warm start. An unfinished one (Ctrl-C, a crash) leaves
-    `embedded-<key>.partial.pt` (`PARTIAL`: step, weights, optimizer and RNG state, saved every `SAVE_EVERY_S` and on
-    Ctrl-C); the next build with the same settings continues from it, bit for bit as if uninterrupted, and deletes it
-    once the policy is published."""
+    `embedded-<key>.partial.pt` (`PARTIAL`: a `vespo.checkpoints` warm-start checkpoint of step, weights, optimizer and
+    RNG state, saved every `SAVE_EVERY_S` and on Ctrl-C); the next build with the same settings continues from it,
+    bit for bit as if uninterrupted, and deletes it once the policy is published."""
     key = sft_cache_key(cfg)
     path, partial = cache_paths(cfg)
     if (path / "config.json").is_file():
         return path
     steps = sft_steps_of(cfg)
     state = load_partial(partial, key, steps)
-    resumed = f", resuming at step {state['step']} from {partial}" if state else ""
+    resumed = f", resuming at step {state[STEP]} from {partial}" if state else ""
     print(
         f"vespo: building the embedded {cfg.task} policy: {steps} SFT steps, cached in {path} "
         f"(once per warm-start setting){resumed}",
@@ -147,7 +149,7 @@ def _build(model, tokenizer, train_set, cfg, steps, progress, state, partial, ke
             label_noise=cfg.sft_label_noise,
             progress=progress,
             state=state,
-            save=lambda snapshot: save_partial(partial, snapshot | {"key": key, "steps": steps}),
+            save=lambda snapshot: save_partial(partial, snapshot | {SETTINGS_KEY: key, TOTAL_STEPS: steps}),
             announce=announce,
         )
 
@@ -183,25 +185,23 @@ def _duration(seconds: float) -> str:
 
 
 def save_partial(path: Path, snapshot: dict) -> None:
-    """Write an unfinished warm start's state atomically (`write_atomic`): a reader sees the old state or the new
-    one, never a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda f: torch.save(snapshot, f))
+    """Write an unfinished warm start's state (`vespo.checkpoints.save`: atomic, a reader sees the old state or the
+    new one, never a torn file)."""
+    checkpoints.save(path, WARM_START, snapshot)
 
 
 def load_partial(path: Path, key: str, steps: int) -> dict | None:
-    """The unfinished warm start saved at `path` when it is one of exactly these settings (`key`, `steps`) and
-    stopped before its last step; None otherwise (no file, another setting, damaged: the build starts over)."""
+    """The unfinished warm start saved at `path` when it is one of exactly these settings (`key`, `steps`); None
+    otherwise: no file, another setting, or a file `vespo.checkpoints.load` refuses (damaged, foreign: never trusted;
+    one stderr line says so), and the build starts over."""
     if not path.is_file():
         return None
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception:  # truncated or foreign: never trusted, rebuilt from step 0
+        state = checkpoints.load(path, WARM_START, label="vespo: warm start")
+    except checkpoints.CheckpointError as exc:
+        print(f"{exc}; building it from step 0", file=sys.stderr)
         return None
-    ok = isinstance(state, dict) and state.get("key") == key and state.get("steps") == steps
-    ok = ok and isinstance(state.get("step"), int) and 0 < state["step"] < steps
-    ok = ok and all(name in state for name in ("model", "optimizer", "rng", "losses"))
-    return state if ok else None
+    return state if state[SETTINGS_KEY] == key and state[TOTAL_STEPS] == steps else None
 
 
 def sft_warm_start(
@@ -236,16 +236,16 @@ def sft_warm_start(
     losses: list[float] = []
     start = 0
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        rng.setstate(state["rng"]["python"])
-        torch.set_rng_state(state["rng"]["torch"])
-        start, losses = state["step"], list(state["losses"])
+        model.load_state_dict(state[MODEL])
+        opt.load_state_dict(state[OPTIMIZER])
+        rng.setstate(state[RNG]["python"])
+        torch.set_rng_state(state[RNG]["torch"])
+        start, losses = state[STEP], list(state[LOSSES])
     model.train()
 
     def snapshot(step: int) -> dict:
         rngs = {"python": rng.getstate(), "torch": torch.get_rng_state()}
-        return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "rng": rngs, "losses": losses}
+        return {STEP: step, MODEL: model.state_dict(), OPTIMIZER: opt.state_dict(), RNG: rngs, LOSSES: losses}
 
     bar = None
     if progress:

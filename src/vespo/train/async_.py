@@ -26,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from vespo.checkpoints import ASYNC, NEXT_BATCH
 from vespo.outputs import OwnedDir, write_atomic
 from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
@@ -308,7 +309,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     run, learner, tokenizer = state.run, state.learner, state.tokenizer
     model = learner.model
     device = next(model.parameters()).device
-    next_batch = state.loop["async"]["next_batch"] if "async" in state.loop else 0
+    next_batch = state.loop[ASYNC][NEXT_BATCH] if ASYNC in state.loop else 0
     n_mini = cfg.num_mini_batches
     opt_step = state.start * n_mini  # = the policy version of the learner's current weights
     sampling = dataclasses.replace(cfg, num_threads=state.threads)
@@ -365,7 +366,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                         "async/sampler_util": busy / max(busy + idle, 1e-9), "async/policy_version": float(opt_step),
                         "async/samples_dropped_total": float(dropped_total),
                         "async/sampler_restarts": float(pool.restarts)}  # fmt: skip
-            loop = {"async": {"next_batch": pool.next_batch}}
+            loop = {ASYNC: {NEXT_BATCH: pool.next_batch}}
             if run.end_step(step, metrics, learner, state.gen, show="async/lag_mean", loop=loop):
                 break
     summary = stats.summary() | {

@@ -76,6 +76,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     checkpoint's weights loaded into it, LoRA adapters merged (`vespo.train.runs.save_policy`). ConfigError (one line)
     for anything that does not fit, before the model loads where it can be checked."""
 
+    from vespo.checkpoints import MODEL
     from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
     from vespo.models import load_policy
     from vespo.train.config_io import load_yaml
@@ -94,7 +95,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty directory; give a new one (nothing is replaced)")
     cfg = TrainConfig(**load_yaml(run_dir / "config.yaml", label="config.yaml"))
-    state = load_checkpoint(run_dir, ckpt_path, label="--checkpoint")["model"]  # truncated, foreign: one line
+    state = load_checkpoint(run_dir, ckpt_path, label="--checkpoint")[MODEL]  # truncated, foreign: one line
     policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
     try:
         model, tokenizer = load_policy(policy, cache_dir=cfg.cache_dir)  # a GGUF: the run's own cache

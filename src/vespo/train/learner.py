@@ -16,6 +16,7 @@ import transformers
 from vespo import diagnostics, step_control
 from vespo.advantages import opob_advantages
 from vespo.aggregation import agg_loss
+from vespo.checkpoints import MODEL, OPTIMIZER, SCALER, SCHEDULER
 from vespo.losses import (
     CORRECTION_OPTIONS,
     BatchContext,
@@ -200,27 +201,27 @@ class Learner:
     def state_dict(self) -> dict:
         """Weights, optimizer, and the scheduler's and scaler's states when there are any: tensors and plain
         containers only (a checkpoint loads with weights_only=True)."""
-        extra = (("scheduler", self.scheduler), ("scaler", self.scaler))
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()} | {
+        extra = ((SCHEDULER, self.scheduler), (SCALER, self.scaler))
+        return {MODEL: self.model.state_dict(), OPTIMIZER: self.optimizer.state_dict()} | {
             name: obj.state_dict() for name, obj in extra if obj is not None
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()` in place. ValueError naming the first mismatch when the weights are another model's,
         or when the state lacks what this learner has (a scheduler or a scaler)."""
-        want, got = self.model.state_dict(), state["model"]
+        want, got = self.model.state_dict(), state[MODEL]
         problem = next((f"{k} is missing" for k in want if k not in got), None)
         problem = problem or next((f"{k} is not a parameter of the model" for k in got if k not in want), None)
         shapes = ((k, list(got[k].shape), list(v.shape)) for k, v in want.items())
         problem = problem or next((f"{k} has shape {a}, the model {b}" for k, a, b in shapes if a != b), None)
-        extra = (("scheduler", self.scheduler), ("scaler", self.scaler))
+        extra = ((SCHEDULER, self.scheduler), (SCALER, self.scaler))
         missing = (f"it has no {name} state" for name, obj in extra if obj is not None and name not in state)
         problem = problem or next(missing, None)
         if problem:
             raise ValueError(problem)
         try:
             self.model.load_state_dict(got)
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(state[OPTIMIZER])
             for name, obj in extra:
                 if obj is not None:
                     obj.load_state_dict(state[name])
