@@ -2,7 +2,7 @@
 
 One command (after the grid, ~15 min of one CPU core):
 `vespo lab --preset v1 --methods vespo grpo topr vespo_moment vespo_ess vespo_selfnorm vespo_schedule --length 64 1024
---staleness 1 4 16 64 --lr-scale 0.3333333333333333 1 3 --seeds 0 1 2 --jobs 1
+--num-mini-batches 1 4 16 64 --lr-scale 0.3333333333333333 1 3 --seeds 0 1 2 --jobs 1
 --out-dir benchmarks/results/adaptive/lab_grid && python benchmarks/bench_adaptive_goal.py`
 reads lab_grid/results.csv and mechanism.csv and writes goal.md, goal.csv and goal.png beside them: per variant
 and cell, the seed-mean final expected reward minus the best baseline's (GRPO, TOPR), collapses, and the mechanism
@@ -118,7 +118,7 @@ def _plot(directory: Path, gaps: np.ndarray, grid: list[tuple]) -> None:
         for j in range(gaps.shape[1]):
             ax.text(j, i, f"{gaps[i, j]:+.2f}", ha="center", va="center", fontsize=5)
     ax.set_title("final expected reward minus the best of GRPO/TOPR (lab, mean of 3 seeds)")
-    ax.set(xlabel="lab cell: length T, staleness N, lr multiple", ylabel="adaptive VESPO variant")
+    ax.set(xlabel="lab cell: length T, N (mini-batches per rollout step), lr multiple", ylabel="adaptive VESPO variant")
     fig.colorbar(im, ax=ax, fraction=0.02)
     fig.tight_layout()
     fig.savefig(directory / "goal.png", dpi=120)
@@ -129,9 +129,9 @@ def smoke_grid(out_dir: Path) -> Path:
     from vespo.experiments.lab import LabConfig, lab
 
     grid = out_dir / "lab_grid"
-    lab(LabConfig(preset="v1", out_dir=str(grid), methods=(*BASELINES, *VARIANTS), length=(8,), staleness=(1, 16),
-                  lr_scale=(1.0,), seeds=(0,), optimizer_steps=16, mini_batch_size=8, rollout_n=4, eval_points=1,
-                  jobs=1))  # fmt: skip
+    lab(LabConfig(preset="v1", out_dir=str(grid), methods=(*BASELINES, *VARIANTS), length=(8,),
+                  num_mini_batches=(1, 16), lr_scale=(1.0,), seeds=(0,), optimizer_steps=16, mini_batch_seqs=8,
+                  rollout_n=4, eval_points=1, jobs=1))  # fmt: skip
     return grid
 
 

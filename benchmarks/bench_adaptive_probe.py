@@ -34,14 +34,15 @@ ARMS = [  # (label, method, hparams)
 
 def main(seeds: tuple[int, ...] = (0, 1, 2), out: Path = OUT, smoke: bool = False) -> None:
     cfg = LabConfig()  # the lab grid's defaults: Adam, lr 5e-3, 128 optimizer steps, mini-batch 64
-    lengths, staleness = (64, 1024), 64
+    lengths, num_mini_batches = (64, 1024), 64
     if smoke:  # the same cells, tiny
-        cfg, lengths, staleness = LabConfig(optimizer_steps=4, mini_batch_size=8, rollout_n=4, eval_points=1), (8,), 4
+        cfg = LabConfig(optimizer_steps=4, mini_batch_seqs=8, rollout_n=4, eval_points=1)
+        lengths, num_mini_batches = (8,), 4
     rows = []
     for length in lengths:
         for label, method, hp in ARMS:
             for seed in seeds:
-                r = run_cell(cfg, LabCell(method, length, staleness, 1.0, seed, hp))
+                r = run_cell(cfg, LabCell(method, length, num_mini_batches, 1.0, seed, hp))
                 s, per_k = r["summary"], r["per_k"]
                 rows.append({
                     "arm": label, "length": length, "seed": seed, "final_reward": s["final_reward"],
@@ -54,9 +55,9 @@ def main(seeds: tuple[int, ...] = (0, 1, 2), out: Path = OUT, smoke: bool = Fals
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    k = staleness - 1
+    k = num_mini_batches - 1
     lines = [
-        f"# Lab probe: N = {staleness}, lr x1 (mean of {len(seeds)} seeds; k = {k} is the stalest mini-batch)",
+        f"# Lab probe: N = {num_mini_batches}, lr x1 (mean of {len(seeds)} seeds; k = {k} is the stalest mini-batch)",
         "",
         f"| arm | T | final E[R] | update norm, k = {k} | mean update norm | top-1% gradient share, k = {k} |",
         "|---|---|---|---|---|---|",

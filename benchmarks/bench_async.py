@@ -10,8 +10,9 @@ held-out accuracy on 200 problems at step 0 and every 48 steps. Async: each samp
 two sampler processes (one would be the bottleneck here and keep every lag at ~1 whatever the bound; with two, the
 learner is the bottleneck and lags fill the window up to S, as on a real cluster where generation is the larger
 pool), one learner; weights published every optimizer step. Lags are measured, not set: the tables report their
-histogram. `--sync-staleness 1 4 16` adds a sync reference on the same machine and warm start (sync/: `vespo sweep`
-at those N; mini-batch k of a rollout batch has lag k <= N - 1); the committed results were run without it (CPU).
+histogram. `--sync-num-mini-batches 1 4 16` adds a sync reference on the same machine and warm start (sync/:
+`vespo sweep` at those N; mini-batch k of a rollout batch has lag k <= N - 1); the committed results were run without
+it (CPU).
 `--smoke --out-dir DIR`: one method, S = 1, one seed, one sampler, 2 optimizer steps of 2 prompts x 2 on a 2-step
 warm start built in DIR (CI; the sampler process start-up dominates).
 """
@@ -21,10 +22,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from vespo.cli import warn_renamed
 from vespo.experiments.sweep import SweepConfig, sweep
 from vespo.experiments.sweep import cells as sweep_cells
 from vespo.train.logs import read_metrics
@@ -33,6 +36,8 @@ RESULTS = Path(__file__).parent / "results"
 OUT = RESULTS / "async_lag"
 # one normaliser for all three methods (TOPR's source default is seq-mean-token-sum; vespo and grpo use token-mean)
 COMMON = {"loss_agg_mode": "token-mean", "tensorboard": "False"}
+RENAMED_FLAGS = {"--staleness": "--max-staleness", "--sync-staleness": "--sync-num-mini-batches"}
+"""Old flag -> current flag (still accepted, with a deprecation line)."""
 
 
 def smoke_settings(a) -> dict:
@@ -51,7 +56,7 @@ def sweep_config(s: int, a) -> SweepConfig:
     return SweepConfig(
         out_dir=str(a.out_dir / f"S{s}"),
         methods=tuple(a.methods),
-        staleness=(1,),
+        num_mini_batches=(1,),
         seeds=tuple(a.seeds),
         optimizer_steps=a.optimizer_steps,
         jobs=1,  # each cell already runs a learner and two samplers
@@ -106,7 +111,7 @@ def sync_config(a) -> SweepConfig:
     return SweepConfig(
         out_dir=str(a.out_dir / "sync"),
         methods=tuple(a.methods),
-        staleness=tuple(a.sync_staleness),
+        num_mini_batches=tuple(a.sync_num_mini_batches),
         seeds=tuple(a.seeds),
         optimizer_steps=a.optimizer_steps,
         jobs=2,
@@ -165,9 +170,10 @@ def write_summary(rows: list[dict], a) -> None:
     else:
         lines += [
             "",
-            "No sync reference in this run (`--sync-staleness` not given). The sync staleness sweep (git history:",
-            "7365b5b:benchmarks/results/archive/staleness) used the same protocol on another machine, whose warm",
-            "start scored lower held-out accuracy at step 0 (0.20 vs the value below), so compare trends, not levels.",
+            "No sync reference in this run (`--sync-num-mini-batches` not given). The sync sweep over N (git",
+            "history: 7365b5b:benchmarks/results/archive/staleness) used the same protocol on another machine, whose",
+            "warm start scored lower held-out accuracy at step 0 (0.20 vs the value below), so compare trends, not",
+            "levels.",
         ]
     lines += ["", "Sequence log W = log pi/mu at the update and ESS of the method's weights, per lag bucket:", ""]
     lines += ["| method | S | lag bucket | mean log W | weight ESS |", "|---|---|---|---|---|"]
@@ -191,7 +197,7 @@ def plot(rows: list[dict], a) -> None:
         for method in a.methods:
             panel = Panel(method, "optimizer step", label, bounds=(0.0, 1.0))
             for r in (r for r in rows if r["method"] == method):
-                color = sequential_color(a.staleness.index(r["S"]), len(a.staleness))
+                color = sequential_color(a.max_staleness.index(r["S"]), len(a.max_staleness))
                 c = r["curves"][key]
                 style = {"color": color, "marker": "o" if key.startswith("eval/") else None, "ms": 3}
                 panel.series[f"S={r['S']}"] = Series(c["step"], c["mean"], style=style)
@@ -202,8 +208,8 @@ def plot(rows: list[dict], a) -> None:
 
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(a.staleness), figsize=(4 * len(a.staleness), 3), squeeze=False)
-    for ax, s in zip(axes[0], a.staleness, strict=True):
+    fig, axes = plt.subplots(1, len(a.max_staleness), figsize=(4 * len(a.max_staleness), 3), squeeze=False)
+    for ax, s in zip(axes[0], a.max_staleness, strict=True):
         hist: dict[int, int] = {}
         for r in (r for r in rows if r["S"] == s):
             for k, v in r["lag_hist"].items():
@@ -219,21 +225,36 @@ def plot(rows: list[dict], a) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=["vespo", "grpo", "topr"])
-    parser.add_argument("--staleness", nargs="+", type=int, default=[1, 4, 16], help="max_staleness values S")
+    parser.add_argument(
+        "--max-staleness",
+        "--staleness",
+        nargs="+",
+        type=int,
+        default=[1, 4, 16],
+        help="max_staleness values S (--staleness: old name, deprecated)",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--optimizer-steps", type=int, default=192)
     parser.add_argument("--num-samplers", type=int, default=2)
-    parser.add_argument("--sync-staleness", nargs="*", type=int, default=[], help="N of an optional sync reference")
+    parser.add_argument(
+        "--sync-num-mini-batches",
+        "--sync-staleness",
+        nargs="*",
+        type=int,
+        default=[],
+        help="N of an optional sync reference (--sync-staleness: old name, deprecated)",
+    )
     parser.add_argument("--out-dir", type=Path, default=OUT, help="where it all goes (benchmarks/results/async_lag)")
     parser.add_argument("--smoke", action="store_true", help="one tiny async cell, in seconds (CI)")
     a = parser.parse_args()
+    warn_renamed(parser.prog, sys.argv[1:], RENAMED_FLAGS)
     if a.smoke:
-        a.methods, a.staleness, a.seeds, a.optimizer_steps, a.num_samplers = ["vespo"], [1], [0], 2, 1
-    for s in a.staleness:
+        a.methods, a.max_staleness, a.seeds, a.optimizer_steps, a.num_samplers = ["vespo"], [1], [0], 2, 1
+    for s in a.max_staleness:
         sweep(sweep_config(s, a))
-    if a.sync_staleness:
+    if a.sync_num_mini_batches:
         sweep(sync_config(a))
-    rows = [collect(s, m, a) for s in a.staleness for m in a.methods]
+    rows = [collect(s, m, a) for s in a.max_staleness for m in a.methods]
     a.out_dir.mkdir(parents=True, exist_ok=True)
     write_summary(rows, a)
     plot(rows, a)

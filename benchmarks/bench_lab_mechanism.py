@@ -1,6 +1,6 @@
 """Why VESPO collapses in the lab at N = 64: the momentum echo, measured per mini-batch, and remedies for it.
 
-One command: `python benchmarks/bench_lab_mechanism.py [--seeds 0 1 2 3 4] [--staleness 64] [--jobs 1] [--out-dir
+One command: `python benchmarks/bench_lab_mechanism.py [--seeds 0 1 2 3 4] [--num-mini-batches 64] [--jobs 1] [--out-dir
 DIR]` writes benchmarks/results/lab_mechanism/{results.md,results.json,per_k.csv,lab_mechanism.png} (cells/*.json,
 git-ignored, keep finished cells: the command resumes). Setting: lab v2's collapse setting (`bench_lab_v2.py`'s
 defaults, the chain pinned at the reward it was measured with: threshold reward, success quantile 0.75, min length
@@ -21,11 +21,13 @@ import argparse
 import csv
 import json
 import math
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from vespo.cli import warn_renamed
 from vespo.experiments.lab import LabCell, LabConfig
 from vespo.experiments.lab_model import ChainSpec, run_chain_cell
 from vespo.experiments.stats import TEST_NAMES, compare, fisher_exact, format_ci, holm, paired_t
@@ -43,7 +45,7 @@ BASE = {"vespo beta1=0": "vespo", "vespo step×Z": "vespo", "vespo momentum×Z":
 SETTING = {"length": 256, "lr": 0.03, "optimizer_steps": 512}
 CHAIN = {"success_quantile": 0.75, "min_length": 0.25, "reward": "threshold"}
 """The v2 chain as lab_v2 measured it (pinned: the lab's default reward may change)."""
-SMOKE_LAB = {"mini_batch_size": 8, "rollout_n": 4, "eval_points": 1}
+SMOKE_LAB = {"mini_batch_seqs": 8, "rollout_n": 4, "eval_points": 1}
 SMOKE_CHAIN = {"vocab": 16, "rank": 4, "eval_samples": 16}
 K_SHOWN = (0, 1, 2, 4, 8, 16, 32, 63)
 
@@ -59,10 +61,10 @@ def _run(job: tuple[str, int, int, bool]) -> dict:
     return out
 
 
-def run(seeds: list[int], staleness: list[int], jobs: int, out: Path, smoke: bool = False) -> list[dict]:
+def run(seeds: list[int], num_mini_batches: list[int], jobs: int, out: Path, smoke: bool = False) -> list[dict]:
     cells = out / "cells"
     cells.mkdir(parents=True, exist_ok=True)
-    jobs_all = [(arm, n, seed, smoke) for n in staleness for seed in seeds for arm in ARMS]  # seed-major: paired
+    jobs_all = [(arm, n, seed, smoke) for n in num_mini_batches for seed in seeds for arm in ARMS]  # seed-major: paired
     path = {j: cells / f"{j[0].replace(' ', '_').replace('×', 'x')}_N{j[1]}_seed{j[2]}{'_smoke' if smoke else ''}.json"
             for j in jobs_all}  # fmt: skip
     todo = [j for j in jobs_all if not path[j].is_file()]
@@ -238,12 +240,20 @@ def _plot(results: list[dict], arms: list[str], n: int, out: Path) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--staleness", type=int, nargs="+", default=[64])
+    ap.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        nargs="+",
+        default=[64],
+        help="values of N, the mini-batches per rollout step (--staleness: old name, deprecated)",
+    )
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out-dir", type=Path, default=OUT)
     ap.add_argument("--smoke", action="store_true", help="tiny cells, one seed, in seconds (CI)")
     a = ap.parse_args()
-    seeds, ns = ([0], [2]) if a.smoke else (a.seeds, a.staleness)
-    cmd = f"python benchmarks/bench_lab_mechanism.py --seeds {' '.join(map(str, seeds))} --staleness "
+    warn_renamed(ap.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
+    seeds, ns = ([0], [2]) if a.smoke else (a.seeds, a.num_mini_batches)
+    cmd = f"python benchmarks/bench_lab_mechanism.py --seeds {' '.join(map(str, seeds))} --num-mini-batches "
     cmd += " ".join(map(str, ns))
     print(report(run(seeds, ns, a.jobs, a.out_dir, a.smoke), a.out_dir, cmd))

@@ -1,7 +1,7 @@
 """Lab v2 staleness grid and failure-mode table: does stale training collapse where the paper says it does?
 
 One command: `python benchmarks/bench_lab_v2.py [--length 256] [--lr 0.03] [--optimizer-steps 512]
-[--adam-epsilon 1e-8] [--staleness 1 16 64] [--seeds 0 1 2 3 4] [--jobs 2] [--out DIR]` writes
+[--adam-epsilon 1e-8] [--num-mini-batches 1 16 64] [--seeds 0 1 2 3 4] [--jobs 2] [--out DIR]` writes
 benchmarks/results/lab_v2/{results.json, results.md, failure_modes.md, lab_v2.png} (cells/*.json, gitignored, keep
 finished cells). Methods vespo grpo gspo sapo cispo topr reinforce, plus vespo with log W / T
 (`length_norm="linear"`, the paper's length-normalisation ablation), Adam steps of 64 sequences (groups of 8), the
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vespo.cli import warn_renamed
 from vespo.experiments.lab import LabCell, LabConfig
 from vespo.experiments.lab_model import ChainSpec, run_chain_cell
 from vespo.experiments.stats import compare, fisher_exact, format_ci, holm, mean_ci, paired_t
@@ -41,10 +42,10 @@ ARMS = {  # arm name -> (registered method, hyperparameters)
     "reinforce": ("reinforce", ()),
     "vespo_lin": ("vespo", (("length_norm", "linear"),)),
 }
-STALENESS = (1, 16, 64)  # the default grid; tables and plots read N from the cells
+NUM_MINI_BATCHES = (1, 16, 64)  # the default grid; tables and plots read N from the cells
 
 
-SMOKE_LAB = {"mini_batch_size": 8, "rollout_n": 4, "eval_points": 1}
+SMOKE_LAB = {"mini_batch_seqs": 8, "rollout_n": 4, "eval_points": 1}
 SMOKE_CHAIN = {"vocab": 16, "rank": 4, "eval_samples": 16}
 CHAIN = {"success_quantile": 0.75, "min_length": 0.25, "reward": "threshold"}
 """The reward lab_v2* were measured with (pinned: the lab's default reward may change)."""
@@ -257,7 +258,7 @@ def tables(rows: list[dict], results: list[dict] | None, length: int, args: argp
 def plot(rows: list[dict], path: Path) -> None:
     """lab_v2.png: final E[R], mean length and token accuracy vs N per arm, mean and 95% CI over seeds; every CI
     clipped to its metric's range (E[R] and accuracy in [0, 1], length in [0, T])."""
-    from vespo.plots import Panel, Series, panel_figure, save_figure
+    from vespo.plots import N_AXIS, Panel, Series, panel_figure, save_figure
 
     staleness = _staleness(rows)
     longest = max(r["length"] for r in rows)  # T: no response is longer
@@ -267,7 +268,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ("final_length_mean", "final mean length (tokens)", (0.0, float(longest))),
         ("final_token_accuracy", "final token accuracy", (0.0, 1.0)),
     ):
-        panel = Panel(label, "staleness N", label, bounds=bounds, xscale="log2", xticks=staleness)
+        panel = Panel(label, N_AXIS, label, bounds=bounds, xscale="log2", xticks=staleness)
         for arm in ARMS:
             stats = [mean_ci(_values(rows, arm, n, key)) for n in staleness]
             panel.series[arm] = Series(staleness, [s[0] for s in stats], yerr=[s[1] for s in stats])
@@ -283,13 +284,21 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.03)
     ap.add_argument("--optimizer-steps", type=int, default=512)
     ap.add_argument("--adam-epsilon", type=float, default=1e-8)
-    ap.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS))
+    ap.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        nargs="+",
+        default=list(NUM_MINI_BATCHES),
+        help="values of N, the mini-batches per rollout step (--staleness: old name, deprecated)",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", "--out-dir", type=Path, default=OUT, help="output directory (benchmarks/results/lab_v2)")
     ap.add_argument("--smoke", action="store_true", help="a tiny chain, N in {1, 2}, one seed, in seconds (CI)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the tables from OUT/results.json")
     args = ap.parse_args()
+    warn_renamed(ap.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     if args.report_only:
         rows = json.loads((args.out / "results.json").read_text())
         md, fm = tables(rows, None, args.length, args)
@@ -298,11 +307,11 @@ def main() -> None:
         print(fm)
         return
     if args.smoke:
-        args.length, args.optimizer_steps, args.staleness, args.seeds, args.jobs = 8, 2, [1, 2], [0], 1
+        args.length, args.optimizer_steps, args.num_mini_batches, args.seeds, args.jobs = 8, 2, [1, 2], [0], 1
     out = args.out
-    staleness = sorted(set(args.staleness))
+    staleness = sorted(set(args.num_mini_batches))
     if 1 not in staleness or any(args.optimizer_steps % n for n in staleness):
-        ap.error("--staleness must include 1 and divide --optimizer-steps")
+        ap.error("--num-mini-batches must include 1 and divide --optimizer-steps")
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
     settings = (args.lr, args.optimizer_steps, args.adam_epsilon, args.smoke)

@@ -39,7 +39,7 @@ def _flags(staleness: int, cache: Path, smoke: bool, tmp: Path) -> list[str]:
     """The preset cell's `vespo train` flags (its config, written into `tmp`), cut to one rollout step with nothing
     but generation and the update."""
     fields = {"num_operands": 3, "ppo_mini_batch_size": 2, "rollout_n": 2} if smoke else {}
-    cfg = resolve(preset_config("paper-long", variants=("vespo",), staleness=(staleness,), seeds=(0,),
+    cfg = resolve(preset_config("paper-long", variants=("vespo",), num_mini_batches=(staleness,), seeds=(0,),
                                 cache_dir=str(cache), out_dir=str(cache / "unused"), **fields))  # fmt: skip
     cut = {"total_training_steps": 1, "eval_every": 0, "probe_every": 0, "save_every": 1000}
     if smoke:

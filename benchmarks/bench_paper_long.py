@@ -1,6 +1,6 @@
 """Where VESPO and GRPO actually differ: the paper's staleness table on 128-token responses, powered before it runs.
 
-One command: `python benchmarks/bench_paper_long.py [--seeds ...] [--jobs 2] [--variants ...] [--staleness ...]`
+One command: `python benchmarks/bench_paper_long.py [--seeds ...] [--jobs 2] [--variants ...] [--num-mini-batches ...]`
 runs `vespo sweep --preset paper-long` (docs/paper_regime.md, "The long-response regime": the 41-step chain task,
 128-token responses, the paper's AdamW settings, N in {4, 16, 64, 128}) into benchmarks/results/paper_long/
 (resumable: the same command finishes it; per-cell runs under cells/ are not committed). Before any cell runs it
@@ -32,10 +32,12 @@ import importlib.util
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from vespo.cli import warn_renamed
 from vespo.experiments.compare import load_rows
 from vespo.experiments.stats import TEST_NAMES, compare, holm, minimal_detectable_difference, seeds_for
 from vespo.experiments.sweep import GATES, PRESETS, SweepConfig, preset_config, resolve, sweep
@@ -66,7 +68,7 @@ cells of benchmarks/results/paper_long/ (N = 4 and 64, two cells in parallel at 
 cache: an N = 64 cell ~450 s, an N = 4 cell ~100 s): process start and imports, one generated training response
 (128 tokens), one optimizer step (mu scoring, forward, backward, diagnostics, AdamW), one held-out response, one
 gradient probe."""
-SMOKE = {"staleness": (2, 4), "seeds": (0,), "variants": ("vespo", "grpo"), "num_operands": 3, "eval_size": 10,
+SMOKE = {"num_mini_batches": (2, 4), "seeds": (0,), "variants": ("vespo", "grpo"), "num_operands": 3, "eval_size": 10,
          "eval_n": 1, "eval_points": 1, "optimizer_steps": 4, "min_rollout_steps": 1, "ppo_mini_batch_size": 2,
          "rollout_n": 2, "probes": 1}  # fmt: skip
 """`--smoke`: SweepConfig fields of a tiny grid (the paper-long regime otherwise)."""
@@ -143,7 +145,7 @@ def estimate_seconds(cfg: SweepConfig) -> float:
 
     cfg = resolve(cfg)
     per_seed = 0.0
-    for n in cfg.staleness:
+    for n in cfg.num_mini_batches:
         steps = _optimizer_steps(cfg, n)
         rollout_steps = steps // n
         seqs = steps * cfg.ppo_mini_batch_size * cfg.rollout_n  # every sequence is generated once
@@ -156,14 +158,14 @@ def estimate_seconds(cfg: SweepConfig) -> float:
 def plan_text(cfg: SweepConfig) -> str:
     cfg = resolve(cfg)
     variants = list(cfg.variants or PRESETS[PRESET])
-    found = comparisons(variants, cfg.staleness)
-    rows = plan_rows(variants, cfg.staleness, len(cfg.seeds))
+    found = comparisons(variants, cfg.num_mini_batches)
+    rows = plan_rows(variants, cfg.num_mini_batches, len(cfg.seeds))
     hours = estimate_seconds(cfg) / 3600
     lines = [
         "# paper-long: the design, fixed before the cells run",
         "",
-        f"Variants {', '.join(variants)}; N = {', '.join(map(str, cfg.staleness))}; seeds {list(cfg.seeds)}; "
-        f"{len(variants) * len(cfg.staleness) * len(cfg.seeds)} cells. Estimated wall time on {cfg.jobs} cores: "
+        f"Variants {', '.join(variants)}; N = {', '.join(map(str, cfg.num_mini_batches))}; seeds {list(cfg.seeds)}; "
+        f"{len(variants) * len(cfg.num_mini_batches) * len(cfg.seeds)} cells. Estimated wall time on {cfg.jobs} cores: "
         f"{hours:.1f} h ({COST_NOTE}).",
         "",
         f"Comparisons ({len(found)} per checkpoint rule, both rules: {', '.join(RULES.values())}): "
@@ -177,7 +179,7 @@ def plan_text(cfg: SweepConfig) -> str:
     for r in rows:
         lines.append(f"| {r['family']} | {r['comparisons']} | {r['assumed_sd']:.3f} | {r['seeds']} | {r['level']:.2g} "
                      f"| {r['mdd']:.3f} | {'yes' if r['detects_target'] else 'no'} |")  # fmt: skip
-    need = choose_seeds(variants, cfg.staleness)
+    need = choose_seeds(variants, cfg.num_mini_batches)
     lines += ["", f"Seeds needed to detect {TARGET} in every family: {need if need else 'more than 200'} (paired t, "
               "exact noncentral t; SD assumed as `ASSUMED_SD` says)."]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -320,9 +322,9 @@ def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def config(out: Path, seeds: list[int] | None, jobs: int, variants: list[str], staleness: list[int],
+def config(out: Path, seeds: list[int] | None, jobs: int, variants: list[str], num_mini_batches: list[int],
            smoke: bool) -> SweepConfig:  # fmt: skip
-    fields = {"variants": tuple(variants), "staleness": tuple(staleness)}
+    fields = {"variants": tuple(variants), "num_mini_batches": tuple(num_mini_batches)}
     if seeds is not None:
         fields["seeds"] = tuple(seeds)
     extra = {"tensorboard": "False"}
@@ -353,14 +355,22 @@ if __name__ == "__main__":
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (chosen by power)")
     p.add_argument("--jobs", type=int, default=2, help="cells in parallel (one torch thread each)")
     p.add_argument("--variants", nargs="+", default=list(PRESETS[PRESET]), help="a subset of the preset's")
-    p.add_argument("--staleness", type=int, nargs="+", default=[4, 16, 64, 128])
+    p.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        nargs="+",
+        default=[4, 16, 64, 128],
+        help="values of N, the mini-batches per rollout step (--staleness: old name, deprecated)",
+    )
     p.add_argument("--out-dir", type=Path, default=OUT, help="where the sweep, plan and verdicts go")
     p.add_argument("--smoke", action="store_true", help="four tiny cells, in seconds (CI)")
     p.add_argument("--plan-only", action="store_true", help="print the design and the time estimate, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild the verdicts from out-dir's results.csv")
     args = p.parse_args()
+    warn_renamed(p.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     try:
-        cfg = config(args.out_dir, args.seeds, args.jobs, args.variants, args.staleness, args.smoke)
+        cfg = config(args.out_dir, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
         text = plan_text(cfg)
         print(text, flush=True)
         if args.plan_only:

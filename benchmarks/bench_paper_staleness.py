@@ -1,9 +1,9 @@
 """The paper's staleness table beside ours: `vespo sweep --preset paper`, then a verdict on every ordering it claims.
 
 One command: `python benchmarks/bench_paper_staleness.py [--seeds 0 1 2 3 4] [--jobs 1] [--variants ...]
-[--staleness ...]` runs the paper preset (docs/paper_regime.md: the scratchpad task, AdamW betas (0.9, 0.999), weight
-decay 0.01, grad_clip 1.0, >= 8 rollout steps per cell) into benchmarks/results/paper_staleness/ (resumable: rerun
-the same command to finish it; per-cell runs under cells/ are not committed), then writes there:
+[--num-mini-batches ...]` runs the paper preset (docs/paper_regime.md: the scratchpad task, AdamW betas (0.9, 0.999),
+weight decay 0.01, grad_clip 1.0, >= 8 rollout steps per cell) into benchmarks/results/paper_staleness/ (resumable:
+rerun the same command to finish it; per-cell runs under cells/ are not committed), then writes there:
 
 - results.md / results.csv / fig3_training_reward.png / fig4_dynamics.png: the sweep's own tables and figures;
 - compare_vespo_best_eval_acc.md, compare_vespo_final_eval_acc.md: `vespo compare --baseline vespo --test auto`;
@@ -24,10 +24,12 @@ import argparse
 import csv
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from vespo.cli import warn_renamed
 from vespo.experiments.compare import DIAGNOSTICS, comparison_inputs, load_rows, markdown
 from vespo.experiments.stats import TEST_NAMES, compare
 from vespo.experiments.sweep import PAPER_TABLE, SweepConfig, preset_config, resolve, sweep
@@ -43,7 +45,7 @@ PAPER = {  # paper Table "staleness": Qwen3-30B-A3B, average accuracy (%) over i
 RULES = {"best_eval_acc": "best checkpoint (the paper's rule)", "final_eval_acc": "final checkpoint"}
 DEGRADATION = (4, 64)
 """N from -> N to of the degradation claims (the paper's SAPO and GSPO lose more accuracy than VESPO between them)."""
-SMOKE = {"staleness": (4,), "seeds": (0,), "variants": ("vespo", "grpo"), "eval_size": 10, "eval_n": 1,
+SMOKE = {"num_mini_batches": (4,), "seeds": (0,), "variants": ("vespo", "grpo"), "eval_size": 10, "eval_n": 1,
          "eval_points": 1, "optimizer_steps": 4, "min_rollout_steps": 1, "ppo_mini_batch_size": 2,
          "rollout_n": 2}  # fmt: skip
 """`--smoke`: SweepConfig fields of a tiny grid (the paper regime otherwise)."""
@@ -192,8 +194,10 @@ def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) 
     return "\n".join(lines) + "\n"
 
 
-def run(out: Path, seeds: list[int], jobs: int, variants: list[str], staleness: list[int], smoke: bool) -> SweepConfig:
-    fields = {"seeds": tuple(seeds), "variants": tuple(variants), "staleness": tuple(staleness)}
+def run(
+    out: Path, seeds: list[int], jobs: int, variants: list[str], num_mini_batches: list[int], smoke: bool
+) -> SweepConfig:
+    fields = {"seeds": tuple(seeds), "variants": tuple(variants), "num_mini_batches": tuple(num_mini_batches)}
     extra = {"tensorboard": "False"}
     if smoke:  # a 2-step warm start cached under out, not in the user's cache
         fields |= SMOKE | {"cache_dir": str(out / "cache")}
@@ -214,12 +218,12 @@ def coverage(rows: list[dict]) -> str:
     ran_s = sorted({int(r["seed"]) for r in rows})
     text = f"{COVERAGE} variants {', '.join(ran_v)}; N = {', '.join(map(str, ran_n))}; seeds {ran_s}."
     left = [f"variants {', '.join(v for v in PAPER_TABLE if v not in ran_v)}",
-            f"N = {', '.join(str(n) for n in full.staleness if n not in ran_n)}",
+            f"N = {', '.join(str(n) for n in full.num_mini_batches if n not in ran_n)}",
             f"seeds {[x for x in full.seeds if x not in ran_s]}"]  # fmt: skip
     left = [x for x in left if not x.endswith((" ", "= ", "[]"))]
     if left:
         text += f" A subset of the preset's table; not run: {'; '.join(left)}. The same command with the full "
-        text += "`--variants`/`--staleness`/`--seeds` (the defaults) runs the rest, reusing every finished cell."
+        text += "`--variants`/`--num-mini-batches`/`--seeds` (the defaults) runs the rest, reusing every finished cell."
     return text
 
 
@@ -246,13 +250,13 @@ def report(out: Path) -> list[dict]:
 
 def _plot(rows: list[dict], out: Path) -> None:
     """verdicts.png: ours (held-out accuracy vs N, both rules, mean over seeds) beside the paper's (avg % vs N)."""
-    from vespo.plots import Panel, Series, category_color, panel_figure, save_figure
+    from vespo.plots import N_AXIS, Panel, Series, category_color, panel_figure, save_figure
 
     names = list(dict.fromkeys(r["variant"] for r in rows))
     ns = sorted({int(r["N"]) for r in rows})
     panels = []
     for metric, rule in RULES.items():
-        panel = Panel(f"ours: {rule}", "staleness N", "held-out accuracy", bounds=(0.0, 1.0), xscale="log2", xticks=ns)
+        panel = Panel(f"ours: {rule}", N_AXIS, "held-out accuracy", bounds=(0.0, 1.0), xscale="log2", xticks=ns)
         for i, v in enumerate(names):
             pts = [(n, np.mean([float(r[metric]) for r in rows if r["variant"] == v and int(r["N"]) == n]))
                    for n in ns if any(r["variant"] == v and int(r["N"]) == n for r in rows)]  # fmt: skip
@@ -260,7 +264,7 @@ def _plot(rows: list[dict], out: Path) -> None:
                 x, y = zip(*pts, strict=True)
                 panel.series[v] = Series(x, y, style={"color": category_color(i), "marker": "o"})
         panels.append(panel)
-    paper = Panel("paper: Qwen3-30B-A3B", "staleness N", "average accuracy (%)", bounds=(0.0, 100.0), xscale="log2",
+    paper = Panel("paper: Qwen3-30B-A3B", N_AXIS, "average accuracy (%)", bounds=(0.0, 100.0), xscale="log2",
                   xticks=list(PAPER_N))  # fmt: skip
     for v, ys in PAPER.items():
         i = names.index(v) if v in names else len(names) + list(PAPER).index(v)
@@ -274,14 +278,22 @@ if __name__ == "__main__":
     p.add_argument("--jobs", type=int, default=1, help="cells in parallel (one torch thread each)")
     p.add_argument("--variants", nargs="+", default=list(PAPER_TABLE),
                    help="the paper's table (default), or any of the paper preset's variants")  # fmt: skip
-    p.add_argument("--staleness", type=int, nargs="+", default=[1, 4, 8, 16, 64])
+    p.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8, 16, 64],
+        help="values of N, the mini-batches per rollout step (--staleness: old name, deprecated)",
+    )
     p.add_argument("--out-dir", type=Path, default=OUT, help="where the sweep and its verdicts go")
     p.add_argument("--smoke", action="store_true", help="two tiny cells, in seconds (CI)")
     p.add_argument("--report-only", action="store_true", help="rebuild the verdicts from out-dir's results.csv")
     args = p.parse_args()
+    warn_renamed(p.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     try:
         if not args.report_only:
-            run(args.out_dir, args.seeds, args.jobs, args.variants, args.staleness, args.smoke)
+            run(args.out_dir, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
     except ValueError as exc:
         p.error(str(exc))
     report(args.out_dir)

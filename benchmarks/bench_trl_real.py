@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vespo.cli import warn_renamed
 from vespo.train.logs import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "trl_real"
@@ -65,8 +66,8 @@ def run_vespo(spec: dict, *, checkpointing: bool = False) -> dict:
             "--apply-chat-template", "--reward-fn", REWARD_SPEC, "--temperature", str(spec["temperature"]),
             "--max-response-length", str(spec["max_new_tokens"]), "--lr", str(spec["lr"]), "--betas", "0.9", "0.999",
             "--weight-decay", "0.01", "--grad-clip", "1.0", "--train-batch-size", str(spec["prompts"]),
-            "--ppo-mini-batch-size", str(spec["prompts"] // spec["staleness"]), "--rollout-n", str(spec["n"]),
-            "--micro-batch-size", str(spec["prompts"] // spec["staleness"] * spec["n"]),
+            "--ppo-mini-batch-size", str(spec["prompts"] // spec["num_mini_batches"]), "--rollout-n", str(spec["n"]),
+            "--micro-batch-size", str(spec["prompts"] // spec["num_mini_batches"] * spec["n"]),
             "--total-training-steps", str(spec["steps"]), "--eval-every", "0", "--save-every", "1000000",
             "--num-threads", str(spec["threads"]), "--seed", str(spec["seed"]), "--run-dir", str(run_dir),
             "--no-progress", "--no-tensorboard"]  # fmt: skip
@@ -159,7 +160,7 @@ def trl_worker(spec_path: Path) -> None:
         return scores
 
     reward.__name__ = "reasoning_gym_reward"
-    mini = spec["prompts"] // spec["staleness"] * spec["n"]
+    mini = spec["prompts"] // spec["num_mini_batches"] * spec["n"]
     args = GRPOConfig(
         output_dir=str(spec_path.parent / f"trl-out-{spec['tag']}"),
         use_cpu=True,
@@ -171,10 +172,10 @@ def trl_worker(spec_path: Path) -> None:
         loss_type="vespo",
         num_generations=spec["n"],
         per_device_train_batch_size=mini,
-        steps_per_generation=spec["staleness"],
+        steps_per_generation=spec["num_mini_batches"],
         gradient_accumulation_steps=1,
-        max_steps=spec["steps"] * spec["staleness"],
-        logging_steps=spec["staleness"],
+        max_steps=spec["steps"] * spec["num_mini_batches"],
+        logging_steps=spec["num_mini_batches"],
         max_completion_length=spec["max_new_tokens"],
         temperature=spec["temperature"],
         top_p=1.0,
@@ -240,7 +241,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per rollout step (P)")
     parser.add_argument("--n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--staleness", type=int, default=2, help="N: optimizer steps per rollout batch")
+    parser.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        default=2,
+        help="N: optimizer steps per rollout batch (--staleness: old name, deprecated)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="rollout steps per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per arm, alternated; repeat i uses seed i")
@@ -255,21 +262,22 @@ def main() -> None:
     a = parser.parse_args()
     if a.worker:
         return trl_worker(a.worker)
-    if a.prompts % a.staleness:
-        parser.error("--staleness must divide --prompts")
+    warn_renamed(parser.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
+    if a.prompts % a.num_mini_batches:
+        parser.error("--num-mini-batches must divide --prompts")
     if "trl" not in a.arms:
         parser.error("--arms must include trl (ratios are taken against it)")
     from bench_real_model import tiny_model
 
     if a.smoke:
-        a.prompts, a.n, a.staleness, a.max_new_tokens, a.steps, a.repeats = 2, 2, 2, 4, 1, 1
+        a.prompts, a.n, a.num_mini_batches, a.max_new_tokens, a.steps, a.repeats = 2, 2, 2, 4, 1, 1
         a.arms = ["vespo", "trl"]  # vespo-gc is the vespo arm with one flag more
     with tempfile.TemporaryDirectory(prefix="bench_trl_real_") as tmp:
         work = Path(a.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         model = tiny_model(work) if a.smoke else _smollm2()
         base = {"model": model, "model_label": "a tiny random Llama (smoke)" if a.smoke else "SmolLM2-135M-Instruct",
-                "task": TASK, "prompts": a.prompts, "n": a.n, "staleness": a.staleness,
+                "task": TASK, "prompts": a.prompts, "n": a.n, "num_mini_batches": a.num_mini_batches,
                 "max_new_tokens": a.max_new_tokens, "steps": a.steps, "temperature": a.temperature, "lr": a.lr,
                 "threads": a.threads, "work_dir": str(work)}  # fmt: skip
         runs: dict[str, list[dict]] = {arm: [] for arm in a.arms}
@@ -359,9 +367,10 @@ def markdown(s: dict) -> str:
     arms = [arm for arm in ARMS if arm in m]
     lines = [
         f"`{s['command']}`: {st['model_label']} (fp32), {st['prompts']} prompts x {st['n']} per rollout step, N = "
-        f"{st['staleness']}, {st['max_new_tokens']} new tokens, {st['steps']} rollout steps per run, {st['threads']} "
-        f"torch threads, {st['repeats']} repeats alternated (vespo, TRL, ...); {s['machine']['cores']} CPU cores, "
-        f"1-min load at each run's start {s['machine']['load_avg_1min_at_each_run']}; torch {s['versions']['torch']}, "
+        f"{st['num_mini_batches']}, {st['max_new_tokens']} new tokens, {st['steps']} rollout steps per run, "
+        f"{st['threads']} torch threads, {st['repeats']} repeats alternated (vespo, TRL, ...); "
+        f"{s['machine']['cores']} CPU cores, 1-min load at each run's start "
+        f"{s['machine']['load_avg_1min_at_each_run']}; torch {s['versions']['torch']}, "
         f"transformers {s['versions']['transformers']}, TRL {s['versions']['trl']}.",
         "",
         "| arm | samples/s | s per rollout step | generation s | reward s | old log-probs s | update s | peak RSS MiB "

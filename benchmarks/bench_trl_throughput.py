@@ -6,10 +6,10 @@ through the same code in seconds (a 2-step warm start, no warm-up run, 2 rollout
 
 Both trainers get the same SFT-warm-started embedded model (the embedded task's tiny Llama + character tokenizer,
 copied to a temp dir and loaded from there by both), the same embedded arithmetic train split, the same reward
-(`vespo.rewards.math_reward`), the same batch geometry and staleness N, the same optimiser (AdamW, constant LR, same
-betas, grad clip 1.0), the same number of samples, and the same torch thread count. Each is warmed up by one short
-untimed run, then timed runs alternate (vespo, TRL, vespo, TRL, ...) so shared-CPU noise hits both alike; the
-repeats use seeds 0, 1, ... (the same seeds for both) and the reported figures are means over repeats.
+(`vespo.rewards.math_reward`), the same batch geometry and N (mini-batches per rollout step), the same optimiser
+(AdamW, constant LR, same betas, grad clip 1.0), the same number of samples, and the same torch thread count. Each is
+warmed up by one short untimed run, then timed runs alternate (vespo, TRL, vespo, TRL, ...) so shared-CPU noise hits
+both alike; the repeats use seeds 0, 1, ... (the same seeds for both) and the reported figures are means over repeats.
 Default: 8 prompts x n=8, N=4, 16 new tokens, 50 rollout steps (200 optimizer steps, 3,200 samples) per run, 3
 repeats, 1 torch thread (a ~0.2M-parameter model is far faster single-threaded on a shared 2-core box; with 2 threads
 both trainers slow down by an order of magnitude from oversubscription and the ratio measures contention, not code).
@@ -20,7 +20,7 @@ Batch mapping (one process; TRL counts batches in *completions*, vespo in *promp
     train_batch_size    = P prompts          generation_batch_size       = P * n completions (derived)
     rollout_n           = n                  num_generations             = n
     ppo_mini_batch_size = P / N prompts      per_device_train_batch_size = (P / N) * n completions
-    (N = staleness)                          steps_per_generation        = N
+    (N = num_mini_batches)                   steps_per_generation        = N
                                              gradient_accumulation_steps = 1 (one optimizer step per mini-batch)
     total_training_steps = S rollouts        max_steps                   = S * N optimizer steps
     micro_batch_size >= mini-batch rows      (the mini-batch is one forward/backward in both)
@@ -29,8 +29,8 @@ Batch mapping (one process; TRL counts batches in *completions*, vespo in *promp
 
 TRL generates `generation_batch_size` completions every `steps_per_generation` optimizer steps, computes
 old log-probs once for that batch (because steps_per_generation > gradient_accumulation_steps), shuffles it and
-feeds one slice of `per_device_train_batch_size` rows to each of the N optimizer steps: the same N-fold staleness
-as vespo's N sequential mini-batches (vespo keeps rollout order instead of shuffling; both are valid).
+feeds one slice of `per_device_train_batch_size` rows to each of the N optimizer steps: the same N mini-batches per
+rollout step as vespo's N sequential mini-batches (vespo keeps rollout order instead of shuffling; both are valid).
 
 Measured quantities, per trainer and run:
   * loop_s: wall time of the training loop. vespo: the sum of its per-rollout-step `time/step_s` (rollout, reward,
@@ -69,6 +69,8 @@ from pathlib import Path
 
 import torch
 
+from vespo.cli import warn_renamed
+
 RESULTS = Path(__file__).parent / "results"
 METRICS = (
     "loop_s",
@@ -88,7 +90,7 @@ METRICS = (
 class Bench:
     prompts: int
     n: int
-    staleness: int
+    num_mini_batches: int
     max_new_tokens: int
     steps: int
     temperature: float
@@ -102,7 +104,7 @@ class Bench:
 
     @property
     def mini_prompts(self) -> int:
-        return self.prompts // self.staleness
+        return self.prompts // self.num_mini_batches
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,14 +227,14 @@ def trl_trainer(b: Bench, *, steps: int, seed: int, out_dir: str, reward):
         report_to=[],
         save_strategy="no",
         disable_tqdm=True,
-        logging_steps=b.staleness,  # one log per rollout step, like vespo
+        logging_steps=b.num_mini_batches,  # one log per rollout step, like vespo
         seed=seed,
         loss_type="vespo",
         num_generations=b.n,
         per_device_train_batch_size=b.mini_prompts * b.n,
-        steps_per_generation=b.staleness,
+        steps_per_generation=b.num_mini_batches,
         gradient_accumulation_steps=1,
-        max_steps=steps * b.staleness,
+        max_steps=steps * b.num_mini_batches,
         max_completion_length=b.max_new_tokens,
         temperature=b.temperature,
         top_p=1.0,
@@ -348,7 +350,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per rollout step (P)")
     parser.add_argument("--n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--staleness", type=int, default=4, help="N: optimizer steps per rollout batch")
+    parser.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        default=4,
+        help="N: optimizer steps per rollout batch (--staleness: old name, deprecated)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50, help="rollout steps per timed run")
     parser.add_argument("--warmup-steps", type=int, default=2, help="rollout steps of the untimed warm-ups (0: none)")
@@ -368,11 +376,12 @@ def main() -> None:
     parser.add_argument("--no-save", action="store_true", help="print only; do not write the results")
     parser.add_argument("--smoke", action="store_true", help="every arm in a tiny setting, in seconds (CI)")
     a = parser.parse_args()
+    warn_renamed(parser.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     if a.smoke:  # the same code path on a tiny geometry; every arm
-        a.prompts, a.n, a.staleness, a.max_new_tokens, a.steps, a.warmup_steps = 4, 2, 2, 4, 2, 0
+        a.prompts, a.n, a.num_mini_batches, a.max_new_tokens, a.steps, a.warmup_steps = 4, 2, 2, 4, 2, 0
         a.repeats, a.reward_window, a.arms = 1, 1, list(ARMS)
-    if a.prompts % a.staleness:
-        parser.error("--staleness must divide --prompts")
+    if a.prompts % a.num_mini_batches:
+        parser.error("--num-mini-batches must divide --prompts")
     if "trl" not in a.arms:
         parser.error("--arms must include trl (ratios are taken against it)")
 
@@ -391,7 +400,7 @@ def main() -> None:
         b = Bench(
             prompts=a.prompts,
             n=a.n,
-            staleness=a.staleness,
+            num_mini_batches=a.num_mini_batches,
             max_new_tokens=a.max_new_tokens,
             steps=a.steps,
             temperature=a.temperature,
@@ -401,7 +410,7 @@ def main() -> None:
             model_dir=prepare_model(Path(tmp), smoke=a.smoke),
             work_dir=tmp,
             async_prompts=a.async_prompts or a.prompts // 2,
-            async_max_staleness=a.async_max_staleness if a.async_max_staleness is not None else a.staleness - 1,
+            async_max_staleness=a.async_max_staleness if a.async_max_staleness is not None else a.num_mini_batches - 1,
         )
         runners = {
             "vespo": run_vespo,
@@ -451,10 +460,10 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
         "setup": {
             "prompts_per_rollout": b.prompts,
             "n": b.n,
-            "staleness_N": b.staleness,
+            "num_mini_batches": b.num_mini_batches,
             "max_new_tokens": b.max_new_tokens,
             "rollout_steps": b.steps,
-            "optimizer_steps": b.steps * b.staleness,
+            "optimizer_steps": b.steps * b.num_mini_batches,
             "samples_per_run": b.steps * b.prompts * b.n,
             "temperature": b.temperature,
             "lr": b.lr,
@@ -466,10 +475,10 @@ def report(a, b: Bench, runs: dict[str, list[dict]], total_s: float) -> None:
             "trl_config": {
                 "num_generations": b.n,
                 "per_device_train_batch_size": b.mini_prompts * b.n,
-                "steps_per_generation": b.staleness,
+                "steps_per_generation": b.num_mini_batches,
                 "gradient_accumulation_steps": 1,
                 "generation_batch_size": b.prompts * b.n,
-                "max_steps": b.steps * b.staleness,
+                "max_steps": b.steps * b.num_mini_batches,
             },
         },
         "versions": {
@@ -540,7 +549,7 @@ def print_table(s: dict) -> None:
     ]
     st, names = s["setup"], list(s["mean"])
     print(
-        f"\n{st['prompts_per_rollout']} prompts x n={st['n']}, N={st['staleness_N']}, "
+        f"\n{st['prompts_per_rollout']} prompts x n={st['n']}, N={st['num_mini_batches']}, "
         f"{st['max_new_tokens']} new tokens, {st['samples_per_run']} samples per run, {st['repeats']} repeats, "
         f"{st['torch_threads']} thread(s) per process; means over repeats (sd); ratios vs TRL"
     )
@@ -593,7 +602,7 @@ def plot(s: dict, out: Path) -> None:
     st = s["setup"]
     fig.suptitle(
         f"CPU, {st['torch_threads']} thread(s)/process: {st['prompts_per_rollout']} prompts x {st['n']}, "
-        f"N={st['staleness_N']}, {st['max_new_tokens']} tokens, {st['samples_per_run']} samples/run, "
+        f"N={st['num_mini_batches']}, {st['max_new_tokens']} tokens, {st['samples_per_run']} samples/run, "
         f"{st['repeats']} repeats (dots)",
         fontsize=10,
     )

@@ -68,7 +68,7 @@ def smoke_sweep(out_dir: Path) -> Path:
     """A one-cell `vespo sweep` (N = 2, so the first and last mini-batch differ) into out_dir/sweep."""
     from vespo.experiments.sweep import SweepConfig, sweep
 
-    cfg = SweepConfig(out_dir=str(out_dir / "sweep"), methods=("vespo",), staleness=(2,), seeds=(0,),
+    cfg = SweepConfig(out_dir=str(out_dir / "sweep"), methods=("vespo",), num_mini_batches=(2,), seeds=(0,),
                       optimizer_steps=2, min_rollout_steps=1, ppo_mini_batch_size=2, rollout_n=2, eval_points=1,
                       eval_size=10, eval_n=1, jobs=1, cache_dir=str(out_dir / "cache"),
                       extra={"sft_steps": "2", "max_response_length": "8", "log_update_norm": "True",

@@ -250,7 +250,7 @@ def test_bad_hyperparameters_fail_with_one_clear_line(method, hp, msg):
 
 def test_schedule_without_its_index_and_context_for_a_fixed_method_are_errors():
     lp, old, adv, mask = batch()
-    with pytest.raises(ValueError, match="vespo_schedule needs the mini-batch's staleness index"):
+    with pytest.raises(ValueError, match="vespo_schedule needs the mini-batch's index"):
         run("vespo_schedule", lp, old, adv, mask)
     with pytest.raises(ValueError, match="mini_batch_index < num_mini_batches"):
         run("vespo_schedule", lp, old, adv, mask, batch_context=BatchContext(mini_batch_index=4, num_mini_batches=4))
@@ -304,7 +304,7 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
 def test_lab_trains_the_adaptive_methods(method):
     from vespo.experiments.lab import LabCell, LabConfig, run_cell
 
-    out = run_cell(LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
+    out = run_cell(LabConfig(optimizer_steps=4, mini_batch_seqs=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
     assert out["summary"]["finite"] == 1 and math.isfinite(out["summary"]["final_reward"])
 
 

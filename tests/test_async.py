@@ -34,7 +34,7 @@ CTX = torch.multiprocessing.get_context("spawn")
 
 
 def test_admission_counts_lag_in_optimizer_steps():
-    s = Schedule(CTX, units_per_batch=2, max_staleness=3, num_samplers=2, step=0, next_batch=5)
+    s = Schedule(CTX, num_mini_batches=2, max_staleness=3, num_samplers=2, step=0, next_batch=5)
     assert s.admit(0, -1) is None  # nothing published yet
     assert s.admit(0, 0) == 5  # last unit trained at step 0 + 0 + 1: lag 1 <= 3
     assert s.admit(1, 0) == 6  # 2 units ahead: last unit at step 3, lag 3 <= 3

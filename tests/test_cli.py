@@ -46,20 +46,31 @@ def test_console_script_runs():
     assert out.returncode == 0 and "K       = 1 " in out.stdout
 
 
-_SMALL_SWEEP = ["--methods", "vespo", "--staleness", "1", "--seeds", "0", "--out-dir", "{root}/sw"]
-_SMALL_LAB = ["--methods", "vespo", "--length", "8", "--staleness", "1", "--seeds", "0", "--out-dir", "{root}/lab"]
+_SMALL_SWEEP = ["--methods", "vespo", "--num-mini-batches", "1", "--seeds", "0", "--out-dir", "{root}/sw"]
+_SMALL_LAB = [
+    "--methods",
+    "vespo",
+    "--length",
+    "8",
+    "--num-mini-batches",
+    "1",
+    "--seeds",
+    "0",
+    "--out-dir",
+    "{root}/lab",
+]
 # (argv with {root}, the field the one-line message must name)
 _BAD_GRIDS = [
     (["sweep", *_SMALL_SWEEP, "--out-dir", "{root}/afile"], "out_dir"),
     (["sweep", *_SMALL_SWEEP, "--out-dir", ""], "out_dir"),
     (["sweep", *_SMALL_SWEEP, "--out-dir", "{root}/afile/sub"], "out_dir"),
     (["sweep", *_SMALL_SWEEP, "--seeds"], "seeds"),
-    (["sweep", *_SMALL_SWEEP, "--staleness"], "staleness"),
+    (["sweep", *_SMALL_SWEEP, "--num-mini-batches"], "num_mini_batches"),
     (["sweep", *_SMALL_SWEEP, "--methods"], "methods"),
     (["sweep", *_SMALL_SWEEP, "--lr"], "lr"),
     (["sweep", *_SMALL_SWEEP, "--task"], "task"),
     (["sweep", *_SMALL_SWEEP, "--seeds", "0", "0"], "seeds"),
-    (["sweep", *_SMALL_SWEEP, "--staleness", "1", "1"], "staleness"),
+    (["sweep", *_SMALL_SWEEP, "--num-mini-batches", "1", "1"], "num_mini_batches"),
     (["sweep", *_SMALL_SWEEP, "--eval-points", "0"], "eval_points"),
     (["sweep", *_SMALL_SWEEP, "--jobs", "0"], "jobs"),
     (["sweep", *_SMALL_SWEEP, "--optimizer-steps", "0"], "optimizer_steps"),
@@ -71,13 +82,16 @@ _BAD_GRIDS = [
     (["lab", *_SMALL_LAB, "--out-dir", ""], "out_dir"),
     (["lab", *_SMALL_LAB, "--seeds"], "seeds"),
     (["lab", *_SMALL_LAB, "--length"], "length"),
-    (["lab", *_SMALL_LAB, "--staleness"], "staleness"),
+    (["lab", *_SMALL_LAB, "--num-mini-batches"], "num_mini_batches"),
     (["lab", *_SMALL_LAB, "--methods"], "methods"),
     (["lab", *_SMALL_LAB, "--lr-scale"], "lr_scale"),
     (["lab", *_SMALL_LAB, "--length", "100000000"], "length"),
     (["lab", *_SMALL_LAB, "--vocab", "100000000"], "vocab"),
     (["lab", *_SMALL_LAB, "--length", "65536", "--vocab", "1024"], "length x vocab"),
-    (["lab", *_SMALL_LAB, "--mini-batch-size", "65536", "--length", "65536"], "staleness x mini_batch_size x length"),
+    (
+        ["lab", *_SMALL_LAB, "--mini-batch-seqs", "65536", "--length", "65536"],
+        "num_mini_batches x mini_batch_seqs x length",
+    ),
     (["lab", *_SMALL_LAB, "--eval-points", "0"], "eval_points"),
     (["lab", *_SMALL_LAB, "--optimizer-steps", "0"], "optimizer_steps"),
     (["lab", *_SMALL_LAB, "--collapse-ratio", "-1"], "collapse_ratio"),
@@ -419,3 +433,28 @@ def test_the_flag_check_accepts_every_flag_tyro_does():
     assert (cfg.ppo_mini_batch_size, cfg.num_operands, cfg.overwrite_output_dir) == (2, 7, False)
     with pytest.raises(UsageError, match=r"^unknown flag --regime-applied \(vespo sweep --help lists every flag\)$"):
         parse_flags(SweepConfig, ["--regime-applied"], prog="vespo sweep", description="")
+
+
+def test_an_old_flag_name_still_works_with_one_deprecation_line(capsys):
+    """A renamed field's old flags (`vespo.cli.RENAMED`) set the field and print one line each, once per flag; the
+    current names and the other aliases print nothing."""
+    from vespo.cli import parse_flags, renamed_flags, warn_renamed
+    from vespo.experiments.lab import LabConfig
+    from vespo.experiments.sweep import SweepConfig
+
+    cfg = parse_flags(SweepConfig, ["--staleness", "4", "16", "--mini-batch-size", "2"], prog="vespo sweep",
+                      description="")  # fmt: skip
+    assert (cfg.num_mini_batches, cfg.ppo_mini_batch_size) == ((4, 16), 2)
+    assert capsys.readouterr().err == "vespo sweep: --staleness is deprecated; use --num-mini-batches\n"
+    cfg = parse_flags(LabConfig, ["--staleness=2", "--mini_batch_size", "16", "--staleness", "4"], prog="vespo lab",
+                      description="")  # fmt: skip
+    assert (cfg.num_mini_batches, cfg.mini_batch_seqs) == ((4,), 16)
+    assert capsys.readouterr().err.splitlines() == [
+        "vespo lab: --staleness is deprecated; use --num-mini-batches",
+        "vespo lab: --mini-batch-size is deprecated; use --mini-batch-seqs",
+    ]
+    cfg = parse_flags(SweepConfig, ["--num-mini-batches", "8"], prog="vespo sweep", description="")
+    assert cfg.num_mini_batches == (8,) and capsys.readouterr().err == ""
+    assert renamed_flags(SweepConfig) == {"--staleness": "--num-mini-batches"}
+    warn_renamed("bench.py", ["--seeds", "1", "--sync-staleness", "4"], {"--sync-staleness": "--sync-n"})
+    assert capsys.readouterr().err == "bench.py: --sync-staleness is deprecated; use --sync-n\n"

@@ -77,7 +77,7 @@ def test_three_off_policy_steps(method, tokenizer, dataset, tmp_path):
     assert max(abs(logs[1]["is/log_w_max"]), abs(logs[1]["is/log_w_min"])) > 1e-4
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     if method == "vespo_schedule":  # two optimizer steps per generation batch: k = 0, 1, then a new batch
-        assert [h["adaptive/staleness_index"] for h in logs] == [0.0, 1.0, 0.0]
+        assert [h["adaptive/mini_batch_index"] for h in logs] == [0.0, 1.0, 0.0]
 
 
 def test_schedule_rejects_steps_that_straddle_generation_batches(tokenizer, dataset, tmp_path):
@@ -479,7 +479,7 @@ def test_trl_example_builds_its_config_without_trls_sequence_mask_default(tmp_pa
     spec = importlib.util.spec_from_file_location("vespo_trl_example", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    args = example.build_config(str(tmp_path), staleness=4, use_cpu=True, bf16=False, report_to=[])
+    args = example.build_config(str(tmp_path), num_mini_batches=4, use_cpu=True, bf16=False, report_to=[])
     assert isinstance(args, VespoGRPOConfig) and args.vespo_method == "vespo" and args.steps_per_generation == 4
     assert args.use_vllm and args.vllm_importance_sampling_correction and args.beta == 0.0
     assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)

@@ -13,8 +13,9 @@ def test_one_sigint_stops_a_sweep_and_its_cells(tmp_path):
     pass the signal on), one line says what was kept, exit 130, no traceback; rerunning continues."""
     out = tmp_path / "sweep"
     argv = ["sweep", "--out-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--methods", "vespo", "grpo",
-            "--staleness", "1", "--seeds", "0", "1", "--optimizer-steps", "400", "--eval-size", "8", "--eval-n", "1",
-            "--jobs", "1", "--extra", "sft_steps", "5", "sft_batch_size", "4", "tensorboard", "False"]  # fmt: skip
+            "--num-mini-batches", "1", "--seeds", "0", "1", "--optimizer-steps", "400", "--eval-size", "8",
+            "--eval-n", "1", "--jobs", "1", "--extra", "sft_steps", "5", "sft_batch_size", "4", "tensorboard",
+            "False"]  # fmt: skip
     run = Running(*argv)
     run.wait_for(lambda: len(list((out / "cells").rglob("*.log"))) == 1 and descendants(run.proc.pid))
     time.sleep(2)
@@ -32,7 +33,7 @@ def test_one_sigint_stops_a_sweep_and_its_cells(tmp_path):
 def test_one_sigint_stops_a_lab_grid_and_its_worker_processes(tmp_path):
     out = tmp_path / "lab"
     argv = ["lab", "--preset", "v1", "--out-dir", str(out), "--methods", "vespo", "grpo", "--length", "4096",
-            "--staleness", "1", "--lr-scale", "1", "--seeds", "0", "1", "2", "--optimizer-steps", "4000",
+            "--num-mini-batches", "1", "--lr-scale", "1", "--seeds", "0", "1", "2", "--optimizer-steps", "4000",
             "--jobs", "2"]  # fmt: skip
     run = Running(*argv)
     run.wait_for(lambda: len(descendants(run.proc.pid)) >= 2)

@@ -119,7 +119,7 @@ def test_variance_bound_holds_on_stale_lab_batches(length):
 
 
 def test_cell_learns_and_reports_per_mini_batch_metrics():
-    cfg = LabConfig(optimizer_steps=32, mini_batch_size=32, lr=0.02)
+    cfg = LabConfig(optimizer_steps=32, mini_batch_seqs=32, lr=0.02)
     out = run_cell(cfg, LabCell("vespo", 32, 4, 1.0, 0))
     s = out["summary"]
     assert s["final_reward"] > s["initial_reward"] + 0.2 and s["finite"] == 1
@@ -132,10 +132,10 @@ def test_cell_learns_and_reports_per_mini_batch_metrics():
 
 def test_adam_gives_back_the_step_size_vespo_takes_away():
     """The mechanism of docs/results.md: phi shrinks stale gradients, but Adam's update barely shrinks with them."""
-    cell = dict(length=1024, staleness=16, lr_scale=3.0, seed=0)
+    cell = dict(length=1024, num_mini_batches=16, lr_scale=3.0, seed=0)
     out = {}
     for opt, lr in (("adamw_torch", 0.005), ("sgd", 3.0)):
-        cfg = LabConfig(optim=opt, lr=lr, optimizer_steps=32, mini_batch_size=32)
+        cfg = LabConfig(optim=opt, lr=lr, optimizer_steps=32, mini_batch_seqs=32)
         out[opt] = {m: run_cell(cfg, LabCell(m, **cell))["per_k"] for m in ("vespo", "reinforce")}
     for per_k in out["sgd"].values():  # SGD: the step is lr * gradient, exactly
         for g, u in zip(per_k["grad_norm"], per_k["update_norm"], strict=True):
@@ -152,8 +152,8 @@ def test_cli_rejects_bad_input_in_one_line(capsys):
     assert lab_cli(["--methods", "nope"]) == 2
     out = capsys.readouterr().err.strip().splitlines()
     assert len(out) == 1 and "methods" in out[0] and "vespo" in out[0]
-    assert lab_cli(["--staleness", "3", "--optimizer-steps", "128"]) == 2
-    assert "staleness" in capsys.readouterr().err
+    assert lab_cli(["--num-mini-batches", "3", "--optimizer-steps", "128"]) == 2
+    assert "num_mini_batches" in capsys.readouterr().err
 
 
 def test_changed_settings_never_reuse_a_lab_cell(tmp_path):
@@ -162,7 +162,7 @@ def test_changed_settings_never_reuse_a_lab_cell(tmp_path):
     from vespo.experiments.lab import LabConfig, lab
 
     cfg = LabConfig(
-        out_dir=str(tmp_path), methods=("vespo",), length=(8,), staleness=(1,), lr_scale=(1.0,), seeds=(0,),
+        out_dir=str(tmp_path), methods=("vespo",), length=(8,), num_mini_batches=(1,), lr_scale=(1.0,), seeds=(0,),
         optimizer_steps=4, eval_points=1, jobs=1,
     )  # fmt: skip
     first = lab(cfg)[0]["summary"]["final_reward"]

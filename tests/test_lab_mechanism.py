@@ -40,7 +40,7 @@ def test_beta1_zero_makes_every_lab_step_the_current_gradient():
         else:
             assert 0.0 < float(stats["momentum_share"]) < 1.0
     # the chain cell builds its optimiser from cfg.beta1 too: beta1 = 0 gives share 1 at every mini-batch index
-    out = run_chain_cell(LabConfig(beta1=0.0, optimizer_steps=4, mini_batch_size=8, rollout_n=4, eval_points=1),
+    out = run_chain_cell(LabConfig(beta1=0.0, optimizer_steps=4, mini_batch_seqs=8, rollout_n=4, eval_points=1),
                          LabCell("vespo", 8, 2, 1.0, 0), ChainSpec(vocab=16, rank=4, eval_samples=16))  # fmt: skip
     assert out["per_k"]["momentum_share"] == [1.0, 1.0]
 

@@ -115,7 +115,7 @@ def test_initial_policy_matches_its_spec():
 @pytest.mark.parametrize("method", ["reinforce", "vespo", "topr"])
 def test_on_policy_cell_learns(method):
     """N = 1 (every method reduces to REINFORCE up to aggregation) raises E[R] on a small, fast chain."""
-    cfg = LabConfig(optimizer_steps=16, mini_batch_size=32, lr=0.02, eval_points=1)
+    cfg = LabConfig(optimizer_steps=16, mini_batch_seqs=32, lr=0.02, eval_points=1)
     spec = ChainSpec(vocab=64, rank=8, eval_samples=256, reward="threshold")
     out = run_chain_cell(cfg, LabCell(method, 64, 1, 1.0, 0), spec)
     s = out["summary"]
@@ -126,7 +126,7 @@ def test_on_policy_cell_learns(method):
 
 
 def test_stale_cell_reports_drift():
-    cfg = LabConfig(optimizer_steps=8, mini_batch_size=16, lr=0.02, eval_points=1)
+    cfg = LabConfig(optimizer_steps=8, mini_batch_seqs=16, lr=0.02, eval_points=1)
     out = run_chain_cell(cfg, LabCell("vespo", 32, 4, 1.0, 0), ChainSpec(vocab=64, rank=8, eval_samples=64))
     per_k = out["per_k"]
     assert per_k["log_w_mean"][0] == 0.0 and per_k["log_w_mean"][3] < 0
@@ -153,7 +153,7 @@ def test_stale_reinforce_collapses_where_on_policy_reinforce_learns(tmp_path):
     GSPO and TOPR do not collapse there: benchmarks/results/lab_v2, 5 seeds.)"""
     from vespo.experiments.lab import lab
 
-    cfg = LabConfig(out_dir=str(tmp_path), methods=("reinforce",), staleness=(1, 16), seeds=(0,),
+    cfg = LabConfig(out_dir=str(tmp_path), methods=("reinforce",), num_mini_batches=(1, 16), seeds=(0,),
                     chain=ChainSpec(reward="threshold"), **COLLAPSE)  # fmt: skip
     rows = {(r["summary"]["method"], r["summary"]["staleness"]): r["summary"] for r in lab(cfg)}
     on_policy, stale = rows["reinforce", 1], rows["reinforce", 16]

@@ -14,7 +14,7 @@ from vespo.kernels import phi_max
 from vespo.losses import default_loss_agg_mode, register_method
 from vespo.losses.adaptive import ADAPTIVE_METHODS
 
-# vespo_schedule needs the staleness index of its mini-batch (a BatchContext); tests/test_adaptive.py covers it.
+# vespo_schedule needs the index of its mini-batch (a BatchContext); tests/test_adaptive.py covers it.
 METHODS = [m for m in vespo.available_methods() if m != "vespo_schedule"]
 # BAPO picks its clip bounds from the whole batch, so per-row or per-micro-batch calls differ from one batch by design;
 # so do M2PO and the adaptive VESPO variants unless given the mini-batch's statistics (tests/test_adaptive.py,

@@ -449,7 +449,7 @@ def test_the_four_are_registered_with_their_sources_defaults():
 def test_lab_trains_the_four(method):
     from vespo.experiments.lab import LabCell, LabConfig, run_cell
 
-    out = run_cell(LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
+    out = run_cell(LabConfig(optimizer_steps=4, mini_batch_seqs=16, eval_points=1), LabCell(method, 8, 2, 1.0, 0))
     assert out["summary"]["finite"] == 1 and math.isfinite(out["summary"]["final_reward"])
 
 
@@ -458,13 +458,13 @@ def test_lab_step_scale_ess_sqrt_is_the_learners():
     needs no phi), and it shrinks a stale mini-batch's step; `mean_phi` stays VESPO-family only."""
     from vespo.experiments.lab import LabCell, LabConfig, cells, run_cell
 
-    assert len(cells(LabConfig(methods=("grpo", "vcpo"), step_scale="ess_sqrt", length=(8,), staleness=(4,),
+    assert len(cells(LabConfig(methods=("grpo", "vcpo"), step_scale="ess_sqrt", length=(8,), num_mini_batches=(4,),
                                lr_scale=(1.0,), seeds=(0,)))) == 2  # fmt: skip
     with pytest.raises(ValueError, match="step_scale must be none or ess_sqrt unless every method is VESPO-family"):
         cells(LabConfig(methods=("grpo",), step_scale="mean_phi"))
     runs = {}
     for kind in ("none", "ess_sqrt"):
-        cfg = LabConfig(optimizer_steps=4, mini_batch_size=16, eval_points=1, step_scale=kind)  # one rollout step
+        cfg = LabConfig(optimizer_steps=4, mini_batch_seqs=16, eval_points=1, step_scale=kind)  # one rollout step
         runs[kind] = run_cell(cfg, LabCell("grpo", 16, 4, 3.0, 0))["per_k"]["update_norm"]
     assert runs["ess_sqrt"][0] == pytest.approx(runs["none"][0], rel=1e-6)  # k = 0: W = 1, ESS = 1, s = 1
     assert runs["ess_sqrt"][-1] < runs["none"][-1]  # the stalest mini-batch moves less

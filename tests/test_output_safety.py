@@ -231,7 +231,7 @@ def test_compare_never_replaces_its_input_or_an_existing_file_unless_asked(tmp_p
 def test_grids_refuse_a_foreign_or_busy_out_dir_before_any_cell_runs(tmp_path, capsys, command):
     from vespo.cli import main
 
-    grid = [command, "--methods", "vespo", "--staleness", "1", "--seeds", "0"]
+    grid = [command, "--methods", "vespo", "--num-mini-batches", "1", "--seeds", "0"]
     foreign = tmp_path / "theirs"
     foreign.mkdir()
     (foreign / "results.md").write_text("mine")

@@ -124,7 +124,7 @@ def test_figure_producers_of_sweep_lab_and_run_use_labelled_panels(tmp_path):
             for s in (0, 1)]  # fmt: skip
     fig = lr_robustness_figure(rows, [4, 64])
     try:
-        assert all(ax.get_xlabel() == "staleness N" and ax.get_ylabel() for ax in fig.axes)
+        assert all(ax.get_xlabel() == "N (mini-batches per rollout step)" and ax.get_ylabel() for ax in fig.axes)
         assert {t.get_text() for t in fig.legends[0].get_texts()} >= {"lr 0.0003 (mean)", "lr 0.0009 (worst seed)"}
     finally:
         plt.close(fig)

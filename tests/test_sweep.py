@@ -22,41 +22,46 @@ from vespo.train.config import TrainConfig
 
 
 def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
-    cfg = SweepConfig(methods=("vespo", "grpo"), staleness=(1, 4, 8), seeds=(0, 1), optimizer_steps=16)
+    cfg = SweepConfig(methods=("vespo", "grpo"), num_mini_batches=(1, 4, 8), seeds=(0, 1), optimizer_steps=16)
     grid = cells(cfg)
     assert len(grid) == 2 * 3 * 2
     for c in grid:
         tc = train_config(cfg, c)
-        assert tc.num_mini_batches == c.n and tc.ppo_mini_batch_size == cfg.ppo_mini_batch_size
-        steps = max(16, 4 * c.n)  # at N = 8, 16 steps would be 2 rollout steps: scaled up to 4 rollout steps
+        assert tc.num_mini_batches == c.num_mini_batches and tc.ppo_mini_batch_size == cfg.ppo_mini_batch_size
+        # at N = 8, 16 steps would be 2 rollout steps: scaled up to 4 rollout steps
+        steps = max(16, 4 * c.num_mini_batches)
         assert tc.total_training_steps * tc.num_mini_batches == steps and tc.total_training_steps >= 4
         assert tc.total_training_steps * tc.train_batch_size * tc.rollout_n == steps * 4 * 8  # samples
 
 
 def test_topr_both_ways_and_controls_reach_the_cells():
     """`topr` is TOPR's own token-sum form, `topr-tokenmean` the length-normalised one the VESPO paper compared."""
-    cfg = SweepConfig(methods=("topr", "topr-tokenmean"), staleness=(1,), seeds=(0,))
+    cfg = SweepConfig(methods=("topr", "topr-tokenmean"), num_mini_batches=(1,), seeds=(0,))
     modes = {c.variant: train_config(cfg, c).loss_agg_mode for c in cells(cfg)}
     assert modes == {"topr": None, "topr-tokenmean": "token-mean"}  # None: the method's own, seq-mean-token-sum
-    controls = {c.variant: train_config(cfg, c) for c in cells(SweepConfig(preset="step_controls", staleness=(1,)))}
+    controls = {
+        c.variant: train_config(cfg, c) for c in cells(SweepConfig(preset="step_controls", num_mini_batches=(1,)))
+    }
     assert controls["vespo-meanphi"].step_scale == "mean_phi" and controls["vespo-targetkl"].target_kl == 0.02
 
 
 def test_lr_axis_adds_rows_and_reaches_each_cell():
-    cfg = SweepConfig(methods=("vespo", "topr"), staleness=(1, 4), seeds=(0,), optimizer_steps=16, lr=(1e-4, 9e-4))
+    cfg = SweepConfig(
+        methods=("vespo", "topr"), num_mini_batches=(1, 4), seeds=(0,), optimizer_steps=16, lr=(1e-4, 9e-4)
+    )
     grid = cells(cfg)
     assert sorted({c.variant for c in grid}) == ["topr@lr0.0001", "topr@lr0.0009", "vespo@lr0.0001", "vespo@lr0.0009"]
     for c in grid:
         assert train_config(cfg, c).lr == c.lr and c.variant.endswith(f"@lr{c.lr:g}")
     assert len({c.name for c in grid}) == len(grid)  # every cell has its own run dir
-    single = cells(SweepConfig(methods=("vespo",), staleness=(1,), seeds=(0,), lr=(5e-4,)))
+    single = cells(SweepConfig(methods=("vespo",), num_mini_batches=(1,), seeds=(0,), lr=(5e-4,)))
     assert [(c.variant, train_config(SweepConfig(lr=(5e-4,)), c).lr) for c in single] == [("vespo", 5e-4)]
     with pytest.raises(ValueError, match="lr must be"):
         cells(SweepConfig(lr=(float("nan"),)))
 
 
 def test_presets_and_validation():
-    grid = cells(SweepConfig(preset="length_norm", staleness=(1,), seeds=(0,)))
+    grid = cells(SweepConfig(preset="length_norm", num_mini_batches=(1,), seeds=(0,)))
     assert [(c.variant, c.hparams) for c in grid] == [
         ("vespo", {}),
         ("vespo-sqrt", {"length_norm": "sqrt"}),
@@ -64,7 +69,7 @@ def test_presets_and_validation():
     ]
     assert set(PRESETS) == {"length_norm", "asymmetry", "topr", "step_controls", "paper", "paper-long"}
     with pytest.raises(ValueError, match="multiple of every N"):
-        cells(SweepConfig(staleness=(1, 3), optimizer_steps=16))
+        cells(SweepConfig(num_mini_batches=(1, 3), optimizer_steps=16))
     with pytest.raises(ValueError, match="unknown preset"):
         cells(SweepConfig(preset="nope"))
     with pytest.raises(ValueError, match="known methods"):
@@ -76,14 +81,15 @@ def test_paper_preset_resolves_to_the_documented_regime():
     scratchpad task, >= 8 rollout steps per cell at every N, the staleness table's 7 variants at N = 1, 4, 8, 16, 64
     over 5 seeds; a flag the user sets wins over the preset."""
     full = resolve(SweepConfig(preset="paper"))
-    assert (full.staleness, full.seeds, full.task, full.lr) == ((1, 4, 8, 16, 64), (0, 1, 2, 3, 4), ("scratchpad",),
-                                                               (PAPER_LR,))  # fmt: skip
+    assert (full.num_mini_batches, full.seeds, full.task, full.lr) == ((1, 4, 8, 16, 64), (0, 1, 2, 3, 4),
+                                                                      ("scratchpad",), (PAPER_LR,))  # fmt: skip
     assert full.min_rollout_steps >= 8 and full.num_operands == 4
-    grid = cells(SweepConfig(preset="paper", staleness=(1, 64), seeds=(0,)))
-    assert [c.variant for c in grid if c.n == 1] == ["vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean",
-                                                    "m2po", "opsm", "aipo", "vcpo"]  # fmt: skip
+    grid = cells(SweepConfig(preset="paper", num_mini_batches=(1, 64), seeds=(0,)))
+    assert [c.variant for c in grid if c.num_mini_batches == 1] == ["vespo", "grpo", "gspo", "sapo", "cispo", "topr",
+                                                                    "topr-tokenmean", "m2po", "opsm", "aipo",
+                                                                    "vcpo"]  # fmt: skip
     for c in grid:
-        tc = train_config(SweepConfig(preset="paper", staleness=(1, 64), seeds=(0,)), c)
+        tc = train_config(SweepConfig(preset="paper", num_mini_batches=(1, 64), seeds=(0,)), c)
         assert (tc.betas, tc.weight_decay, tc.grad_clip) == ((0.9, 0.999), 0.01, 1.0)
         assert (tc.task, tc.num_operands, tc.lr, tc.ppo_mini_batch_size) == ("scratchpad", 4, PAPER_LR, 8)
         assert tc.total_training_steps >= 8  # rollout steps, also at N = 64
@@ -93,17 +99,19 @@ def test_paper_preset_resolves_to_the_documented_regime():
             assert (tc.hparams["clip_ratio_low"], tc.hparams["clip_ratio_high"]) == (0.2, 0.28)
         if c.variant.startswith("topr"):
             assert tc.loss_agg_mode == ("token-mean" if c.variant == "topr-tokenmean" else None)
-    mine = SweepConfig(preset="paper", lr=(3e-5,), staleness=(4,), seeds=(0,), extra={"weight_decay": "0"})
+    mine = SweepConfig(preset="paper", lr=(3e-5,), num_mini_batches=(4,), seeds=(0,), extra={"weight_decay": "0"})
     tc = train_config(mine, cells(mine)[0])
     assert (tc.lr, tc.weight_decay, tc.betas) == (3e-5, 0.0, (0.9, 0.999))
     assert resolve(resolve(mine)) == resolve(mine)
-    subset = cells(SweepConfig(preset="paper", variants=("sapo", "vespo"), staleness=(4,), seeds=(0,)))
+    subset = cells(SweepConfig(preset="paper", variants=("sapo", "vespo"), num_mini_batches=(4,), seeds=(0,)))
     assert [c.variant for c in subset] == ["sapo", "vespo"]
     with pytest.raises(ValueError, match="variants must be distinct variants of preset paper"):
         cells(SweepConfig(preset="paper", variants=("ppo",)))
     with pytest.raises(ValueError, match="without --preset"):
         cells(SweepConfig(variants=("vespo",)))
-    plain = train_config(SweepConfig(staleness=(1,), seeds=(0,)), cells(SweepConfig(staleness=(1,), seeds=(0,)))[0])
+    plain = train_config(
+        SweepConfig(num_mini_batches=(1,), seeds=(0,)), cells(SweepConfig(num_mini_batches=(1,), seeds=(0,)))[0]
+    )
     assert (plain.betas, plain.weight_decay) == ((0.9, 0.99), 0.0)  # no preset: the trainer's own defaults
 
 
@@ -119,7 +127,7 @@ def test_paper_preset_on_the_command_line_lets_every_flag_win(tmp_path, monkeypa
         (tmp_path / "results.md").write_text("")
 
     monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
-    argv = ["--preset", "paper", "--out-dir", str(tmp_path), "--mini-batch-size", "4", "--staleness", "64",
+    argv = ["--preset", "paper", "--out-dir", str(tmp_path), "--mini-batch-size", "4", "--num-mini-batches", "64",
             "--extra", "tensorboard", "False"]  # fmt: skip
     assert sweep_module.cli(argv) == 0
     (cfg,) = seen
@@ -156,7 +164,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path, capsys):
     cfg = SweepConfig(
         out_dir=str(tmp_path / "sw"),
         methods=("vespo", "grpo"),
-        staleness=(1, 2),
+        num_mini_batches=(1, 2),
         seeds=(0,),
         ppo_mini_batch_size=2,
         rollout_n=4,
@@ -183,7 +191,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path, capsys):
     for fig in ("fig3_training_reward.png", "fig4_dynamics.png"):
         assert (tmp_path / "sw" / fig).stat().st_size > 0
     # finished cells are skipped: summaries come back unchanged without rerunning
-    (cell,) = [c for c in cells(cfg) if (c.variant, c.n) == ("grpo", 2)]
+    (cell,) = [c for c in cells(cfg) if (c.variant, c.num_mini_batches) == ("grpo", 2)]
     done = tmp_path / "sw" / "cells" / "grpo" / "N2" / "seed0" / cell.key / "summary.json"
     stamp = done.stat().st_mtime_ns
     assert sweep(cfg) == summaries and done.stat().st_mtime_ns == stamp
@@ -201,7 +209,7 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path, capsys):
 def test_lr_and_task_are_grid_axes():
     cfg = SweepConfig(
         methods=("vespo",),
-        staleness=(1, 4),
+        num_mini_batches=(1, 4),
         seeds=(0,),
         optimizer_steps=8,
         lr=(1e-4, 9e-4),
@@ -233,7 +241,7 @@ def test_lr_robustness_figure_reads_finished_cells(tmp_path):
     cfg = SweepConfig(
         out_dir=str(tmp_path),
         methods=("vespo", "grpo"),
-        staleness=(1, 4),
+        num_mini_batches=(1, 4),
         seeds=(0, 1),
         optimizer_steps=8,
         lr=(1e-4, 9e-4),
@@ -253,7 +261,7 @@ def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
     import dataclasses
     import subprocess
 
-    base = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), optimizer_steps=4)
+    base = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), num_mini_batches=(1,), seeds=(0,), optimizer_steps=4)
 
     def run_dirs(cfg):
         return [train_config(cfg, c).run_dir for c in cells(cfg)]
@@ -291,11 +299,15 @@ def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key", ["run_dir", "run-dir", "seed", "method", "hparams", "lr", "cache_dir", "resume"])
 def test_extra_cannot_set_the_sweeps_own_fields(tmp_path, key):
-    cfg = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), extra={key: "x"})
+    cfg = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), num_mini_batches=(1,), seeds=(0,), extra={key: "x"})
     with pytest.raises(ValueError, match=f"extra: {key} is set by the sweep"):
         cells(cfg)
     with pytest.raises(ValueError, match="extra: nope is not a `vespo train` field"):
-        cells(SweepConfig(out_dir=str(tmp_path), methods=("vespo",), staleness=(1,), seeds=(0,), extra={"nope": "1"}))
+        cells(
+            SweepConfig(
+                out_dir=str(tmp_path), methods=("vespo",), num_mini_batches=(1,), seeds=(0,), extra={"nope": "1"}
+            )
+        )
 
 
 def test_default_held_out_evaluation_resolves_differences_of_a_few_points():
@@ -325,17 +337,17 @@ def test_issue_40_variants_reach_their_cells_and_earlier_cells_keep_their_names(
     from vespo.experiments.grid import settings_key
     from vespo.experiments.sweep import LATER_FIELDS, NOT_IDENTITY, cell_key
 
-    cfg = SweepConfig(preset="paper", variants=("m2po", "opsm", "aipo", "vcpo"), staleness=(64,), seeds=(0,))
+    cfg = SweepConfig(preset="paper", variants=("m2po", "opsm", "aipo", "vcpo"), num_mini_batches=(64,), seeds=(0,))
     tcs = {c.variant: train_config(cfg, c) for c in cells(cfg)}
     assert {v: tc.method for v, tc in tcs.items()} == {v: v for v in ("m2po", "opsm", "aipo", "vcpo")}
     vcpo = tcs["vcpo"]
     assert (vcpo.step_scale, vcpo.adv_estimator) == ("ess_sqrt", "opob")
     assert float(vcpo.hparams["rollout_is_threshold"]) == 8.0  # a correction option keeps its command-line text
     assert tcs["m2po"].adv_estimator == "grpo" and tcs["m2po"].step_scale == "none"
-    named = cells(SweepConfig(methods=("vcpo", "aipo"), staleness=(1,), seeds=(0,)))
+    named = cells(SweepConfig(methods=("vcpo", "aipo"), num_mini_batches=(1,), seeds=(0,)))
     assert [train_config(SweepConfig(), c).adv_estimator for c in named] == ["opob", "grpo"]
-    tc = train_config(SweepConfig(methods=("vespo",), staleness=(4,), seeds=(0,)), cells(SweepConfig(
-        methods=("vespo",), staleness=(4,), seeds=(0,)))[0])  # fmt: skip
+    tc = train_config(SweepConfig(methods=("vespo",), num_mini_batches=(4,), seeds=(0,)), cells(SweepConfig(
+        methods=("vespo",), num_mini_batches=(4,), seeds=(0,)))[0])  # fmt: skip
     before = {k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY and k not in LATER_FIELDS}
     assert cell_key(tc) == settings_key(before)  # the hash a cell had before the fields existed
     assert cell_key(dataclasses.replace(tc, eval_top_p=0.7)) != cell_key(tc)
@@ -357,7 +369,9 @@ def test_cell_configs_are_built_from_the_settings_with_typed_extra():
 
     common = {"eval_size": 500, "eval_n": 2, "num_threads": 1, "progress": False}  # reward_fn: math, as TrainConfig()
     # paper-long, N = 64: max(64, 8 x 64) / 64 = 8 rollout steps of 8 x 64 prompts; 4 evaluations and probes
-    name, fields = changed(preset_config("paper-long", out_dir="sw", variants=("vespo",), staleness=(64,), seeds=(0,)))
+    name, fields = changed(
+        preset_config("paper-long", out_dir="sw", variants=("vespo",), num_mini_batches=(64,), seeds=(0,))
+    )
     assert name == "vespo/N64/seed0/97794d43d7e7"
     assert fields == common | {
         "train_batch_size": 512, "ppo_mini_batch_size": 8, "total_training_steps": 8, "lr": 1e-4,
@@ -367,7 +381,7 @@ def test_cell_configs_are_built_from_the_settings_with_typed_extra():
     }  # fmt: skip
     # paper's vcpo, N = 4: max(32, 8 x 4) / 4 = 8 rollout steps; `extra` text typed by its field (weight_decay 0.0)
     extra = {"weight_decay": "0", "target_kl": "0.02", "tensorboard": "False", "eval-top-p": "None"}
-    cfg = preset_config("paper", out_dir="sw", variants=("vcpo",), staleness=(4,), seeds=(2,), extra=extra)
+    cfg = preset_config("paper", out_dir="sw", variants=("vcpo",), num_mini_batches=(4,), seeds=(2,), extra=extra)
     name, fields = changed(cfg)
     assert name == "vcpo/N4/seed2/c4f6eb35c90d"
     assert fields == common | {
@@ -378,7 +392,7 @@ def test_cell_configs_are_built_from_the_settings_with_typed_extra():
         "run_dir": f"sw/cells/{name}",
     }  # fmt: skip
     # no preset, N = 8: 192 / 8 = 24 rollout steps, evaluations every 24 / 4, checkpoints every 24 / 8
-    name, fields = changed(SweepConfig(methods=("topr-tokenmean",), out_dir="sw", staleness=(8,), seeds=(1,)))
+    name, fields = changed(SweepConfig(methods=("topr-tokenmean",), out_dir="sw", num_mini_batches=(8,), seeds=(1,)))
     assert name == "topr-tokenmean/N8/seed1/cd173bb8dbd5"
     assert fields == common | {
         "method": "topr", "loss_agg_mode": "token-mean", "train_batch_size": 32, "ppo_mini_batch_size": 4,
@@ -388,7 +402,7 @@ def test_cell_configs_are_built_from_the_settings_with_typed_extra():
     for key, text, accepted in (("eval_every", "x", "an integer"), ("tensorboard", "yes", "true or false"),
                                 ("step_scale", "half", "one of")):  # fmt: skip
         with pytest.raises(ValueError, match=f"extra: {key} must be {accepted}.*got '{text}'"):
-            cells(SweepConfig(methods=("vespo",), staleness=(1,), seeds=(0,), extra={key: text}))
+            cells(SweepConfig(methods=("vespo",), num_mini_batches=(1,), seeds=(0,), extra={key: text}))
 
 
 def test_a_cell_runs_from_its_config_file(tmp_path, monkeypatch):
@@ -411,8 +425,8 @@ def test_a_cell_runs_from_its_config_file(tmp_path, monkeypatch):
             return 1
 
     monkeypatch.setattr(subprocess, "Popen", Exits1)
-    cfg = SweepConfig(out_dir=str(tmp_path / "sw"), methods=("grpo",), staleness=(2,), seeds=(0,), optimizer_steps=4,
-                      extra={"tensorboard": "False"})  # fmt: skip
+    cfg = SweepConfig(out_dir=str(tmp_path / "sw"), methods=("grpo",), num_mini_batches=(2,), seeds=(0,),
+                      optimizer_steps=4, extra={"tensorboard": "False"})  # fmt: skip
     (cell,) = cells(cfg)
     tc = train_config(cfg, cell)
     path = tmp_path / "sw" / "cells" / "grpo" / "N2" / "seed0" / f"{cell.key}.yaml"

@@ -2,7 +2,7 @@
 corrected as the official VESPO code corrects it: token-level truncated IS at 2, folded into VESPO's sequence weight.
 
     pip install -e ".[trl]" vllm     # in the clone
-    accelerate launch examples/trl/vespo_grpo.py --model Qwen/Qwen3-8B-Base --staleness 8
+    accelerate launch examples/trl/vespo_grpo.py --model Qwen/Qwen3-8B-Base --num-mini-batches 8
 
 Why the correction is set here: TRL's default, `vllm_importance_sampling_mode="sequence_mask"`, zeroes every
 sequence whose ratio pi_old / pi_vLLM (a product over its tokens) exceeds `vllm_importance_sampling_clip_max` (3), so
@@ -14,7 +14,9 @@ long responses, whose small per-token gaps add up, are dropped more often than s
 from __future__ import annotations
 
 import argparse
+import sys
 
+from vespo.cli import warn_renamed
 from vespo.integrations.trl import VespoGRPOConfig
 
 IS_MODE = "token_truncate"
@@ -22,13 +24,14 @@ IS_MODE = "token_truncate"
 IS_CLIP_MAX = 2.0
 
 
-def build_config(output_dir: str, *, staleness: int = 8, **overrides) -> VespoGRPOConfig:
-    """The run's config: VESPO at the paper's (c1, c2), `staleness` optimizer steps per vLLM generation (the paper's
-    N), 8 responses per prompt, lr 1e-6, no KL, token-mean; `overrides` are any other `VespoGRPOConfig` field."""
+def build_config(output_dir: str, *, num_mini_batches: int = 8, **overrides) -> VespoGRPOConfig:
+    """The run's config: VESPO at the paper's (c1, c2), `num_mini_batches` optimizer steps per vLLM generation (the
+    paper's N), 8 responses per prompt, lr 1e-6, no KL, token-mean; `overrides` are any other `VespoGRPOConfig`
+    field."""
     settings = dict(
         output_dir=output_dir,
         vespo_method="vespo",  # the paper's defaults: (c1, c2) = (2, 3) for A > 0, (3, 2) for A < 0
-        steps_per_generation=staleness,  # one generation batch feeds `staleness` optimizer steps: N
+        steps_per_generation=num_mini_batches,  # one generation batch feeds N optimizer steps
         num_generations=8,
         per_device_train_batch_size=8,
         gradient_accumulation_steps=1,
@@ -55,13 +58,20 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="Qwen/Qwen3-8B-Base")
     p.add_argument("--dataset", default="BytedTsinghua-SIA/DAPO-Math-17k", help="a Hub id or .jsonl (prompt, answer)")
-    p.add_argument("--staleness", type=int, default=8, help="optimizer steps per generation batch (N)")
+    p.add_argument(
+        "--num-mini-batches",
+        "--staleness",
+        type=int,
+        default=8,
+        help="N: optimizer steps per generation batch (--staleness: old name, deprecated)",
+    )
     p.add_argument("--output-dir", default="runs/trl_vespo")
     p.add_argument("--max-steps", type=int, default=-1)
     a = p.parse_args(argv)
+    warn_renamed(p.prog, sys.argv[1:] if argv is None else argv, {"--staleness": "--num-mini-batches"})
     records = load_records(a.dataset)
     ds = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in records])
-    args = build_config(a.output_dir, staleness=a.staleness, max_steps=a.max_steps)
+    args = build_config(a.output_dir, num_mini_batches=a.num_mini_batches, max_steps=a.max_steps)
     VespoGRPOTrainer(model=a.model, reward_funcs=math_reward, args=args, train_dataset=ds).train()
 
 

@@ -28,12 +28,12 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "sweep": (
         "vespo.experiments.sweep",
         "cli",
-        "grid of methods x staleness N x seeds, with tables and paper-style plots",
+        "grid of methods x N mini-batches per rollout step x seeds, with tables and paper-style plots",
     ),
     "lab": (
         "vespo.experiments.lab_cli",
         "cli",
-        "exact sequence-level workbench: methods x length T x staleness N x lr, in seconds",
+        "exact sequence-level workbench: methods x length T x N mini-batches per rollout step x lr, in seconds",
     ),
     "compare": (
         "vespo.experiments.compare",
@@ -86,6 +86,38 @@ def unknown_flag(argv: Iterable[str], accepted: Iterable[str]) -> str | None:
     return None
 
 
+class _Renamed:
+    """The type of `RENAMED`."""
+
+
+RENAMED = _Renamed()
+"""`Annotated` marker beside `tyro.conf.arg(aliases=...)`: those aliases are the field's old names, still accepted;
+each one given prints one deprecation line (`parse_flags`, `warn_renamed`)."""
+
+
+def renamed_flags(config: type) -> dict[str, str]:
+    """Old flag -> current flag for the top-level fields of `config` marked `RENAMED`."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(config, include_extras=True)
+    renamed = {}
+    for f in dataclasses.fields(config):
+        meta = typing.get_args(hints[f.name])[1:] if typing.get_origin(hints[f.name]) is typing.Annotated else ()
+        if any(m is RENAMED for m in meta):
+            renamed |= {a: f"--{f.name}".replace("_", "-") for m in meta for a in getattr(m, "aliases", None) or ()}
+    return renamed
+
+
+def warn_renamed(prog: str, argv: Iterable[str], renamed: dict[str, str]) -> None:
+    """One line on stderr for each old flag name (`renamed`: old -> current) that argv uses, once per flag:
+    '<prog>: --old is deprecated; use --current'."""
+    old = {_flag_key(a): a for a in renamed}
+    for key in dict.fromkeys(_flag_key(t) for t in argv if _looks_like_flag(t)):
+        if key in old:
+            print(f"{prog}: {old[key]} is deprecated; use {renamed[old[key]]}", file=sys.stderr)
+
+
 def dataclass_flags(config: type, prefix: str = "") -> set[str]:
     """The flags tyro makes of a dataclass: `--field` (and `--no-field` for a bool), the aliases of `tyro.conf.arg`,
     and `--field.sub` for a nested dataclass's fields; `tyro.conf.Suppress` fields have none."""
@@ -115,12 +147,14 @@ def parse_flags(
     config: type[C], argv: list[str], *, prog: str, description: str, default: C | None = None, also: Iterable[str] = ()
 ) -> C:
     """`tyro.cli(config)` on argv, with vespo's errors: an unknown flag (with the nearest names, among them `also`,
-    flags the caller has read itself), a bad or missing value raise a one-line UsageError instead of tyro's box."""
+    flags the caller has read itself), a bad or missing value raise a one-line UsageError instead of tyro's box. An
+    old name of a `RENAMED` field is read as the field, with one deprecation line (`warn_renamed`)."""
     import tyro
 
     message = unknown_flag(argv, dataclass_flags(config) | set(also))
     if message is not None:
         raise UsageError(f"{message} ({prog} --help lists every flag)")
+    warn_renamed(prog, argv, renamed_flags(config))
     with _tyro_errors_as_usage():
         return tyro.cli(config, args=argv, prog=prog, description=description, default=default)
 

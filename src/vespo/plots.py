@@ -64,6 +64,8 @@ def _method_curves(positive: bool) -> dict[str, Curve]:
 
 
 _COLORS = ("tab:red", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
+N_AXIS = "N (mini-batches per rollout step)"
+"""The axis label of N (`num_mini_batches`, the paper's staleness ratio gbs/mbs) in every figure."""
 
 
 def sequential_color(i: int, n: int) -> tuple[float, float, float, float]:

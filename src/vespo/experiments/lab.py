@@ -1,4 +1,5 @@
-"""`vespo lab`: an exact sequence-level workbench where response length T and staleness N are free knobs.
+"""`vespo lab`: an exact sequence-level workbench where response length T and N (`num_mini_batches`, the paper's
+staleness ratio gbs/mbs) are free knobs.
 
 Two presets (`--preset`): v2 (default, `vespo.experiments.lab_model`) is a shared-parameter autoregressive policy over
 a 1,024-token vocabulary with EOS, so length varies and is learned; v1 (below) is the original independent-position
@@ -115,7 +116,7 @@ def run_cell(cfg: LabConfig, cell: LabCell) -> dict:
     else:
         opt = torch.optim.SGD([theta], lr=lr)
     threshold = success_threshold(theta)
-    n, m = cell.staleness, cfg.mini_batch_size
+    n, m = cell.num_mini_batches, cfg.mini_batch_seqs
     mask = torch.ones(m, cell.length, dtype=torch.float64)
     start = expected_reward(theta, threshold)
     curve = [(0, start, float("nan"))]
@@ -214,7 +215,7 @@ def plot(out: Path, results: list[dict]) -> None:
     """lab_reward.png: final expected reward vs N per (T, lr), mean and 95% CI over seeds (clipped to [0, 1]);
     lab_mechanism.png: per-k metrics at the largest N."""
     from vespo.experiments.stats import mean_ci
-    from vespo.plots import Panel, Series, panel_figure, save_figure
+    from vespo.plots import N_AXIS, Panel, Series, panel_figure, save_figure
 
     rows = [r["summary"] for r in results]
     lengths, scales = sorted({r["length"] for r in rows}), sorted({r["lr_scale"] for r in rows})
@@ -224,7 +225,7 @@ def plot(out: Path, results: list[dict]) -> None:
     for t in lengths:
         row = []
         for s in scales:
-            panel = Panel(f"T={t}, lr x {s:.3g}", "staleness N", "final E[R]", bounds=(0.0, 1.0), xscale="log2")
+            panel = Panel(f"T={t}, lr x {s:.3g}", N_AXIS, "final E[R]", bounds=(0.0, 1.0), xscale="log2")
             for method in methods:
                 ns = sorted(n for (m_, t_, s_, n) in groups if (m_, t_, s_) == (method, t, s))
                 stats = [mean_ci([g["final_reward"] for g in groups[(method, t, s, n)]]) for n in ns]
@@ -264,14 +265,18 @@ def plot(out: Path, results: list[dict]) -> None:
     save_figure(panel_figure([panels], title=title), out / "lab_mechanism.png")
 
 
-_GRID_ONLY = ("out_dir", "overwrite_output_dir", "jobs", "methods", "length", "staleness", "lr_scale", "seeds")
+_GRID_ONLY = ("out_dir", "overwrite_output_dir", "jobs", "methods", "length", "num_mini_batches", "lr_scale", "seeds")
 """LabConfig fields that do not change one cell's result (where it is written, parallelism, the grid's axes)."""
+_KEYED_AS = {"num_mini_batches": "staleness", "mini_batch_seqs": "mini_batch_size"}
+"""Fields renamed after lab grids were run -> the name a cell's key hashes them under, so finished cells keep their
+files (`cell_file`)."""
 
 
 def cell_file(cfg: LabConfig, cell: LabCell) -> str:
     """A finished cell's JSON file name: the cell's name and a hash of every setting it depends on, so a cell is
     reused only for exactly the same settings."""
-    key = settings_key({k: v for k, v in asdict(cfg).items() if k not in _GRID_ONLY} | asdict(cell))
+    settings = {k: v for k, v in asdict(cfg).items() if k not in _GRID_ONLY} | asdict(cell)
+    key = settings_key({_KEYED_AS.get(k, k): v for k, v in settings.items()})
     return f"{cell.name.replace('/', '_')}_{key}.json"
 
 

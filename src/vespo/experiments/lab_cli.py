@@ -9,7 +9,8 @@ from vespo.experiments.lab_config import LabConfig, cells
 
 
 def cli(argv: list[str]) -> int:
-    """`vespo lab [flags]`: the exact sequence-level workbench, where response length T and staleness N are free."""
+    """`vespo lab [flags]`: the exact sequence-level workbench, where response length T and N (mini-batches per
+    rollout step) are free."""
 
     def run(cfg: LabConfig) -> None:
         from vespo.experiments import lab  # torch

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 import tyro
 
+from vespo.cli import RENAMED
 from vespo.train.config import known_methods
 from vespo.train.host import check_output_dir
 
@@ -60,16 +61,18 @@ class ChainSpec:
 
 @dataclass(frozen=True)
 class LabCell:
+    """One run of a lab grid: a method at response length T and N mini-batches per rollout step, lr scale and seed."""
+
     method: str
     length: int
-    staleness: int
+    num_mini_batches: int
     lr_scale: float
     seed: int
     hparams: tuple[tuple[str, object], ...] = ()
 
     @property
     def name(self) -> str:
-        return f"{self.method}/T{self.length}/N{self.staleness}/lr{self.lr_scale:g}/seed{self.seed}"
+        return f"{self.method}/T{self.length}/N{self.num_mini_batches}/lr{self.lr_scale:g}/seed{self.seed}"
 
 
 MAX_LENGTH = 1 << 20
@@ -79,7 +82,7 @@ MAX_VOCAB = 1 << 12
 MAX_LOGITS = 1 << 24
 """Largest T x V: theta, Adam's two moments, the gradient and the sampler's CDF are each (T, V) float64."""
 MAX_BATCH_TOKENS = 1 << 26
-"""Largest N x mini_batch_size x T: the rollout batch's tokens and two log-prob tensors (24 bytes a token)."""
+"""Largest N x mini_batch_seqs x T: the rollout batch's tokens and two log-prob tensors (24 bytes a token)."""
 MAX_STEPS = 1 << 20
 """Most optimizer steps per cell."""
 
@@ -101,8 +104,9 @@ class LabConfig:
     """Registered policy-loss methods to compare (`vespo.available_methods()`)."""
     length: tuple[int, ...] = (64, 1024)
     """Response lengths T."""
-    staleness: tuple[int, ...] = (1, 4, 16, 64)
-    """Staleness ratios N = rollout batch / mini-batch."""
+    num_mini_batches: Annotated[tuple[int, ...], tyro.conf.arg(aliases=("--staleness",)), RENAMED] = (1, 4, 16, 64)
+    """Values of N, the mini-batches per rollout step (= rollout batch / mini-batch; the paper's staleness ratio).
+    `--staleness` is its old name, deprecated."""
     lr_scale: tuple[float, ...] = (1 / 3, 1.0, 3.0)
     """Learning rates as multiples of `lr`."""
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -126,8 +130,9 @@ class LabConfig:
     collapsed does not keep taking the fresh mini-batches' momentum (beyond the paper, issue 29; VESPO family only)."""
     optimizer_steps: int = 128
     """Optimizer steps per cell, fixed across N (a multiple of every N): equal samples per cell."""
-    mini_batch_size: int = 64
-    """Sequences per optimizer step (mini_batch_size / rollout_n groups)."""
+    mini_batch_seqs: Annotated[int, tyro.conf.arg(aliases=("--mini-batch-size",)), RENAMED] = 64
+    """Sequences (not prompts) per optimizer step: mini_batch_seqs / rollout_n groups. `--mini-batch-size` is its old
+    name, deprecated."""
     rollout_n: Annotated[int, tyro.conf.arg(aliases=("--group-size",))] = 8
     """Responses per group (the GRPO group; advantages are group-normalised)."""
     vocab: int = 4
@@ -155,18 +160,18 @@ def cells(cfg: LabConfig) -> list[LabCell]:
         LabCell(meth, t, n, s, seed)
         for meth in cfg.methods
         for t in cfg.length
-        for n in cfg.staleness
+        for n in cfg.num_mini_batches
         for s in cfg.lr_scale
         for seed in cfg.seeds
     ]
 
 
 def check_lab_config(cfg: LabConfig) -> None:
-    """Every setting of a lab grid, sizes included (a cell holds the rollout batch's N x mini_batch_size x T tokens
+    """Every setting of a lab grid, sizes included (a cell holds the rollout batch's N x mini_batch_seqs x T tokens
     and log-probs, and (T, V) logits with Adam's state): ValueError naming the first bad one. The registry's checks
     (each method's hyperparameters and family) come last: they import torch, as the grid will."""
     check_output_dir("out_dir", cfg.out_dir)
-    for name in ("methods", "length", "staleness", "lr_scale", "seeds"):  # grid axes: one or more, none twice
+    for name in ("methods", "length", "num_mini_batches", "lr_scale", "seeds"):  # grid axes: one or more, none twice
         values = getattr(cfg, name)
         if not values or len(set(values)) != len(values):
             raise ValueError(f"{name} must be one or more distinct values, got {list(values)}")
@@ -176,16 +181,16 @@ def check_lab_config(cfg: LabConfig) -> None:
     checks = [
         ("length", all(1 <= t <= MAX_LENGTH for t in cfg.length), f"integers in [1, {MAX_LENGTH}]"),
         (
-            "staleness",
-            all(n >= 1 and cfg.optimizer_steps % n == 0 for n in cfg.staleness),
+            "num_mini_batches",
+            all(n >= 1 and cfg.optimizer_steps % n == 0 for n in cfg.num_mini_batches),
             f"positive divisors of optimizer_steps={cfg.optimizer_steps}",
         ),
         ("lr_scale", all(math.isfinite(s) and s > 0 for s in cfg.lr_scale), "finite numbers > 0"),
         ("lr", math.isfinite(cfg.lr) and cfg.lr > 0, "a finite number > 0"),
         ("optimizer_steps", 1 <= cfg.optimizer_steps <= MAX_STEPS, f"an integer in [1, {MAX_STEPS}]"),
         (
-            "mini_batch_size",
-            cfg.mini_batch_size >= cfg.rollout_n >= 2 and cfg.mini_batch_size % cfg.rollout_n == 0,
+            "mini_batch_seqs",
+            cfg.mini_batch_seqs >= cfg.rollout_n >= 2 and cfg.mini_batch_seqs % cfg.rollout_n == 0,
             "a multiple of rollout_n, and rollout_n >= 2",
         ),
         ("vocab", 2 <= cfg.vocab <= MAX_VOCAB, f"an integer in [2, {MAX_VOCAB}]"),
@@ -214,12 +219,12 @@ def check_lab_config(cfg: LabConfig) -> None:
     t = max(cfg.length)
     if t * cfg.vocab > MAX_LOGITS:
         raise ValueError(f"length x vocab must be <= {MAX_LOGITS} logits per cell, got {t} x {cfg.vocab}")
-    tokens = max(cfg.staleness) * cfg.mini_batch_size * t
+    tokens = max(cfg.num_mini_batches) * cfg.mini_batch_seqs * t
     if tokens > MAX_BATCH_TOKENS:
         raise ValueError(
-            f"staleness x mini_batch_size x length must be <= {MAX_BATCH_TOKENS} tokens per rollout batch "
+            f"num_mini_batches x mini_batch_seqs x length must be <= {MAX_BATCH_TOKENS} tokens per rollout batch "
             f"(~{MAX_BATCH_TOKENS * 24 / 2**30:.1f} GiB per cell), "
-            f"got {max(cfg.staleness)} x {cfg.mini_batch_size} x {t}"
+            f"got {max(cfg.num_mini_batches)} x {cfg.mini_batch_seqs} x {t}"
         )
     for name, ok, accepted, value in cfg.chain.checks() if cfg.preset == "v2" else []:
         if not ok:

@@ -223,7 +223,7 @@ def run_chain_cell(cfg, cell, spec: ChainSpec) -> dict:
     gen = torch.Generator().manual_seed(cell.seed)
     threshold = policy.success_threshold(EVAL_SEED)
     start = policy.evaluate(threshold, EVAL_SEED)
-    n, m = cell.staleness, cfg.mini_batch_size
+    n, m = cell.num_mini_batches, cfg.mini_batch_seqs
     curve = [(0, start["reward"], float("nan"), start["length_mean"])]
     per_k = {k: torch.zeros(n, dtype=torch.float64) for k in LAB_STEP_METRICS}
     rollout_steps = cfg.optimizer_steps // n
@@ -274,7 +274,7 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     `cfg.momentum_scale="mean_phi"` multiplies Adam's first moment by Z before the step, so a mini-batch whose phi
     has collapsed also silences the momentum the fresh mini-batches left (the echo), not only its own gradient."""
     lp.retain_grad()
-    context = BatchContext(mini_batch_index=k, num_mini_batches=cell.staleness)
+    context = BatchContext(mini_batch_index=k, num_mini_batches=cell.num_mini_batches)
     loss, metrics = compute_policy_loss(
         cell.method,
         log_prob=lp,

@@ -249,7 +249,7 @@ def binomial_sd(p: float, n: int) -> float:
 def markdown_grid(
     rows: list[str], columns: list, cell: Callable[[str, object], str], first: str = "variant"
 ) -> list[str]:
-    """A markdown table with one row per name in `rows` and one column per staleness N in `columns`."""
+    """A markdown table with one row per name in `rows` and one column per N in `columns`."""
     lines = [f"| {first} | " + " | ".join(f"N={c}" for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     return lines + [f"| {r} | " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
 
@@ -288,7 +288,7 @@ def choose_test(
 
 @dataclass(frozen=True)
 class Comparison:
-    """One method against the baseline in one column (e.g. one staleness N)."""
+    """One method against the baseline in one column (e.g. one N)."""
 
     column: object
     method: str

@@ -1,4 +1,5 @@
-"""`vespo sweep`: methods x staleness N x seeds on the embedded task, in parallel processes, resumable.
+"""`vespo sweep`: methods x N (`num_mini_batches`, the paper's staleness ratio gbs/mbs) x seeds on the embedded task,
+in parallel processes, resumable.
 
 Every cell uses the same mini-batch (`ppo_mini_batch_size` prompts x `rollout_n` responses) and the same total number of
 optimizer steps, hence the same number of samples; only the rollout batch (N mini-batches) changes with N, as in the
@@ -33,6 +34,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
+from vespo.cli import RENAMED
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.outputs import open_append, read_regular, write_atomic
 from vespo.train.config import FIELD_TYPES, TrainConfig, conforms, describe_type
@@ -118,7 +120,7 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
         {  # SweepConfig fields (where left at their defaults): free-length task, >= 8 rollout steps at every N
             "task": ("scratchpad",),
             "num_operands": 4,
-            "staleness": (1, 4, 8, 16, 64),
+            "num_mini_batches": (1, 4, 8, 16, 64),
             "seeds": (0, 1, 2, 3, 4),
             "ppo_mini_batch_size": 8,  # 64 sequences: grad_clip 1.0 binds on ~4% of steps (2 prompts: ~40%)
             "optimizer_steps": 32,
@@ -135,7 +137,7 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
         {  # responses of 3 * 41 + 5 = 128 tokens, N up to 128, enough rollout steps for best and final to differ
             "task": ("chain",),
             "num_operands": 41,
-            "staleness": (4, 16, 64, 128),
+            "num_mini_batches": (4, 16, 64, 128),
             "seeds": tuple(range(9)),  # benchmarks/bench_paper_long.py: 9 seeds detect 0.03 at the assumed SD
             "ppo_mini_batch_size": 8,
             "optimizer_steps": 64,
@@ -182,14 +184,15 @@ GATES: dict[str, tuple[Gate, ...]] = {
 verdict uses the cells that pass (benchmarks/bench_paper_long.py)."""
 
 
-def gate(preset: str | None, method: str, n: int, summary: dict) -> str:
+def gate(preset: str | None, method: str, num_mini_batches: int, summary: dict) -> str:
     """A cell's regime gate: "" when the preset has none, "ok" when every condition that applies to its method and N
     holds, else "missed: " and each failed condition with its value (a value not logged fails)."""
     if preset not in GATES:
         return ""
     failed = []
     for g in GATES[preset]:
-        if (g.methods is None or method in g.methods) and n >= g.min_n and not g.holds(summary.get(g.key)):
+        applies = (g.methods is None or method in g.methods) and num_mini_batches >= g.min_n
+        if applies and not g.holds(summary.get(g.key)):
             value = summary.get(g.key)
             failed.append(f"{g.label} {'not logged' if value is None else f'{value:.3g}'} (needs {g.op} {g.bound:g})")
     return "missed: " + "; ".join(failed) if failed else "ok"
@@ -227,8 +230,10 @@ class SweepConfig:
     regime_applied: tyro.conf.Suppress[bool] = False
     """Set by `resolve`/`preset_config` once a preset's regime is applied: every field then says what the user
     chose (the command line starts from the preset's settings, so a flag always wins)."""
-    staleness: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
-    """Staleness ratios N = train_batch_size / ppo_mini_batch_size."""
+    num_mini_batches: Annotated[tuple[int, ...], tyro.conf.arg(aliases=("--staleness",)), RENAMED] = (
+        1, 4, 8, 16, 32, 64)  # fmt: skip
+    """Values of N, the mini-batches per rollout step (= train_batch_size / ppo_mini_batch_size; the paper's staleness
+    ratio). `--staleness` is its old name, deprecated."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """RL seeds (all share one SFT warm start)."""
     ppo_mini_batch_size: Annotated[int, tyro.conf.arg(aliases=("--mini-batch-size",))] = 4
@@ -282,8 +287,8 @@ SWEEP_OWNED = {
     "lr": "--lr",
     "task": "--task",
     "ppo_mini_batch_size": "--mini-batch-size",
-    "train_batch_size": "--staleness",
-    "staleness": "--staleness",
+    "train_batch_size": "--num-mini-batches",
+    "staleness": "--num-mini-batches",
     "rollout_n": "--rollout-n",
     "total_training_steps": "--optimizer-steps",
     "eval_size": "--eval-size",
@@ -300,12 +305,13 @@ identity at that value, so the cells run before the field existed keep their nam
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the grid: a variant (method, hparams, settings) at staleness N, seed, lr and task."""
+    """One run of the grid: a variant (method, hparams, settings) at N mini-batches per rollout step, seed, lr and
+    task."""
 
     variant: str
     method: str
     hparams: dict
-    n: int
+    num_mini_batches: int
     seed: int
     lr: float = 3e-4
     task: str = "arithmetic"
@@ -317,7 +323,7 @@ class Cell:
 
     @property
     def name(self) -> str:
-        return f"{self.variant}/N{self.n}/seed{self.seed}" + (f"/{self.key}" if self.key else "")
+        return f"{self.variant}/N{self.num_mini_batches}/seed{self.seed}" + (f"/{self.key}" if self.key else "")
 
 
 def resolve(cfg: SweepConfig) -> SweepConfig:
@@ -360,7 +366,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     """All grid cells, validated (each cell's TrainConfig is resolved) before anything runs."""
     cfg = resolve(cfg)
     check_output_dir("out_dir", cfg.out_dir)
-    axes = ("staleness", "seeds", "lr", "task") + (("methods",) if cfg.preset is None else ())
+    axes = ("num_mini_batches", "seeds", "lr", "task") + (("methods",) if cfg.preset is None else ())
     for name in axes:  # grid axes: at least one value, none twice (two cells would share one run dir)
         values = getattr(cfg, name)
         if not values or len(set(values)) != len(values):
@@ -375,7 +381,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     ):
         if not ok:
             raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
-    bad = [n for n in cfg.staleness if n < 1 or _optimizer_steps(cfg, n) % n]
+    bad = [n for n in cfg.num_mini_batches if n < 1 or _optimizer_steps(cfg, n) % n]
     if bad:
         raise ValueError(f"optimizer_steps={cfg.optimizer_steps} must be a multiple of every N; not of {bad}")
     bad_lr = [lr for lr in cfg.lr if not 0 < lr < float("inf")]
@@ -397,7 +403,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
         for task in cfg.task
         for v, (m, h, settings) in variants(cfg).items()
         for lr in cfg.lr
-        for n in cfg.staleness
+        for n in cfg.num_mini_batches
         for s in cfg.seeds
     ]
     return [dataclasses.replace(c, key=cell_key(check_host(train_config(cfg, c)))) for c in grid]  # and this machine
@@ -411,22 +417,22 @@ def cell_key(tc: TrainConfig) -> str:
     return settings_key({k: v for k, v in config.items() if k not in NOT_IDENTITY and k not in later})
 
 
-def _optimizer_steps(cfg: SweepConfig, n: int) -> int:
+def _optimizer_steps(cfg: SweepConfig, num_mini_batches: int) -> int:
     """A cell's optimizer steps: `optimizer_steps`, scaled up to `min_rollout_steps` rollout steps at large N."""
-    return max(cfg.optimizer_steps, cfg.min_rollout_steps * n)
+    return max(cfg.optimizer_steps, cfg.min_rollout_steps * num_mini_batches)
 
 
 def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
     """The resolved TrainConfig a cell runs with: fixed mini-batch and optimizer steps, N mini-batches per rollout
     step; then the preset's regime, the variant's settings and the user's `extra`, each over the ones before."""
     cfg = resolve(cfg)
-    rollout_steps = _optimizer_steps(cfg, cell.n) // cell.n
+    rollout_steps = _optimizer_steps(cfg, cell.num_mini_batches) // cell.num_mini_batches
     fields = {
         "method": cell.method,
         "hparams": dict(cell.hparams),
         "seed": cell.seed,
         "ppo_mini_batch_size": cfg.ppo_mini_batch_size,
-        "train_batch_size": cfg.ppo_mini_batch_size * cell.n,
+        "train_batch_size": cfg.ppo_mini_batch_size * cell.num_mini_batches,
         "rollout_n": cfg.rollout_n,
         "total_training_steps": rollout_steps,
         "lr": cell.lr,
@@ -544,7 +550,7 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
 
 def _gated(cfg: SweepConfig, cell: Cell, summary: dict) -> dict:
     """The summary with its regime gate (`gate`) where the preset has one."""
-    verdict = gate(cfg.preset, cell.method, cell.n, summary)
+    verdict = gate(cfg.preset, cell.method, cell.num_mini_batches, summary)
     return summary | ({"gate": verdict} if verdict else {})
 
 
@@ -637,7 +643,7 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "variant": cell.variant,
         "method": cell.method,
         "loss_agg_mode": cell.settings.get("loss_agg_mode") or default_loss_agg_mode(cell.method),
-        "N": cell.n,
+        "N": cell.num_mini_batches,
         "seed": cell.seed,
         "rollout_steps": len(rewards),
         "final_train_reward": float(np.mean(tail)),
@@ -740,7 +746,7 @@ def _curves(out_dir: Path, cell: Cell, key: str) -> tuple[np.ndarray, np.ndarray
     from vespo.train.logs import read_metrics
 
     rows = [r for r in read_metrics(out_dir / "cells" / cell.name) if key in r]
-    return np.array([r["step"] * cell.n for r in rows]), np.array([r[key] for r in rows])
+    return np.array([r["step"] * cell.num_mini_batches for r in rows]), np.array([r[key] for r in rows])
 
 
 def _seed_mean(out_dir: Path, group: list[Cell], key: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -760,10 +766,10 @@ def plot(cfg: SweepConfig, grid: list[Cell]) -> None:
     names = list(dict.fromkeys(c.variant for c in grid))
     colors = {v: category_color(i) for i, v in enumerate(names)}
     styles = {v: ("-", "--", ":")[i // 10 % 3] for i, v in enumerate(names)}  # colours repeat after 10
-    ns = list(cfg.staleness)
+    ns = list(cfg.num_mini_batches)
 
     def group(v, n):
-        return [c for c in grid if c.variant == v and c.n == n]
+        return [c for c in grid if c.variant == v and c.num_mini_batches == n]
 
     def series(v, n, key, style) -> dict[str, Series]:
         xy = _seed_mean(out_dir, group(v, n), key)
@@ -804,11 +810,11 @@ def plot_lr_robustness(cfg: SweepConfig, grid: list[Cell]) -> None:
     out_dir = Path(cfg.out_dir)
     paths = {c.name: out_dir / "cells" / c.name / "summary.json" for c in grid}
     summaries = [
-        saved | {"lr": c.lr, "variant": c.variant, "task": c.task, "N": c.n}
+        saved | {"lr": c.lr, "variant": c.variant, "task": c.task, "N": c.num_mini_batches}
         for c in grid
         if (saved := _read_summary(paths[c.name])) is not None
     ]
-    save_figure(lr_robustness_figure(summaries, list(cfg.staleness)), out_dir / "fig_lr_robustness.png")
+    save_figure(lr_robustness_figure(summaries, list(cfg.num_mini_batches)), out_dir / "fig_lr_robustness.png")
 
 
 def _lr_of(summary: dict) -> float:
@@ -819,11 +825,11 @@ def _lr_of(summary: dict) -> float:
     return float(tag[2:]) if tag else float("nan")
 
 
-def lr_robustness_figure(summaries: list[dict], staleness: list[int]):
+def lr_robustness_figure(summaries: list[dict], num_mini_batches: list[int]):
     """The lr-robustness figure from per-cell summaries (`summarize`'s rows with their `lr`; results.csv's rows give
     the same): a panel per method and task, final held-out accuracy vs N, mean (solid) and worst seed (dashed) per
     learning rate."""
-    from vespo.plots import Panel, Series, panel_figure, sequential_color
+    from vespo.plots import N_AXIS, Panel, Series, panel_figure, sequential_color
 
     summaries = [s | {"lr": _lr_of(s), "base": s["variant"].split("@")[0]} for s in summaries]
     tasks = list(dict.fromkeys(s["task"] for s in summaries))
@@ -835,11 +841,11 @@ def lr_robustness_figure(summaries: list[dict], staleness: list[int]):
         starts = [float(s["initial_eval_acc"]) for s in summaries if s["task"] == task]
         for base in bases:
             start = float(np.mean(starts)) if starts else None
-            panel = Panel(f"{base} ({task})", "staleness N", "final held-out accuracy", bounds=(0.0, 1.0),
-                          xscale="log2", xticks=staleness, hline=start)  # fmt: skip
+            panel = Panel(f"{base} ({task})", N_AXIS, "final held-out accuracy", bounds=(0.0, 1.0), xscale="log2",
+                          xticks=num_mini_batches, hline=start)  # fmt: skip
             for i, lr in enumerate(lrs):
                 pts = []
-                for n in staleness:
+                for n in num_mini_batches:
                     cell = (task, base, lr, n)
                     accs = [float(s["final_eval_acc"]) for s in summaries
                             if (s["task"], s["base"], s["lr"], int(s["N"])) == cell]  # fmt: skip
@@ -925,7 +931,7 @@ def cli(argv: list[str]) -> int:
         sweep(cfg)
         print((Path(cfg.out_dir) / "results.md").read_text())
 
-    description = "Methods x staleness N x seeds on the embedded task; resumable; tables + figures."
+    description = "Methods x N mini-batches per rollout step x seeds on the embedded task; resumable; tables + figures."
     preset = next((a.split("=", 1)[1] if "=" in a else b for a, b in zip(argv, [*argv[1:], ""], strict=True) if
                    a.split("=", 1)[0] == "--preset"), None)  # fmt: skip
     default = preset_config(preset) if preset in PRESET_REGIMES else None  # flags override the preset's regime

@@ -286,7 +286,8 @@ class VespoGRPOTrainer(GRPOTrainer):
         start = self._step - self._step % ga
         if self._vespo_context is not None and self._vespo_context[0] == start:
             return self._vespo_context[1]
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        generate_every = self.args.steps_per_generation * self.num_iterations  # micro-steps per generation batch
+        num_mini_batches = generate_every // ga  # N: the optimizer steps that reuse one generation batch
         rows, m2 = [], []  # per micro-batch: (b, 3) log W, A, valid; M2PO's trust-region M2 of its tokens, flat
         with torch.no_grad():
             for step in range(start, start + ga):
@@ -308,7 +309,7 @@ class VespoGRPOTrainer(GRPOTrainer):
             advantages=every[:, 1],
             valid=every[:, 2] > 0,
             mini_batch_index=(start % generate_every) // ga,
-            num_mini_batches=generate_every // ga,
+            num_mini_batches=num_mini_batches,
             m2=every_m2,  # padding -1: not a trust-region token
         )
         self._vespo_context = (start, ctx)

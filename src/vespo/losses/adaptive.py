@@ -12,7 +12,7 @@ is inactive, REINFORCE on-policy (W = 1 gives phi = 1 and every controller inact
 - `vespo_ess`: per sign, phi^tau = W^(tau c1) exp(tau c2 (1 - W)) with the largest tau in [1/c1, 1] whose Kish ESS
   over the group is >= the target (ESS of w^tau decreases in tau); tau >= 1/c1 keeps c1 >= 1 (Prop. 3.1's K finite).
 - `vespo_selfnorm`: phi / Z with Z = mean of phi over the sign group (or the whole batch), gain capped at `max_gain`.
-- `vespo_schedule`: c2 grows linearly with the staleness index k of the mini-batch (k = 0..N-1).
+- `vespo_schedule`: c2 grows linearly with the index k of the mini-batch (k = 0..N-1; N = `num_mini_batches`).
 
 Decisions use the statistics of the whole mini-batch when the caller passes a `BatchContext` (`batch_context`), so
 a mini-batch split into micro-batches gets exactly the gradient of one pass; without one, the call's own batch is
@@ -55,8 +55,8 @@ class BatchContext:
 
     `log_w` (M,) sequence log W of every sequence of the mini-batch (rollout fold included, as the method computes
     it), `advantages` (M,) their sequence advantages, `valid` (M,) which have at least one valid token;
-    `mini_batch_index` k in 0..N-1 and `num_mini_batches` N (the staleness) for `vespo_schedule`; `m2` the
-    mini-batch's per-token M2 of M2PO's trust-region tokens, -1 for every other token, any shape (`m2po`).
+    `mini_batch_index` k in 0..N-1 and `num_mini_batches` N (mini-batches per rollout step) for `vespo_schedule`;
+    `m2` the mini-batch's per-token M2 of M2PO's trust-region tokens, -1 for every other token, any shape (`m2po`).
     """
 
     log_w: Tensor | None = None
@@ -244,9 +244,9 @@ def _adaptive_loss(
         log_gain, z = selfnorm_gain(g_log_w, g_pos, g_valid, c1, c2, hp["normalize"], hp["max_gain"])
         metrics |= _per_sign("adaptive/log_gain", log_gain) | _per_sign("adaptive/Z", z)  # log: 1/Z can overflow
     else:  # schedule
-        k, n = _staleness_index(ctx)
+        k, n = _mini_batch_index(ctx)
         c2 = c2 * (1.0 + (hp["c2_scale_max"] - 1.0) * k / max(n - 1, 1))
-        metrics["adaptive/staleness_index"] = torch.tensor(float(k))
+        metrics["adaptive/mini_batch_index"] = torch.tensor(float(k))
     metrics |= _per_sign("adaptive/c1", c1) | _per_sign("adaptive/c2", c2)
 
     idx = (a_seq < 0).long()  # (B,) 0 for A >= 0, 1 for A < 0
@@ -268,11 +268,11 @@ def _per_sign(name: str, x: Tensor) -> dict[str, Tensor]:
     return {f"{name}_pos": x[0], f"{name}_neg": x[1]}
 
 
-def _staleness_index(ctx: BatchContext | None) -> tuple[int, int]:
+def _mini_batch_index(ctx: BatchContext | None) -> tuple[int, int]:
     """(k, N) of the mini-batch; a schedule without them would silently be plain VESPO, so that is an error."""
     if ctx is None or ctx.mini_batch_index is None or ctx.num_mini_batches is None:
         raise ValueError(
-            "vespo_schedule needs the mini-batch's staleness index: pass batch_context=BatchContext("
+            "vespo_schedule needs the mini-batch's index: pass batch_context=BatchContext("
             "mini_batch_index=k, num_mini_batches=N) (vespo train does; see docs/adaptive.md for veRL/TRL)"
         )
     k, n = int(ctx.mini_batch_index), int(ctx.num_mini_batches)
@@ -363,7 +363,7 @@ _register_adaptive(
     "vespo_schedule",
     "schedule",
     {"c2_scale_max": (2.0, float)},
-    """VESPO with c2 scheduled on the staleness index k of the mini-batch: c2(k) = c2 (1 + (s - 1) k / (N - 1)).
+    """VESPO with c2 scheduled on the index k of the mini-batch: c2(k) = c2 (1 + (s - 1) k / (N - 1)).
 
     k = 0 (on-policy) uses the paper's c2, the last mini-batch k = N - 1 uses s * c2 (s = `c2_scale_max`): a tighter
     moment constraint (larger lambda) where the weights are stalest. Needs `batch_context` with k and N.

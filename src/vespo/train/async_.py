@@ -74,7 +74,7 @@ class SamplerPool:
         self.store = WeightStore(model, self.ctx)
         self.schedule = Schedule(
             self.ctx,
-            units_per_batch=cfg.num_mini_batches,
+            num_mini_batches=cfg.num_mini_batches,
             max_staleness=cfg.max_staleness,
             num_samplers=cfg.num_samplers,
             step=step,
@@ -180,9 +180,9 @@ class SamplerPool:
             gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, item.batch))
             order = torch.randperm(rewards.numel(), generator=gen)
             rollout, rewards, advantages = rollout.select(order), rewards[order], advantages[order]
-        n_units, rows = self.cfg.num_mini_batches, self.cfg.ppo_mini_batch_size * self.cfg.rollout_n
+        num_mini_batches, rows = self.cfg.num_mini_batches, self.cfg.ppo_mini_batch_size * self.cfg.rollout_n
         queued = max(0.0, time.time() - item.created)
-        for j in range(n_units):
+        for j in range(num_mini_batches):
             sl = slice(j * rows, (j + 1) * rows)
             self.units.append(
                 Unit(
@@ -191,9 +191,9 @@ class SamplerPool:
                     rollout=rollout.select(sl),
                     rewards=rewards[sl],
                     advantages=advantages[sl],
-                    busy_s=(item.gen_s + item.reward_s) / n_units,
-                    gen_s=item.gen_s / n_units,
-                    reward_s=item.reward_s / n_units,
+                    busy_s=(item.gen_s + item.reward_s) / num_mini_batches,
+                    gen_s=item.gen_s / num_mini_batches,
+                    reward_s=item.reward_s / num_mini_batches,
                     queued_s=queued,
                 )
             )
@@ -310,8 +310,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     model = learner.model
     device = next(model.parameters()).device
     next_batch = state.loop[ASYNC][NEXT_BATCH] if ASYNC in state.loop else 0
-    n_mini = cfg.num_mini_batches
-    opt_step = state.start * n_mini  # = the policy version of the learner's current weights
+    opt_step = state.start * cfg.num_mini_batches  # = the policy version of the learner's current weights
     sampling = dataclasses.replace(cfg, num_threads=state.threads)
     pool = SamplerPool(ctx, sampling, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
     stats, metrics = LagStats(), run.logger.last
@@ -323,7 +322,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
             t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
             per_unit: list[dict[str, float]] = []
             rewards = []
-            while len(per_unit) < n_mini:
+            while len(per_unit) < cfg.num_mini_batches:
                 # 1. the next mini-batch off the queue; too stale -> dropped (counted, never trained on)
                 unit, wait_s = pool.next_unit()
                 waited += wait_s
@@ -359,7 +358,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
             # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
             release_free_memory()  # the updates' freed transients go back to the OS
             step_s = time.perf_counter() - t0
-            metrics = _step_metrics(per_unit, rewards, n_mini) | stats.flush()
+            metrics = _step_metrics(per_unit, rewards, cfg.num_mini_batches) | stats.flush()
             metrics["async/lag_max"] = max(float(k.rpartition("/")[2]) for k in metrics if "lag_hist/" in k)
             busy, idle = pool.busy_s - busy0, pool.idle_s - idle0
             metrics |= {"time/step_s": step_s, "async/queue_wait_s": waited, "async/learner_util": 1 - waited / step_s,
@@ -400,7 +399,7 @@ def _unit_metrics(cfg: TrainConfig, unit, update: dict, old_log_prob, lag: int, 
     return m
 
 
-def _step_metrics(per_unit: list[dict], rewards: list[torch.Tensor], n_mini: int) -> dict[str, float]:
+def _step_metrics(per_unit: list[dict], rewards: list[torch.Tensor], num_mini_batches: int) -> dict[str, float]:
     """A rollout step's metrics from its N mini-batches: means, except the seconds (sampler time behind the step's
     samples, overlapped with the learner, and the learner's own), which add up; reward over all its samples."""
     metrics = {k: float(np.mean([u[k] for u in per_unit])) for k in per_unit[0]}
@@ -409,7 +408,7 @@ def _step_metrics(per_unit: list[dict], rewards: list[torch.Tensor], n_mini: int
     all_rewards = torch.cat(rewards)
     metrics["reward/mean"] = float(all_rewards.mean())
     metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
-    metrics["actor/num_mini_batches"] = float(n_mini)
+    metrics["actor/num_mini_batches"] = float(num_mini_batches)
     return metrics
 
 

@@ -68,7 +68,7 @@ class UpdateSettings:
     loss_agg_mode: str | None = None
     """Aggregation; None = the method's own."""
     num_mini_batches: int = 1
-    """N: sequential optimizer steps per update (the staleness)."""
+    """N: sequential optimizer steps per update, one per mini-batch (the paper's staleness ratio gbs/mbs)."""
     seqs_per_mini_batch: int = 64
     """Sequences per optimizer step (prompts per mini-batch x rollout_n)."""
     micro_batch_size: int = 64
@@ -587,7 +587,7 @@ def _batch_context(
     n_micro: int,
     on_policy: bool = False,
 ) -> BatchContext | None:
-    """Mini-batch statistics for the methods that declare `batch_context` (None for the others): the staleness index
+    """Mini-batch statistics for the methods that declare `batch_context` (None for the others): the mini-batch index
     k, and with more than one micro-batch the whole mini-batch's log W from one extra no-grad forward, so that every
     micro-batch's controller decides exactly as one pass over the mini-batch would (`on_policy`: mu is not scored
     yet, and is that forward itself)."""

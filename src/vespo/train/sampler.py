@@ -76,8 +76,10 @@ class Schedule:
     of order with several samplers) and counts it. Counters are raw shared integers guarded by `lock`.
     """
 
-    def __init__(self, ctx, *, units_per_batch: int, max_staleness: int, num_samplers: int, step: int, next_batch: int):
-        self.units_per_batch, self.max_staleness = units_per_batch, max_staleness
+    def __init__(
+        self, ctx, *, num_mini_batches: int, max_staleness: int, num_samplers: int, step: int, next_batch: int
+    ):
+        self.num_mini_batches, self.max_staleness = num_mini_batches, max_staleness
         self.lock = ctx.Lock()
         self.step = ctx.Value("q", step, lock=False)  # learner optimizer steps done
         self.issued = ctx.Value("q", 0, lock=False)  # units admitted since this process group started
@@ -89,12 +91,12 @@ class Schedule:
         """A batch id for sampler `rank` to generate with weights `version`, or None if it would come too late."""
         with self.lock:
             in_flight = self.issued.value - self.consumed.value
-            last_lag = self.step.value + in_flight + self.units_per_batch - 1 - version
+            last_lag = self.step.value + in_flight + self.num_mini_batches - 1 - version
             if version < 0 or last_lag > self.max_staleness:
                 return None
             batch = self.next_batch.value
             self.next_batch.value += 1
-            self.issued.value += self.units_per_batch
+            self.issued.value += self.num_mini_batches
             self.holding[rank] = batch
             return batch
 
