@@ -17,12 +17,20 @@ def vespo(*argv, **kw):
     return subprocess.run([sys.executable, "-m", "vespo", *argv], capture_output=True, text=True, timeout=600, **kw)
 
 
+def sigint_default() -> None:
+    """`preexec_fn` of a process the tests Ctrl-C: SIGINT at its default, as in a terminal. A suite started in the
+    background by a non-interactive shell (`cmd &`, as CI scripts do) inherits SIGINT ignored, and Python then never
+    raises KeyboardInterrupt, so the command under test would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """A `vespo` subprocess whose stderr is read as it comes (to send SIGINT at the right moment)."""
 
     def __init__(self, *argv, cwd=None, env=None):
         self.proc = subprocess.Popen([sys.executable, "-m", "vespo", *argv], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)  # fmt: skip
+                                     stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                                     preexec_fn=sigint_default)  # fmt: skip
         self.err = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

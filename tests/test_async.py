@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from _clock import HANG_GUARD_S
-from _commands import alive, descendants
+from _commands import alive, descendants, sigint_default
 
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.rewards import math_reward
@@ -232,7 +232,8 @@ def test_stop_leaves_no_orphans(tiny_model, tmp_path, how):
     argv += ["--max-response-length", "8", "--total-training-steps", "100000", "--eval-every", "0", "--num-threads"]
     argv += ["1", "--no-progress", "--no-tensorboard", "--run-dir", str(run_dir)]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=sigint_default)  # fmt: skip
     try:
         deadline = time.time() + HANG_GUARD_S
         while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
