@@ -29,6 +29,7 @@ from pathlib import Path
 from bench_workbench_speed import _checkout
 
 from vespo.experiments.sweep import cells, preset_config, resolve, train_config
+from vespo.outputs import write_atomic
 from vespo.train.config_io import to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def _flags(staleness: int, cache: Path, smoke: bool, tmp: Path) -> list[str]:
     if smoke:
         cut["sft_steps"] = 2
     path = tmp / "cell.yaml"
-    path.write_text(to_yaml(dataclasses.replace(train_config(cfg, cells(cfg)[0]), run_dir=None, **cut)))
+    write_atomic(path, to_yaml(dataclasses.replace(train_config(cfg, cells(cfg)[0]), run_dir=None, **cut)))
     return ["--config", str(path)]
 
 
@@ -92,7 +93,7 @@ def main() -> int:
     result = {"before": args.before, "staleness": args.staleness, "runs": runs, "speedup": ratios,
               "load": os.getloadavg()}  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "long_cell.json").write_text(json.dumps(result, indent=2, default=str))
+    write_atomic(args.out_dir / "long_cell.json", json.dumps(result, indent=2, default=str))
     md = [
         f"One rollout step of the `paper-long` cell at N = {args.staleness} (VESPO, seed 0; "
         f"`python benchmarks/bench_long_cell.py --before {args.before}`), arms alternated, {args.repeats} repeats, "
@@ -106,7 +107,7 @@ def main() -> int:
         md.append(f"| {label} | {med(name, 'wall_s'):.1f} | {med(name, 'time/gen_s'):.1f} | "
                   f"{med(name, 'time/update_s'):.1f} | {med(name, 'reward/mean'):.4f} |")  # fmt: skip
     md += ["", "Speed-up (before / after, medians): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()) + "."]
-    (args.out_dir / "long_cell.md").write_text("\n".join(md) + "\n")
+    write_atomic(args.out_dir / "long_cell.md", "\n".join(md) + "\n")
     print("\n".join(md))
     shutil.rmtree(tmp)  # the two checkouts and the runs (the warm-start cache is outside it unless --smoke)
     return 0
