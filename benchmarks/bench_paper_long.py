@@ -21,6 +21,10 @@ comparison left without 2 gated seeds counts as p = 1), the verdict (reproduced 
 number, else VESPO ahead / behind; unresolved with its MDD from the measured SD), the gate values and the gradient
 probe's cosines beside it. Variants are the preset's (`PRESETS["paper-long"]`): a loss added there joins the plan.
 
+A table built in slices (each its own command and out-dir, each design fixed before its cells ran):
+`--report-only --add-results DIR...` adds the slices' cells and plans to out-dir's results.csv / results.md /
+plan.md (a cell in two slices must agree) and tests the comparisons the slices planned, Holm over their union.
+
 `--smoke --out-dir DIR`: VESPO and GRPO on the 3-step chain at N = 2 and 4, one seed, a 2-step warm start in DIR (CI).
 """
 
@@ -40,7 +44,7 @@ import numpy as np
 from vespo.cli import warn_renamed
 from vespo.experiments.compare import load_rows
 from vespo.experiments.stats import TEST_NAMES, compare, holm, minimal_detectable_difference, seeds_for
-from vespo.experiments.sweep import GATES, PRESETS, SweepConfig, preset_config, resolve, sweep
+from vespo.experiments.sweep import GATES, PRESETS, SweepConfig, preset_config, resolve, sweep, write_tables
 from vespo.outputs import write_atomic
 
 _spec = importlib.util.spec_from_file_location(
@@ -215,7 +219,7 @@ def verdicts(rows: list[dict], variants: list[str], staleness: tuple[int, ...]) 
     """Every fixed comparison under each checkpoint rule: our difference (baseline - VESPO) over the gated seeds, its
     paired t-test, the p-value Holm-adjusted over its fixed family (a comparison without 2 gated seeds counts as p =
     1), the verdict and its MDD (measured SD, Holm's first-step level), the gate values and the probe's cosines."""
-    plan = comparisons(variants, staleness)
+    plan = slices_run(comparisons(variants, staleness), rows)
     sizes = families(plan)
     drop = degradation(staleness)
     out = []
@@ -334,8 +338,62 @@ def config(out: Path, seeds: list[int] | None, jobs: int, variants: list[str], n
     return preset_config(PRESET, out_dir=str(out), jobs=jobs, extra=extra, **fields)
 
 
-def report(out: Path, cfg: SweepConfig) -> list[dict]:
+CELL_KEY = ("task", "variant", "N", "seed")
+
+
+def merge_rows(rows: list[dict], extra: list[dict], source: str) -> list[dict]:
+    """`rows` with the cells of `extra` (a slice of the table run in another out-dir) added; a cell in both must hold
+    the same values (ValueError naming it otherwise)."""
+    have = {tuple(r[k] for k in CELL_KEY): r for r in rows}
+    out = list(rows)
+    for r in extra:
+        key = tuple(r[k] for k in CELL_KEY)
+        if key not in have:
+            out.append(r)
+            have[key] = r
+        elif any(have[key].get(k, "") != v for k, v in r.items() if k != "wall_s"):
+            raise ValueError(f"{source}: cell {'/'.join(key)} differs from the one already in results.csv")
+    return out
+
+
+def _typed(row: dict) -> dict:
+    """A results.csv row as the cell summary it was written from (numbers, booleans; an empty field: NaN)."""
+    out = {}
+    for k, v in row.items():
+        if k in ("N", "seed", "rollout_steps"):
+            out[k] = int(v)
+        elif v in ("True", "False"):
+            out[k] = v == "True"
+        else:
+            try:
+                out[k] = float(v) if v != "" else math.nan
+            except ValueError:
+                out[k] = v
+    return out
+
+
+def slices_run(found: list[dict], rows: list[dict]) -> list[dict]:
+    """The planned comparisons whose cells belong to a slice that ran (a (variant, N) with rows): the table is built
+    from slices, each fixed before its cells ran, so the Holm families are the union of the slices' plans."""
+    present = {(r["variant"], int(r["N"])) for r in rows}
+    keep = []
+    for c in found:
+        if c["family"] == "at one N":
+            cells = [("vespo", c["column"]), (c["other"], c["column"])]
+        else:
+            a, b = (int(x) for x in c["column"].split("→"))
+            cells = [(v, n) for v in ("vespo", c["other"]) for n in (a, b)]
+        if all(cell in present for cell in cells):
+            keep.append(c)
+    return keep
+
+
+def report(out: Path, cfg: SweepConfig, add: list[Path] = ()) -> list[dict]:
     rows = load_rows(out / "results.csv", "best_eval_acc")
+    for path in add:
+        rows = merge_rows(rows, load_rows(path, "best_eval_acc"), str(path))
+    if add:  # the union becomes the table's results.csv and results.md
+        write_tables(out, [_typed(r) for r in rows], eval_prompts=cfg.eval_size * cfg.eval_n)
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     staleness = tuple(sorted({int(r["N"]) for r in rows}))
     found = verdicts(rows, variants, staleness)
@@ -367,6 +425,8 @@ if __name__ == "__main__":
     p.add_argument("--smoke", action="store_true", help="four tiny cells, in seconds (CI)")
     p.add_argument("--plan-only", action="store_true", help="print the design and the time estimate, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild the verdicts from out-dir's results.csv")
+    p.add_argument("--add-results", type=Path, nargs="+", default=[], metavar="DIR",
+                   help="out-dirs of slices of the table run separately: their cells and plans join out-dir's")
     args = p.parse_args()
     warn_renamed(p.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     try:
@@ -379,6 +439,12 @@ if __name__ == "__main__":
             sweep(cfg)
     except ValueError as exc:
         p.error(str(exc))
+    if args.add_results:  # plan.md keeps every slice's design, in the order the slices ran
+        plans = [args.out_dir / "plan.md", *(d / "plan.md" for d in args.add_results)]
+        text = "\n".join(dict.fromkeys(path.read_text() for path in plans if path.is_file()))
     write_atomic(args.out_dir / "plan.md", text)
-    report(args.out_dir, cfg)
+    try:
+        report(args.out_dir, cfg, [d / "results.csv" for d in args.add_results])
+    except ValueError as exc:
+        p.error(str(exc))
     print((args.out_dir / "verdicts.md").read_text())

@@ -96,3 +96,32 @@ def test_gate_of_a_cell():
     assert missed.startswith("missed: ") and "sd log W, stalest 0.6" in missed and "grad_clip share 0.1" in missed
     assert "not logged" in gate("paper-long", "grpo", 64, ok | {"clip_frac_stalest": None})
     assert gate("paper", "grpo", 64, ok) == ""  # a preset without a gate
+
+
+def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_planned():
+    """A first slice ran VESPO and GRPO at N = 4 and 64, a second GSPO at N = 64 only: the table's families are the
+    union of what the slices planned (GSPO at N = 4 and its degradation never ran, so they are not padded in), and a
+    cell both slices hold must agree."""
+    first = [_row(v, n, s, 0.4 + 0.01 * s - (0.05 if v == "grpo" and n == 64 else 0.0))
+             for v in ("vespo", "grpo") for n in (4, 64) for s in range(4)]  # fmt: skip
+    second = [_row("gspo", 64, s, 0.3 + 0.012 * s) for s in range(4)]
+    for r in first + second:
+        r["task"] = "chain"
+    rows = bench.merge_rows(first, second + first[:2], "slice")  # cells it already has are skipped
+    assert len(rows) == len(first) + len(second)
+    names = {r["name"] for r in bench.verdicts(rows, ["vespo", "grpo", "gspo"], (4, 64))}
+    assert names == {"grpo vs VESPO at N=4", "grpo vs VESPO at N=64", "gspo vs VESPO at N=64",
+                     "grpo's change from N=4 to 64 minus VESPO's"}  # fmt: skip
+    found = bench.verdicts(rows, ["vespo", "grpo", "gspo"], (4, 64))
+    sizes = bench.families(bench.slices_run(bench.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows))
+    assert sizes == {"at one N": 3, "degradation": 1}
+    at64 = next(r for r in found if r["name"] == "gspo vs VESPO at N=64" and r["metric"] == "best_eval_acc")
+    ps = sorted(r["p"] for r in found if r["family"] == "at one N" and r["metric"] == "best_eval_acc")
+    assert at64["p_adjusted"] >= min(1.0, 3 * ps[0]) - 1e-12  # Holm over 3, not over the 2 a full grid would add
+    clash = dict(first[0], best_eval_acc="0.9")
+    with pytest.raises(ValueError, match="chain/vespo/4/0 differs"):
+        bench.merge_rows(first, [clash], "slice")
+    typed = bench._typed({"N": "64", "seed": "3", "rollout_steps": "8", "collapsed": "False", "gate": "ok",
+                          "clip_frac_stalest": "", "best_eval_acc": "0.5"})  # fmt: skip
+    assert typed["N"] == 64 and typed["collapsed"] is False and typed["gate"] == "ok" and typed["best_eval_acc"] == 0.5
+    assert math.isnan(typed["clip_frac_stalest"])
