@@ -114,6 +114,42 @@ def test_async_learner_passes_the_users_flags(tiny_model, tmp_path, monkeypatch,
     assert all(s[2].num_mini_batches == 1 and s[2].method == "vespo" for s in seen)
 
 
+@pytest.mark.parametrize("bypass", [False, True])
+def test_sync_bypass_mode_takes_the_samplers_log_probs_as_mu(tiny_model, tmp_path, monkeypatch, bypass):
+    """veRL's bypass_mode in the sync loop: old_log_prob is the sampler's log-probs, the learner scores nothing
+    (no no-grad forward before the first step), no rollout_log_prob is left to correct, and the first mini-batch is
+    still on-policy up to the sampler's numerics. Without it mu is scored inside the update."""
+    import vespo.train.learner as learner_mod
+
+    seen, scored = [], []
+    real_update, real_score = learner_mod.ppo_update, learner_mod.policy_log_probs
+
+    def spy(model, opt, rollout, adv, old, settings, **kw):
+        seen.append((torch.equal(old, rollout.rollout_log_prob), kw["rollout_log_prob"] is None, kw["score_old"]))
+        return real_update(model, opt, rollout, adv, old, settings, **kw)
+
+    def count(*args, **kw):
+        scored.append(torch.is_grad_enabled())
+        return real_score(*args, **kw)
+
+    monkeypatch.setattr(learner_mod, "ppo_update", spy)
+    monkeypatch.setattr(learner_mod, "policy_log_probs", count)
+    run = COMMON | {"model": tiny_model / "model", "run_dir": tmp_path / "r", "total_training_steps": 2,
+                    "eval_every": 0, "dataset": tiny_model / "train.jsonl"}  # fmt: skip
+    assert main(["train", *_argv(run), *(["--bypass-mode"] if bypass else [])]) == 0
+    assert seen == [(bypass, bypass, not bypass)] * 2
+    assert len(scored) == (0 if bypass else 2)  # mu of mini-batch 1 scored once per rollout step without bypass
+    rows = read_metrics(tmp_path / "r")
+    assert all(abs(r["is/log_w_std/first_mini_batch"]) < 1e-4 for r in rows)
+
+
+def test_bypass_mode_and_the_decoupled_loss_are_exclusive():
+    from vespo.train.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="bypass_mode and use_decoupled_loss are exclusive"):
+        TrainConfig(mode="async", bypass_mode=True, use_decoupled_loss=True)
+
+
 def test_dropout_is_disabled_so_the_first_mini_batch_is_on_policy(tmp_path):
     """A model with dropout: with disable_dropout (the default) log W == 0 exactly at mini-batch k = 0."""
     from vespo.train.config import TrainConfig

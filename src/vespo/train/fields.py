@@ -140,6 +140,12 @@ class TrainFields:
     """Pass the sampler's log-probs to the loss as rollout_log_prob (mismatch correction); False ignores them. In async
     mode the sampler's log-probs are the behaviour policy itself (old_log_prob) unless `use_decoupled_loss`, where
     this flag decides whether mu enters as rollout_log_prob (W = pi/pi_prox * pi_prox/mu) or not (W = pi/pi_prox)."""
+    bypass_mode: bool = False
+    """The sampler's log-probs are the old log-probs mu (veRL's `algorithm.rollout_correction.bypass_mode`): the
+    learner does not score mu under its weights (a forward per rollout batch saved: about a fifth of a long update),
+    and W = pi / mu carries staleness and the train-inference mismatch together, the behaviour policy being the
+    sampler's (paper Sec. 2); `use_rollout_log_prob` then has nothing left to correct. Async mode does this already
+    unless `use_decoupled_loss`."""
     disable_dropout: bool = True
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""

@@ -2,8 +2,9 @@
 
 One rollout step reads top to bottom in `train_sync`:
   sample prompts -> generate n responses (sampler log-probs recorded) -> rewards -> group advantages
-  -> old log-probs under the current weights -> N = train_batch_size / ppo_mini_batch_size sequential optimizer
-  steps (later mini-batches are increasingly stale, paper Sec. 4.3) -> logging, evaluation, checkpoint.
+  -> old log-probs under the current weights (the sampler's in bypass mode) -> N = train_batch_size /
+  ppo_mini_batch_size sequential optimizer steps (later mini-batches are increasingly stale, paper Sec. 4.3)
+  -> logging, evaluation, checkpoint.
 The update is the learner's (`vespo.train.learner`); setup and resume are `vespo.train.setup`'s; see docs/training.md.
 """
 
@@ -49,12 +50,15 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         ref_log_prob = learner.reference_log_probs(rollout)  # (B, T)
         t_ref = clock(device)
         # 5. N sequential optimizer steps over the mini-batches; the old log-probs mu are scored inside, under the
-        # current weights (mini-batch 0's from its own forward), and the sampler's log-probs correct the mismatch
+        # current weights (mini-batch 0's from its own forward), and the sampler's log-probs correct the mismatch;
+        # in bypass mode the sampler's log-probs are mu themselves
+        bypass = cfg.bypass_mode
         update = learner.update(
             rollout,
             advantages,
+            old_log_prob=rollout.rollout_log_prob if bypass else None,
             ref_log_prob=ref_log_prob,
-            rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob else None,
+            rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob and not bypass else None,
             rewards=rewards,
             probe=cfg.probe_every > 0 and step % cfg.probe_every == 0,  # the gradient probe, at its stride
         )
