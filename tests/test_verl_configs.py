@@ -88,3 +88,15 @@ def test_verl_parquet_data_loads_through_the_record_loader(tmp_path):
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(ValueError, match="cannot read as Parquet"):
         load_records(str(tmp_path / "bad.parquet"))
+
+
+def test_verls_bypass_mode_becomes_vespos(tmp_path):
+    """`algorithm.rollout_correction.bypass_mode` is read as vespo train's `bypass_mode` (either value)."""
+    import yaml
+
+    from vespo.train.config_io import load_yaml
+
+    path = tmp_path / "verl.yaml"
+    for value in (True, False):
+        path.write_text(yaml.safe_dump({"algorithm": {"rollout_correction": {"bypass_mode": value}}}))
+        assert load_yaml(path)["bypass_mode"] is value
