@@ -11,7 +11,7 @@ prints, and writes to plan.md, the design fixed here (issue 43):
 - per family (Holm's correction runs over a family): the assumed per-seed SD of the paired differences (`ASSUMED_SD`,
   and where it comes from), the seeds, the family size m and the minimal detectable difference (MDD) at 80% power of
   the paired t-test at Holm's first-step level 0.05 / m (exact: noncentral t); the seeds are the fewest that detect
-  `TARGET` (0.03) in every family (`choose_seeds`), or the plan says what they detect;
+  `TARGET` (0.03) in every family (`choose_seeds`); the plan says how many that is and what the seeds run detect;
 - the estimated wall time on 2 cores (`estimate_seconds`, from the per-phase costs measured on this box).
 
 After the cells it writes results.md / results.csv (the sweep's, with the regime gate of every cell), verdicts.md /
@@ -59,11 +59,11 @@ ALPHA = 0.05
 TARGET = 0.03
 """The difference (held-out accuracy) the design must detect with 80% power in every family."""
 RULES = short.RULES
-ASSUMED_SD = {"at one N": 0.016, "degradation": 0.018}
-"""Per-seed SD of the paired differences each family assumes, before any long cell has run: the largest measured in
-the short-response table (benchmarks/results/paper_staleness/results.csv, 5 seeds): between methods at one N >= 16,
-0.0163 (GSPO - VESPO at N = 64; GRPO - VESPO: 0.011); of the change from N = 4 to 64 minus VESPO's, 0.0174 (GSPO's).
-The report recomputes every MDD from the SD it measures."""
+ASSUMED_SD = {"at one N": 0.044, "degradation": 0.060}
+"""Per-seed SD of the paired differences each family assumes: measured on the table's first slice (VESPO and GRPO at
+N = 4 and 64, 5 seeds, best checkpoint; benchmarks/results/paper_long/verdicts.json): between methods at one N
+0.040-0.044, of the change from N = 4 to 64 minus VESPO's 0.060. (Before any long cell ran the plan assumed the
+short table's 0.016 / 0.018, 2.5-4x too small.) The report recomputes every MDD from the SD it measures."""
 PAPER_NAME = {"grpo": "grpo", "grpo-dual10": "grpo", "gspo": "gspo", "sapo": "sapo"}
 """Our variant -> the paper's row it is compared with (the paper's GRPO: DAPO bounds; its scripts' dual clip is 10)."""
 COST = {"start_s": 20.0, "gen_s_per_seq": 0.0045, "update_s_per_step": 0.46, "eval_s_per_seq": 0.006, "probe_s": 1.0}

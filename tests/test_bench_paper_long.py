@@ -28,20 +28,17 @@ def test_the_design_is_fixed_and_powered_before_any_cell():
     assert "paper_diff_pct" not in by["grpo vs VESPO at N=128"] and "paper_diff_pct" not in by["cispo vs VESPO at N=4"]
     # SAPO's drop from N = 4 to 64 (65.2 -> 16.5) minus VESPO's (70.0 -> 61.8)
     assert by["sapo's change from N=4 to 64 minus VESPO's"]["paper_diff_pct"] == pytest.approx(-48.7 + 8.2)
-    seeds = bench.choose_seeds(variants, (4, 16, 64, 128))
+    cfg = bench.config(Path("/tmp/unused"), None, 2, variants, [4, 16, 64, 128], smoke=False)
+    seeds = len(cfg.seeds)  # the preset's
     for row in bench.plan_rows(variants, (4, 16, 64, 128), seeds):
         sd, m = bench.ASSUMED_SD[row["family"]], row["comparisons"]
         assert row["mdd"] == pytest.approx(minimal_detectable_difference(sd, seeds, 0.05 / m))
-        assert row["mdd"] <= bench.TARGET and row["detects_target"]
-    assert (
-        max(
-            minimal_detectable_difference(bench.ASSUMED_SD[f], seeds - 1, 0.05 / m)
-            for f, m in bench.families(found).items()
-        )
-        > bench.TARGET
-    )  # fmt: skip  (the fewest that do)
-    cfg = bench.config(Path("/tmp/unused"), None, 2, variants, [4, 16, 64, 128], smoke=False)
-    assert len(cfg.seeds) == seeds  # the preset runs the seeds the power calculation asks for
+        assert row["detects_target"] == (row["mdd"] <= bench.TARGET)
+    need = bench.choose_seeds(variants, (4, 16, 64, 128))  # the fewest that detect 0.03 in every family
+    mdds = [minimal_detectable_difference(bench.ASSUMED_SD[f], k, 0.05 / m)
+            for f, m in bench.families(found).items() for k in (need - 1, need)]  # fmt: skip
+    assert max(mdds[1::2]) <= bench.TARGET < max(mdds[0::2])
+    assert f"Seeds needed to detect 0.03 in every family: {need} " in bench.plan_text(cfg)
     assert bench.estimate_seconds(cfg) > 0 and "Estimated wall time on 2 cores" in bench.plan_text(cfg)
 
 
