@@ -1,15 +1,17 @@
 """The long-regime cell's cost (issue 39): one rollout step of a `paper-long` cell, code at REV against this checkout.
 
-One command: `python benchmarks/bench_long_cell.py [--before REV] [--repeats 3] [--staleness 64]`. Runs the first
-rollout step of the `vespo sweep --preset paper-long` cell (VESPO, seed 0: the 41-step chain, 128-token responses,
-8 prompts x 8 responses per mini-batch, N mini-batches: generation of 64 N sequences, then N optimizer steps), as the
-sweep runs it (a fresh `vespo train` process on one torch thread, the preset's config from `sweep.train_config`, with
-evaluation, checkpoints and the gradient probe off), with the code at REV and with this checkout, alternating, and
-reports each arm's wall time and the phases the loop logs (generation, update). A full cell is 8 such rollout steps
-plus 5 evaluations and process start. The warm start is the preset's, shared by both arms (built first if missing:
-~10-17 min on one core). Writes benchmarks/results/long_cell.{json,md}. The code at REV is read with `git archive`
-(the repository is not touched). `--smoke --out-dir DIR`: REV = HEAD, the 3-step chain at N = 2 on a 2-step warm
-start in DIR, one repeat (CI).
+One command: `python benchmarks/bench_long_cell.py [--before REV] [--repeats 3] [--staleness 64] [--after-flags
+...]`. Runs the first rollout step of the `vespo sweep --preset paper-long` cell (VESPO, seed 0: the 41-step chain,
+128-token responses, 8 prompts x 8 responses per mini-batch, N mini-batches: generation of 64 N sequences, then N
+optimizer steps), as the sweep runs it (a fresh `vespo train` process on one torch thread, the preset's config from
+`sweep.train_config`, with evaluation, checkpoints and the gradient probe off), with the code at REV and with this
+checkout, alternating, and reports each arm's wall time and the phases the loop logs (generation, update). A full
+cell is 8 such rollout steps plus 5 evaluations and process start. `--after-flags` adds `vespo train` flags to this
+checkout's arm only (`--before HEAD --after-flags --bypass-mode`: what bypass mode saves on the same code). The warm
+start is the preset's, shared by both arms (built first if missing: ~10-17 min on one core). Writes
+benchmarks/results/long_cell.{json,md} (with `--after-flags`: long_cell_<flags>.*). The code at REV is read with
+`git archive` (the repository is not touched). `--smoke --out-dir DIR`: REV = HEAD, the 3-step chain at N = 2 on a
+2-step warm start in DIR, one repeat (CI).
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def main() -> int:
     p.add_argument("--out-dir", type=Path, default=OUT, help="where long_cell.{json,md} go")
     p.add_argument("--cache-dir", type=Path, default=None, help="warm-start cache (default: vespo's)")
     p.add_argument("--smoke", action="store_true", help="REV = HEAD, a tiny cell, one repeat (CI)")
+    p.add_argument(
+        "--after-flags",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="vespo train flags for this checkout's arm only (last on the line), e.g. --bypass-mode",
+    )
     args = p.parse_args()
     if args.smoke:
         args.before, args.repeats, args.staleness = "HEAD", 1, 2
@@ -83,31 +91,36 @@ def main() -> int:
     runs: dict[str, list[dict]] = {name: [] for name in arms}
     for i in range(args.repeats):
         for name, src in arms.items():
-            runs[name].append(_run(src, argv, tmp / f"{name}{i}"))
+            runs[name].append(_run(src, argv + (args.after_flags if name == "after" else []), tmp / f"{name}{i}"))
             print(name, i, runs[name][-1], flush=True)
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
 
     ratios = {k: med("before", k) / med("after", k) for k in ("wall_s", "time/gen_s", "time/update_s")}
-    result = {"before": args.before, "staleness": args.staleness, "runs": runs, "speedup": ratios,
+    result = {"before": args.before, "after_flags": args.after_flags, "staleness": args.staleness, "runs": runs,
+              "speedup": ratios,
               "load": os.getloadavg()}  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out_dir / "long_cell.json", json.dumps(result, indent=2, default=str))
+    stem = "_".join(["long_cell", *(f.strip("-") for f in args.after_flags)])  # long_cell_bypass-mode.md, ...
+    write_atomic(args.out_dir / f"{stem}.json", json.dumps(result, indent=2, default=str))
     md = [
         f"One rollout step of the `paper-long` cell at N = {args.staleness} (VESPO, seed 0; "
-        f"`python benchmarks/bench_long_cell.py --before {args.before}`), arms alternated, {args.repeats} repeats, "
+        f"`python benchmarks/bench_long_cell.py --before {args.before} --staleness {args.staleness}"
+        f"{' --after-flags ' + ' '.join(args.after_flags) if args.after_flags else ''}`), arms alternated, "
+        f"{args.repeats} repeats, "
         f"one torch thread each, load average {result['load'][0]:.1f} on 2 cores at the end. Medians, seconds:",
         "",
         "| arm | process wall | generation | update | training reward |",
         "|---|---|---|---|---|",
     ]
+    flags = f", {' '.join(args.after_flags)}" if args.after_flags else ""
     for name in arms:
-        label = f"before ({args.before})" if name == "before" else "after (this checkout)"
+        label = f"before ({args.before})" if name == "before" else f"after (this checkout{flags})"
         md.append(f"| {label} | {med(name, 'wall_s'):.1f} | {med(name, 'time/gen_s'):.1f} | "
                   f"{med(name, 'time/update_s'):.1f} | {med(name, 'reward/mean'):.4f} |")  # fmt: skip
     md += ["", "Speed-up (before / after, medians): " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()) + "."]
-    write_atomic(args.out_dir / "long_cell.md", "\n".join(md) + "\n")
+    write_atomic(args.out_dir / f"{stem}.md", "\n".join(md) + "\n")
     print("\n".join(md))
     shutil.rmtree(tmp)  # the two checkouts and the runs (the warm-start cache is outside it unless --smoke)
     return 0

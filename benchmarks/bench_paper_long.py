@@ -425,8 +425,14 @@ if __name__ == "__main__":
     p.add_argument("--smoke", action="store_true", help="four tiny cells, in seconds (CI)")
     p.add_argument("--plan-only", action="store_true", help="print the design and the time estimate, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild the verdicts from out-dir's results.csv")
-    p.add_argument("--add-results", type=Path, nargs="+", default=[], metavar="DIR",
-                   help="out-dirs of slices of the table run separately: their cells and plans join out-dir's")
+    p.add_argument(
+        "--add-results",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="out-dirs of slices of the table run separately: their cells and plans join out-dir's",
+    )
     args = p.parse_args()
     warn_renamed(p.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     try:

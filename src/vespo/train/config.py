@@ -268,8 +268,10 @@ def _check_async(cfg: TrainConfig) -> None:
     if cfg.sampler_engine == "vllm" and cfg.rollout_logit_noise > 0:
         raise ConfigError("rollout_logit_noise needs sampler_engine=hf (vLLM's sampler takes no logit noise)")
     if cfg.bypass_mode and cfg.use_decoupled_loss:
-        raise ConfigError("bypass_mode and use_decoupled_loss are exclusive: bypass takes the sampler's log-probs as "
-                          "old_log_prob, the decoupled loss the learner's")
+        raise ConfigError(
+            "bypass_mode and use_decoupled_loss are exclusive: bypass takes the sampler's log-probs as "
+            "old_log_prob, the decoupled loss the learner's"
+        )
     if cfg.mode == "sync":
         if cfg.use_decoupled_loss:
             raise ConfigError("use_decoupled_loss needs mode=async (in sync mode old_log_prob is already pi_prox)")
