@@ -50,6 +50,7 @@ REWARD_SPEC = "vespo.rewards:reasoning_gym_reward"
 ARMS = {
     "vespo": ("vespo train (sync, defaults)", "tab:blue"),
     "vespo-gc": ("vespo train --gradient-checkpointing", "tab:cyan"),
+    "vespo-gc-bypass": ("vespo train --gradient-checkpointing --bypass-mode", "tab:green"),
     "trl": ("TRL GRPOTrainer (defaults: gradient checkpointing on)", "tab:gray"),
 }
 PHASES = ("gen_s", "reward_s", "old_log_prob_s", "update_s")
@@ -59,8 +60,10 @@ PHASES = ("gen_s", "reward_s", "old_log_prob_s", "update_s")
 # the two arms, each run in a child process
 
 
-def run_vespo(spec: dict, *, checkpointing: bool = False) -> dict:
-    """`vespo train` as a user runs it; its metrics.jsonl gives the phases and rewards."""
+def run_vespo(spec: dict, *, checkpointing: bool = False, bypass: bool = False) -> dict:
+    """`vespo train` as a user runs it; its metrics.jsonl gives the phases and rewards. `bypass`: the sampler's
+    log-probs are mu (`--bypass-mode`: no scoring forward; the same weights and precision sample and train here, so
+    it trains on the same ratios as the scored mu, to float rounding)."""
     run_dir = Path(spec["work_dir"]) / f"vespo-{spec['tag']}"
     argv = [sys.executable, "-m", "vespo", "train", "--model", spec["model"], "--dataset", spec["task"],
             "--apply-chat-template", "--reward-fn", REWARD_SPEC, "--temperature", str(spec["temperature"]),
@@ -72,6 +75,7 @@ def run_vespo(spec: dict, *, checkpointing: bool = False) -> dict:
             "--num-threads", str(spec["threads"]), "--seed", str(spec["seed"]), "--run-dir", str(run_dir),
             "--no-progress", "--no-tensorboard"]  # fmt: skip
     argv += ["--gradient-checkpointing"] if checkpointing else []
+    argv += ["--bypass-mode"] if bypass else []
     e2e, rss, out = _child(argv)
     rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
     if len(rows) != spec["steps"]:
@@ -285,6 +289,7 @@ def main() -> None:
         for rep in range(a.repeats):
             for arm in a.arms:
                 fn = {"vespo": run_vespo, "vespo-gc": functools.partial(run_vespo, checkpointing=True),
+                      "vespo-gc-bypass": functools.partial(run_vespo, checkpointing=True, bypass=True),
                       "trl": run_trl}[arm]  # fmt: skip
                 loads.append(os.getloadavg()[0])
                 r = derived(fn(base | {"seed": rep, "tag": f"{arm}-{rep}"}))
@@ -401,7 +406,9 @@ def markdown(s: dict) -> str:
         "scores old log-probs once per rollout batch (steps_per_generation > 1). e2e: the whole process, imports "
         "and model load included (vespo also saves the final policy and a resumable checkpoint; TRL saves nothing). "
         "Gradient checkpointing is on in TRL's GRPOConfig by default and off in vespo's: the -gc arm is the matched "
-        "comparison.",
+        "comparison. `--bypass-mode` takes the sampler's log-probs as mu instead of scoring them (veRL's bypass "
+        "mode): sampler and learner are the same fp32 weights here, so mu is the same up to rounding, and that "
+        "arm does the same job as TRL without its old-log-prob pass.",
     ]
     return "\n".join(lines) + "\n"
 
