@@ -37,6 +37,7 @@ SUMMARY = {  # script -> the files its smoke run must write under --out-dir
     "bench_torch_compile.py": ["torch_compile.json", "torch_compile.md", "torch_compile.png"],
     "bench_trl_real.py": ["summary.md", "summary.json", "runs.csv", "summary.png"],
     "bench_trl_throughput.py": ["trl_throughput.json", "trl_throughput.csv"],
+    "bench_update_kernels.py": ["update_kernels.json", "update_kernels.md"],
     "bench_workbench_speed.py": ["workbench_speed.json", "workbench_speed.md"],
     "gpu_check.py": ["results.md"] if torch.cuda.is_available() else [],  # CPU: "skipped: no CUDA", exit 0
     "robustness_mechanism.py": ["sweep/mechanism.md", "sweep/mechanism.csv"],
