@@ -43,7 +43,14 @@ import numpy as np
 
 from vespo.cli import warn_renamed
 from vespo.experiments.compare import load_rows
-from vespo.experiments.stats import TEST_NAMES, compare, holm, minimal_detectable_difference, seeds_for
+from vespo.experiments.stats import (
+    TEST_NAMES,
+    compare,
+    fisher_exact,
+    holm,
+    minimal_detectable_difference,
+    seeds_for,
+)
 from vespo.experiments.sweep import GATES, PRESETS, SweepConfig, preset_config, resolve, sweep, write_tables
 from vespo.outputs import write_atomic
 
@@ -249,6 +256,7 @@ def verdicts(rows: list[dict], variants: list[str], staleness: tuple[int, ...]) 
             else:
                 row |= {"diff": math.nan, "p": 1.0, "sd": math.nan, "test": None}
             n = c["column"] if isinstance(c["column"], int) else drop[1]
+            row |= _collapses(rows, ("vespo", c["other"]), n, seeds)
             for side in ("vespo", c["other"]):
                 tag = "vespo" if side == "vespo" else "other"
                 for key in ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", "probe_cos_grpo",
@@ -265,6 +273,16 @@ def verdicts(rows: list[dict], variants: list[str], staleness: tuple[int, ...]) 
     return out
 
 
+def _collapses(rows: list[dict], sides: tuple[str, str], n: int, seeds: list[int]) -> dict:
+    """Collapsed seeds (held-out accuracy ended below half its start: results.csv's `collapsed`) of each side at N = n
+    among the tested seeds, and Fisher's exact test on the two counts: reported beside the paired t, which stays the
+    planned test (a collapse makes the accuracy bimodal; the counts are what an exact test can speak to)."""
+    flags = {(r["variant"], int(r["N"]), int(r["seed"])): r.get("collapsed") in ("True", True) for r in rows}
+    counts = [sum(flags.get((v, n, s), False) for s in seeds) for v in sides]
+    p = fisher_exact(counts[0], len(seeds), counts[1], len(seeds)) if seeds and any(counts) else math.nan
+    return {"collapsed_vespo": counts[0], "collapsed_other": counts[1], "fisher_p": p}
+
+
 def _verdict(r: dict) -> str:
     if r["test"] is None:
         return "not run" if r["seeds_run"] == 0 else "not tested (fewer than 2 seeds pass the gate)"
@@ -273,6 +291,11 @@ def _verdict(r: dict) -> str:
     if r["p_adjusted"] < ALPHA and r["diff"] != 0:
         return "VESPO ahead" if r["diff"] < 0 else "VESPO behind"
     return "unresolved"
+
+
+def _collapse_text(r: dict) -> str:
+    text = f"{r['collapsed_vespo']} / {r['collapsed_other']}"
+    return text + (f", p = {_fmt(r['fisher_p'], 2)}" if math.isfinite(r["fisher_p"]) else "")
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -296,11 +319,14 @@ def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
         "family per checkpoint rule (plan.md); a comparison without 2 gated seeds counts as p = 1. **reproduced** / "
         "**contradicted**: significant with / against the paper's sign; VESPO ahead / behind: significant where the "
         f"paper has no number; unresolved: not significant at alpha = {ALPHA}, with the MDD (80% power, the measured "
-        "SD, Holm's first-step level) under it: a smaller difference cannot be seen.",
+        "SD, Holm's first-step level) under it: a smaller difference cannot be seen. Collapsed: seeds whose held-out "
+        "accuracy ended below half its start, with Fisher's exact test on the two counts (two-sided, unadjusted) "
+        "where any seed collapsed: beside the planned paired t, not instead of it.",
         "",
-        "| comparison | paper (pts) | rule | our diff | gated seeds | adj. p | verdict | sd log W (VESPO / other) | "
-        "tok-clip other | grad-clip (VESPO / other) | cos·GRPO (VESPO / other) | cos·REINF VESPO |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| comparison | paper (pts) | rule | our diff | gated seeds | adj. p | verdict | collapsed (VESPO / other), "
+        "Fisher p | sd log W (VESPO / other) | tok-clip other | grad-clip (VESPO / other) | cos·GRPO (VESPO / other) | "
+        "cos·REINF VESPO |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in found:
         verdict = r["verdict"]
@@ -312,7 +338,8 @@ def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
         lines.append(
             f"| {r['name']} | {paper} | {r['rule']} | {_fmt(r['diff'])} | {r['seeds']} of {r['seeds_run']} | "
             f"{_fmt(r['p_adjusted'])} | "
-            f"{verdict} | {_fmt(r['vespo_log_w_std_stalest'], 2)} / {_fmt(r['other_log_w_std_stalest'], 2)} | "
+            f"{verdict} | {_collapse_text(r)} | "
+            f"{_fmt(r['vespo_log_w_std_stalest'], 2)} / {_fmt(r['other_log_w_std_stalest'], 2)} | "
             f"{_fmt(r['other_clip_frac_stalest'], 2)} | {_fmt(r['vespo_grad_clipped_frac'], 2)} / "
             f"{_fmt(r['other_grad_clipped_frac'], 2)} | {_fmt(r['vespo_probe_cos_grpo'], 2)} / "
             f"{_fmt(r['other_probe_cos_grpo'], 2)} | {_fmt(r['vespo_probe_cos_reinforce'], 2)} |"

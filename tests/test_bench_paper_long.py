@@ -122,3 +122,17 @@ def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_plann
                           "clip_frac_stalest": "", "best_eval_acc": "0.5"})  # fmt: skip
     assert typed["N"] == 64 and typed["collapsed"] is False and typed["gate"] == "ok" and typed["best_eval_acc"] == 0.5
     assert math.isnan(typed["clip_frac_stalest"])
+
+
+def test_collapsed_seeds_are_counted_and_fishers_exact_test_is_reported_beside_the_paired_t():
+    from vespo.experiments.stats import fisher_exact
+
+    rows = [_row("vespo", 64, s, 0.6 + 0.01 * s) | {"collapsed": "False"} for s in range(4)]
+    rows += [_row("sapo", 64, s, 0.1 if s < 3 else 0.5) | {"collapsed": str(s < 3)} for s in range(4)]
+    (r, _) = bench.verdicts(rows, ["vespo", "sapo"], (64,))
+    assert (r["collapsed_vespo"], r["collapsed_other"]) == (0, 3)
+    assert r["fisher_p"] == pytest.approx(fisher_exact(0, 4, 3, 4)) and r["test"] == "paired_t"
+    cfg = bench.config(Path("/tmp/u"), [0, 1, 2, 3], 1, ["vespo", "sapo"], [64], smoke=False)
+    assert f"0 / 3, p = {r['fisher_p']:.2g}" in bench.verdicts_markdown([r], cfg)
+    (quiet, _) = bench.verdicts([dict(x, collapsed="False") for x in rows], ["vespo", "sapo"], (64,))
+    assert math.isnan(quiet["fisher_p"])  # no collapse, no exact test
