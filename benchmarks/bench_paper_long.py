@@ -309,6 +309,9 @@ def _gate_text(g) -> str:
 
 def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
     gates = "; ".join(_gate_text(g) for g in GATES[PRESET])
+    rule = next(iter(RULES.values()))
+    sizes = families([r for r in found if r["rule"] == rule])
+    holm_over = ", ".join(f"{family} m = {m}" for family, m in sizes.items())
     lines = [
         "# paper-long: VESPO against each baseline where their updates differ",
         "",
@@ -316,7 +319,8 @@ def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
         'Qwen3-30B-A3B, average accuracy (%), its Table "staleness" (GRPO and GRPO with the scripts\' dual clip 10 '
         "are both compared with the paper's GRPO row). Test: "
         f"{TEST_NAMES['paired_t']}, on the seeds whose cells pass the regime gate ({gates}); Holm over each fixed "
-        "family per checkpoint rule (plan.md); a comparison without 2 gated seeds counts as p = 1. **reproduced** / "
+        f"family per checkpoint rule ({holm_over}: the comparisons the slices of plan.md planned); a comparison "
+        "without 2 gated seeds counts as p = 1. **reproduced** / "
         "**contradicted**: significant with / against the paper's sign; VESPO ahead / behind: significant where the "
         f"paper has no number; unresolved: not significant at alpha = {ALPHA}, with the MDD (80% power, the measured "
         "SD, Holm's first-step level) under it: a smaller difference cannot be seen. Collapsed: seeds whose held-out "
@@ -378,9 +382,19 @@ def merge_rows(rows: list[dict], extra: list[dict], source: str) -> list[dict]:
         if key not in have:
             out.append(r)
             have[key] = r
-        elif any(have[key].get(k, "") != v for k, v in r.items() if k != "wall_s"):
+        elif any(not _same(have[key].get(k, ""), v) for k, v in r.items() if k != "wall_s"):
             raise ValueError(f"{source}: cell {'/'.join(key)} differs from the one already in results.csv")
     return out
+
+
+def _same(a: str, b: str) -> bool:
+    """Two results.csv fields hold the same value (numbers compared as numbers: a row written again by
+    `write_tables` may spell them differently; an empty field is NaN)."""
+    try:
+        x, y = (float(v) if v != "" else math.nan for v in (a, b))
+    except ValueError:
+        return a == b
+    return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _typed(row: dict) -> dict:
@@ -474,7 +488,9 @@ if __name__ == "__main__":
         p.error(str(exc))
     if args.add_results:  # plan.md keeps every slice's design, in the order the slices ran
         plans = [args.out_dir / "plan.md", *(d / "plan.md" for d in args.add_results)]
-        text = "\n".join(dict.fromkeys(path.read_text() for path in plans if path.is_file()))
+        head = "# paper-long: the design"
+        parts = (head + part for path in plans if path.is_file() for part in path.read_text().split(head)[1:])
+        text = "\n".join(dict.fromkeys(part.strip() + "\n" for part in parts))
     write_atomic(args.out_dir / "plan.md", text)
     try:
         report(args.out_dir, cfg, [d / "results.csv" for d in args.add_results])
