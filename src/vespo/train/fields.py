@@ -142,10 +142,10 @@ class TrainFields:
     this flag decides whether mu enters as rollout_log_prob (W = pi/pi_prox * pi_prox/mu) or not (W = pi/pi_prox)."""
     bypass_mode: bool = False
     """The sampler's log-probs are the old log-probs mu (veRL's `algorithm.rollout_correction.bypass_mode`): the
-    learner does not score mu under its weights (a forward per rollout batch saved: about a fifth of a long update),
-    and W = pi / mu carries staleness and the train-inference mismatch together, the behaviour policy being the
-    sampler's (paper Sec. 2); `use_rollout_log_prob` then has nothing left to correct. Async mode does this already
-    unless `use_decoupled_loss`."""
+    learner does not score mu under its weights (a no-grad forward per rollout batch saved: a quarter of a long
+    update, benchmarks/results/update_kernels.md), and W = pi / mu carries staleness and the train-inference
+    mismatch together, the behaviour policy being the sampler's (paper Sec. 2); `use_rollout_log_prob` then has
+    nothing left to correct. Async mode does this already unless `use_decoupled_loss`."""
     disable_dropout: bool = True
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
