@@ -234,12 +234,11 @@ def verdicts(rows: list[dict], variants: list[str], staleness: tuple[int, ...]) 
         values = _values(rows, metric)
         found = []
         for c in plan:
+            cells = comparison_cells(c)
             if c["family"] == "at one N":
-                cells = [("vespo", c["column"]), (c["other"], c["column"])]
                 groups = {k: values.get(k, {}) for k in cells}
             else:
                 a, b = drop
-                cells = [(v, n) for v in ("vespo", c["other"]) for n in (a, b)]
                 groups = {(v, c["column"]): {s: values.get((v, b), {}).get(s, math.nan) - values.get((v, a), {}).get(
                     s, math.nan) for s in set(values.get((v, a), {})) & set(values.get((v, b), {}))}
                     for v in ("vespo", c["other"])}  # fmt: skip
@@ -417,16 +416,16 @@ def slices_run(found: list[dict], rows: list[dict]) -> list[dict]:
     """The planned comparisons whose cells belong to a slice that ran (a (variant, N) with rows): the table is built
     from slices, each fixed before its cells ran, so the Holm families are the union of the slices' plans."""
     present = {(r["variant"], int(r["N"])) for r in rows}
-    keep = []
-    for c in found:
-        if c["family"] == "at one N":
-            cells = [("vespo", c["column"]), (c["other"], c["column"])]
-        else:
-            a, b = (int(x) for x in c["column"].split("→"))
-            cells = [(v, n) for v in ("vespo", c["other"]) for n in (a, b)]
-        if all(cell in present for cell in cells):
-            keep.append(c)
-    return keep
+    return [c for c in found if all(cell in present for cell in comparison_cells(c))]
+
+
+def comparison_cells(c: dict) -> list[tuple[str, int]]:
+    """The (variant, N) cells a planned comparison reads: VESPO's and the baseline's at its N, or at both ends of
+    its degradation ("4→64")."""
+    if c["family"] == "at one N":
+        return [("vespo", c["column"]), (c["other"], c["column"])]
+    a, b = (int(x) for x in c["column"].split("→"))
+    return [(v, n) for v in ("vespo", c["other"]) for n in (a, b)]
 
 
 def report(out: Path, cfg: SweepConfig, add: list[Path] = ()) -> list[dict]:
