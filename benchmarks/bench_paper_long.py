@@ -7,7 +7,8 @@ runs `vespo sweep --preset paper-long` (docs/paper_regime.md, "The long-response
 prints, and writes to plan.md, the design fixed here (issue 43):
 
 - the comparisons: VESPO against each baseline at each N, and each baseline's change from N = 4 to 64 against
-  VESPO's (the degradation difference), under both checkpoint rules (best: the paper's; final);
+  VESPO's (the degradation difference), under both checkpoint rules (best: the paper's; final); the 2025-26
+  corrections (M2PO, OPSM, AIPO, VCPO: no paper number) are tested in families of their own (`LATER`);
 - per family (Holm's correction runs over a family): the assumed per-seed SD of the paired differences (`ASSUMED_SD`,
   and where it comes from), the seeds, the family size m and the minimal detectable difference (MDD) at 80% power of
   the paired t-test at Holm's first-step level 0.05 / m (exact: noncentral t); the seeds are the fewest that detect
@@ -71,6 +72,11 @@ ASSUMED_SD = {"at one N": 0.044, "degradation": 0.060}
 N = 4 and 64, 5 seeds, best checkpoint; benchmarks/results/paper_long/verdicts.json): between methods at one N
 0.040-0.044, of the change from N = 4 to 64 minus VESPO's 0.060. (Before any long cell ran the plan assumed the
 short table's 0.016 / 0.018, 2.5-4x too small.) The report recomputes every MDD from the SD it measures."""
+LATER = ("m2po", "opsm", "aipo", "vcpo")
+"""The 2025-26 off-policy corrections (issue 40): the paper has no number for them and their question is a
+practitioner's (which correction beside VESPO), so their comparisons form families of their own, fixed before their
+cells ran: adding them leaves the Holm correction of the paper's claims as it was."""
+LATER_TAG = " · 2025-26 corrections"
 PAPER_NAME = {"grpo": "grpo", "grpo-dual10": "grpo", "gspo": "gspo", "sapo": "sapo"}
 """Our variant -> the paper's row it is compared with (the paper's GRPO: DAPO bounds; its scripts' dual clip is 10)."""
 COST = {"start_s": 20.0, "gen_s_per_seq": 0.0045, "update_s_per_step": 0.46, "eval_s_per_seq": 0.006, "probe_s": 1.0}
@@ -85,6 +91,16 @@ SMOKE = {"num_mini_batches": (2, 4), "seeds": (0,), "variants": ("vespo", "grpo"
 """`--smoke`: SweepConfig fields of a tiny grid (the paper-long regime otherwise)."""
 
 
+def family_of(kind: str, other: str) -> str:
+    """The Holm family of a comparison of `kind` ("at one N" or "degradation") against `other`."""
+    return kind + (LATER_TAG if other in LATER else "")
+
+
+def assumed_sd(family: str) -> float:
+    """The per-seed SD a family assumes: its kind's (`ASSUMED_SD`), for the paper's baselines and the later ones."""
+    return ASSUMED_SD[family.removesuffix(LATER_TAG)]
+
+
 def degradation(staleness: tuple[int, ...]) -> tuple[int, int] | None:
     """(N from, N to) of the degradation comparisons: 4 -> 64 when both run, else the smallest -> the largest N
     (`--smoke`), None with a single N."""
@@ -95,21 +111,27 @@ def degradation(staleness: tuple[int, ...]) -> tuple[int, int] | None:
 
 def comparisons(variants: list[str], staleness: tuple[int, ...]) -> list[dict]:
     """The comparisons this benchmark tests, fixed before any cell runs: each baseline against VESPO at each N
-    (family "at one N"), and each baseline's change from N = 4 to 64 against VESPO's (family "degradation"); with the
+    (family "at one N"), and each baseline's change from N = 4 to 64 against VESPO's (family "degradation"), the
+    2025-26 corrections (`LATER`) in families of their own; with the
     paper's difference (baseline - VESPO, points) and its sign where the paper reports both numbers."""
     out = []
     drop = degradation(staleness)
     for other in [v for v in variants if v != "vespo"]:
         paper = short.PAPER.get(PAPER_NAME.get(other, ""))
         for n in staleness:
-            row = {"family": "at one N", "other": other, "column": n, "name": f"{other} vs VESPO at N={n}"}
+            row = {
+                "family": family_of("at one N", other),
+                "other": other,
+                "column": n,
+                "name": f"{other} vs VESPO at N={n}",
+            }
             if paper is not None and n in short.PAPER_N:
                 i = short.PAPER_N.index(n)
                 row |= _paper(paper[i] - short.PAPER["vespo"][i])
             out.append(row)
         if drop is not None:
             a, b = drop
-            row = {"family": "degradation", "other": other, "column": f"{a}→{b}",
+            row = {"family": family_of("degradation", other), "other": other, "column": f"{a}→{b}",
                    "name": f"{other}'s change from N={a} to {b} minus VESPO's"}  # fmt: skip
             if paper is not None and drop == (4, 64):
                 i, j = short.PAPER_N.index(4), short.PAPER_N.index(64)
@@ -134,7 +156,7 @@ def choose_seeds(variants: list[str], staleness: tuple[int, ...], target: float 
     """The fewest seeds at which every family detects `target` with 80% power (paired t at Holm's first-step level,
     the assumed SD); None when no number up to 200 does."""
     needed = [
-        seeds_for(target, ASSUMED_SD[f], ALPHA / m) for f, m in families(comparisons(variants, staleness)).items()
+        seeds_for(target, assumed_sd(f), ALPHA / m) for f, m in families(comparisons(variants, staleness)).items()
     ]
     return None if None in needed else max(needed, default=2)
 
@@ -143,7 +165,7 @@ def plan_rows(variants: list[str], staleness: tuple[int, ...], seeds: int) -> li
     """Per family: the assumed SD, seeds, m, Holm's first-step level and the MDD at 80% power."""
     rows = []
     for family, m in families(comparisons(variants, staleness)).items():
-        sd = ASSUMED_SD[family]
+        sd = assumed_sd(family)
         mdd = minimal_detectable_difference(sd, seeds, ALPHA / m)
         rows.append({"family": family, "comparisons": m, "assumed_sd": sd, "seeds": seeds, "level": ALPHA / m,
                      "mdd": mdd, "detects_target": bool(mdd <= TARGET)})  # fmt: skip
@@ -235,7 +257,7 @@ def verdicts(rows: list[dict], variants: list[str], staleness: tuple[int, ...]) 
         found = []
         for c in plan:
             cells = comparison_cells(c)
-            if c["family"] == "at one N":
+            if isinstance(c["column"], int):
                 groups = {k: values.get(k, {}) for k in cells}
             else:
                 a, b = drop
@@ -422,7 +444,7 @@ def slices_run(found: list[dict], rows: list[dict]) -> list[dict]:
 def comparison_cells(c: dict) -> list[tuple[str, int]]:
     """The (variant, N) cells a planned comparison reads: VESPO's and the baseline's at its N, or at both ends of
     its degradation ("4→64")."""
-    if c["family"] == "at one N":
+    if isinstance(c["column"], int):
         return [("vespo", c["column"]), (c["other"], c["column"])]
     a, b = (int(x) for x in c["column"].split("→"))
     return [(v, n) for v in ("vespo", c["other"]) for n in (a, b)]
