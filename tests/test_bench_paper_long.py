@@ -132,6 +132,24 @@ def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_plann
     assert math.isnan(typed["clip_frac_stalest"])
 
 
+def test_the_later_corrections_are_holm_corrected_apart_and_leave_the_papers_claims_as_they_were():
+    """M2PO (a 2025-26 correction, no paper number) added beside VESPO and GRPO: its comparisons form their own
+    families, GRPO's adjusted p-values are those of the table without it, and M2PO's are Holm over its own two."""
+    paper = [_row(v, n, s, 0.4 + 0.01 * s - (0.04 + 0.002 * s if v == "grpo" and n == 64 else 0.0))
+             for v in ("vespo", "grpo") for n in (4, 64) for s in range(5)]  # fmt: skip
+    later = [_row("m2po", n, s, 0.4 + 0.01 * s - (0.03 - 0.003 * s if n == 64 else -0.001 * s))
+             for n in (4, 64) for s in range(5)]  # fmt: skip
+    alone = {(r["name"], r["metric"]): r for r in bench.verdicts(paper, ["vespo", "grpo"], (4, 64))}
+    both = {(r["name"], r["metric"]): r for r in bench.verdicts(paper + later, ["vespo", "grpo", "m2po"], (4, 64))}
+    for key, r in alone.items():
+        assert both[key]["p_adjusted"] == r["p_adjusted"] and both[key]["family"] == r["family"]
+    m2po = [r for k, r in both.items() if k[0].startswith("m2po") and k[1] == "best_eval_acc"]
+    assert {r["family"] for r in m2po} == {"at one N · 2025-26 corrections", "degradation · 2025-26 corrections"}
+    at_n = sorted((r for r in m2po if isinstance(r["column"], int)), key=lambda r: r["p"])
+    assert at_n[0]["p_adjusted"] == pytest.approx(min(1.0, 2 * at_n[0]["p"]))  # Holm over its own 2, not 4
+    assert "paper_diff_pct" not in at_n[0] and at_n[0]["verdict"] in ("VESPO ahead", "VESPO behind", "unresolved")
+
+
 def test_collapsed_seeds_are_counted_and_fishers_exact_test_is_reported_beside_the_paired_t():
     from vespo.experiments.stats import fisher_exact
 
