@@ -15,7 +15,8 @@ prints, and writes to plan.md, the design fixed here (issue 43):
   `TARGET` (0.03) in every family (`choose_seeds`); the plan says how many that is and what the seeds run detect;
 - the estimated wall time on 2 cores (`estimate_seconds`, from the per-phase costs measured on this box).
 
-After the cells it writes results.md / results.csv (the sweep's, with the regime gate of every cell), verdicts.md /
+After the cells it writes results.md / results.csv (the sweep's, with the regime gate of every cell), verdicts.png
+(held-out accuracy vs N per variant, both checkpoint rules, beside the paper's numbers), verdicts.md /
 verdicts.json / verdicts.csv: every comparison with our difference, its test (paired t over the seeds whose cells
 pass the gate: `vespo.experiments.sweep.GATES["paper-long"]`), the Holm-adjusted p over its fixed family (a
 comparison left without 2 gated seeds counts as p = 1), the verdict (reproduced / contradicted where the paper has a
@@ -328,7 +329,8 @@ def _gate_text(g) -> str:
     return f"{g.label} {g.op} {g.bound:g} ({where}{f', N >= {g.min_n}' if g.min_n > 1 else ''})"
 
 
-def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
+def verdicts_markdown(found: list[dict], seeds: list[int]) -> str:
+    """verdicts.md: every comparison's row; `seeds`: the seeds results.csv holds (not the report command's)."""
     gates = "; ".join(_gate_text(g) for g in GATES[PRESET])
     rule = next(iter(RULES.values()))
     sizes = families([r for r in found if r["rule"] == rule])
@@ -336,7 +338,7 @@ def verdicts_markdown(found: list[dict], cfg: SweepConfig) -> str:
     lines = [
         "# paper-long: VESPO against each baseline where their updates differ",
         "",
-        f"Our runs: `vespo sweep --preset paper-long` (docs/paper_regime.md), seeds {list(cfg.seeds)}; the paper: "
+        f"Our runs: `vespo sweep --preset paper-long` (docs/paper_regime.md), seeds {seeds}; the paper: "
         'Qwen3-30B-A3B, average accuracy (%), its Table "staleness" (GRPO and GRPO with the scripts\' dual clip 10 '
         "are both compared with the paper's GRPO row). Test: "
         f"{TEST_NAMES['paired_t']}, on the seeds whose cells pass the regime gate ({gates}); Holm over each fixed "
@@ -459,7 +461,7 @@ def report(out: Path, cfg: SweepConfig, add: list[Path] = ()) -> list[dict]:
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     staleness = tuple(sorted({int(r["N"]) for r in rows}))
     found = verdicts(rows, variants, staleness)
-    write_atomic(out / "verdicts.md", verdicts_markdown(found, cfg))
+    write_atomic(out / "verdicts.md", verdicts_markdown(found, sorted({int(r["seed"]) for r in rows})))
     write_atomic(out / "verdicts.json", json.dumps(found, indent=1))
     keys = list(dict.fromkeys(k for r in found for k in r))
     text = io.StringIO()
@@ -467,6 +469,7 @@ def report(out: Path, cfg: SweepConfig, add: list[Path] = ()) -> list[dict]:
     w.writeheader()
     w.writerows(found)
     write_atomic(out / "verdicts.csv", text.getvalue())
+    short.plot_verdicts(rows, out)
     return found
 
 
@@ -512,7 +515,8 @@ if __name__ == "__main__":
         head = "# paper-long: the design"
         parts = (head + part for path in plans if path.is_file() for part in path.read_text().split(head)[1:])
         text = "\n".join(dict.fromkeys(part.strip() + "\n" for part in parts))
-    write_atomic(args.out_dir / "plan.md", text)
+    if args.add_results or not args.report_only:  # a report alone leaves the designs fixed before the cells as they are
+        write_atomic(args.out_dir / "plan.md", text)
     try:
         report(args.out_dir, cfg, [d / "results.csv" for d in args.add_results])
     except ValueError as exc:

@@ -244,11 +244,11 @@ def report(out: Path) -> list[dict]:
         w = csv.DictWriter(f, fieldnames=keys, restval="")
         w.writeheader()
         w.writerows(found)
-    _plot(rows, out)
+    plot_verdicts(rows, out)
     return found
 
 
-def _plot(rows: list[dict], out: Path) -> None:
+def plot_verdicts(rows: list[dict], out: Path) -> None:
     """verdicts.png: ours (held-out accuracy vs N, both rules, mean over seeds) beside the paper's (avg % vs N)."""
     from vespo.plots import N_AXIS, Panel, Series, category_color, panel_figure, save_figure
 
@@ -258,11 +258,11 @@ def _plot(rows: list[dict], out: Path) -> None:
     for metric, rule in RULES.items():
         panel = Panel(f"ours: {rule}", N_AXIS, "held-out accuracy", bounds=(0.0, 1.0), xscale="log2", xticks=ns)
         for i, v in enumerate(names):
-            pts = [(n, np.mean([float(r[metric]) for r in rows if r["variant"] == v and int(r["N"]) == n]))
-                   for n in ns if any(r["variant"] == v and int(r["N"]) == n for r in rows)]  # fmt: skip
-            if pts:
-                x, y = zip(*pts, strict=True)
-                panel.series[v] = Series(x, y, style={"color": category_color(i), "marker": "o"})
+            y = [
+                np.mean([float(r[metric]) for r in rows if r["variant"] == v and int(r["N"]) == n] or [np.nan])
+                for n in ns
+            ]  # an N the variant did not run breaks its line (NaN), no line drawn across it
+            panel.series[v] = Series(ns, y, style={"color": category_color(i), "marker": "o"})
         panels.append(panel)
     paper = Panel("paper: Qwen3-30B-A3B", N_AXIS, "average accuracy (%)", bounds=(0.0, 100.0), xscale="log2",
                   xticks=list(PAPER_N))  # fmt: skip
