@@ -25,7 +25,10 @@ probe's cosines beside it. Variants are the preset's (`PRESETS["paper-long"]`): 
 
 A table built in slices (each its own command and out-dir, each design fixed before its cells ran):
 `--report-only --add-results DIR...` adds the slices' cells and plans to out-dir's results.csv / results.md /
-plan.md (a cell in two slices must agree) and tests the comparisons the slices planned, Holm over their union.
+plan.md (a cell in two slices must agree) and tests the comparisons the slices planned, Holm over their union. A
+design run into an out-dir whose table holds other cells (a rerun on unseen seeds or another N into the committed
+table's directory) goes to out-dir/slices/<design> instead (`run_dir`): its verdicts stand alone, the table is left
+as it was.
 
 `--smoke --out-dir DIR`: VESPO and GRPO on the 3-step chain at N = 2 and 4, one seed, a 2-step warm start in DIR (CI).
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import importlib.util
 import io
 import json
@@ -392,6 +396,26 @@ def config(out: Path, seeds: list[int] | None, jobs: int, variants: list[str], n
     return preset_config(PRESET, out_dir=str(out), jobs=jobs, extra=extra, **fields)
 
 
+def run_dir(out: Path, cfg: SweepConfig) -> Path:
+    """Where a run of `cfg` goes: `out` itself when it holds no table, or only cells of this grid (the same command
+    finishing it); else `out/slices/<design>`, so that a new design (other seeds, another N) never rewrites a table
+    that holds other cells: its verdicts stand alone there, and `--report-only --add-results` merges it."""
+    from vespo.experiments.sweep import variants
+
+    table = out / "results.csv"
+    if not table.is_file():
+        return out
+    cfg = resolve(cfg)
+    grid = {(v, n, s) for v in variants(cfg) for n in cfg.num_mini_batches for s in cfg.seeds}
+    with table.open(newline="") as f:
+        held = {(r["variant"], int(r["N"]), int(r["seed"])) for r in csv.DictReader(f)}
+    if held <= grid:
+        return out
+    ns, seeds = "-".join(map(str, cfg.num_mini_batches)), "-".join(map(str, cfg.seeds))
+    tag = hashlib.sha1(" ".join(variants(cfg)).encode()).hexdigest()[:6]
+    return out / "slices" / f"N{ns}_seeds{seeds}_{tag}"
+
+
 CELL_KEY = ("task", "variant", "N", "seed")
 
 
@@ -502,6 +526,11 @@ if __name__ == "__main__":
     warn_renamed(p.prog, sys.argv[1:], {"--staleness": "--num-mini-batches"})
     try:
         cfg = config(args.out_dir, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
+        if not (args.report_only or args.plan_only) and (where := run_dir(args.out_dir, cfg)) != args.out_dir:
+            print(f"{args.out_dir} holds a table with cells outside this design: it runs in {where} (merge it: "
+                  f"--report-only --out-dir {args.out_dir} --add-results {where})", flush=True)  # fmt: skip
+            args.out_dir = where
+            cfg = config(where, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
         text = plan_text(cfg)
         print(text, flush=True)
         if args.plan_only:

@@ -184,3 +184,20 @@ def test_a_report_alone_keeps_the_designs_fixed_before_the_cells(tmp_path):
     seeds = sorted({int(r["seed"]) for r in csv.DictReader((table / "results.csv").open())})
     assert f"seeds {seeds};" in (tmp_path / "verdicts.md").read_text()
     assert (tmp_path / "verdicts.png").stat().st_size > 0
+
+
+def test_a_new_design_runs_beside_a_table_that_holds_other_cells_never_over_it(tmp_path):
+    """The committed table's out-dir, given a rerun on unseen seeds or another N, sends that run to
+    out/slices/<design> (its own verdicts; merged only by --add-results); the same grid, or a fresh dir, runs in
+    place."""
+    (tmp_path / "results.csv").write_text(
+        "task,variant,N,seed,best_eval_acc\nchain,vespo,4,0,0.4\nchain,grpo,4,0,0.4\n"
+    )
+    same = bench.config(tmp_path, [0, 1], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    assert bench.run_dir(tmp_path, same) == tmp_path  # the table's cells are this grid's: the same command finishes it
+    other = bench.config(tmp_path, [9], 1, ["vespo", "grpo"], [32], smoke=False)
+    where = bench.run_dir(tmp_path, other)
+    assert where.parent == tmp_path / "slices" and where.name.startswith("N32_seeds9_")
+    assert bench.run_dir(tmp_path / "fresh", other) == tmp_path / "fresh"
+    fewer = bench.config(tmp_path, [0], 1, ["vespo"], [4], smoke=False)  # a sub-grid would drop grpo's cell
+    assert bench.run_dir(tmp_path, fewer) != tmp_path
