@@ -58,7 +58,7 @@ from vespo.experiments.stats import (
     seeds_for,
 )
 from vespo.experiments.sweep import GATES, PRESETS, SweepConfig, preset_config, resolve, sweep, write_tables
-from vespo.outputs import write_atomic
+from vespo.outputs import read_regular, write_atomic
 
 _spec = importlib.util.spec_from_file_location(
     "bench_paper_staleness", Path(__file__).with_name("bench_paper_staleness.py")
@@ -406,13 +406,13 @@ def run_dir(out: Path, cfg: SweepConfig) -> Path:
     if not table.is_file():
         return out
     cfg = resolve(cfg)
-    grid = {(v, n, s) for v in variants(cfg) for n in cfg.num_mini_batches for s in cfg.seeds}
-    with table.open(newline="") as f:
-        held = {(r["variant"], int(r["N"]), int(r["seed"])) for r in csv.DictReader(f)}
+    names = list(variants(cfg))
+    grid = {(v, n, s) for v in names for n in cfg.num_mini_batches for s in cfg.seeds}
+    held = {(r["variant"], int(r["N"]), int(r["seed"])) for r in load_rows(table, "best_eval_acc")}
     if held <= grid:
         return out
     ns, seeds = "-".join(map(str, cfg.num_mini_batches)), "-".join(map(str, cfg.seeds))
-    tag = hashlib.sha1(" ".join(variants(cfg)).encode()).hexdigest()[:6]
+    tag = hashlib.sha1(" ".join(names).encode()).hexdigest()[:6]
     return out / "slices" / f"N{ns}_seeds{seeds}_{tag}"
 
 
@@ -542,7 +542,8 @@ if __name__ == "__main__":
     if args.add_results:  # plan.md keeps every slice's design, in the order the slices ran
         plans = [args.out_dir / "plan.md", *(d / "plan.md" for d in args.add_results)]
         head = "# paper-long: the design"
-        parts = (head + part for path in plans if path.is_file() for part in path.read_text().split(head)[1:])
+        parts = (head + part for path in plans if path.is_file()
+                 for part in read_regular(path).decode().split(head)[1:])  # fmt: skip
         text = "\n".join(dict.fromkeys(part.strip() + "\n" for part in parts))
     if args.add_results or not args.report_only:  # a report alone leaves the designs fixed before the cells as they are
         write_atomic(args.out_dir / "plan.md", text)

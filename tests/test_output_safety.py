@@ -288,3 +288,20 @@ def test_kernels_replaces_an_existing_figure_only_when_asked(tmp_path, capsys):
     assert (tmp_path / "kernels.png").read_bytes() == b"theirs"
     assert kernels_cli(["--out", str(tmp_path), "--overwrite"]) == 0
     assert (tmp_path / "kernels.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_results_csv_is_read_only_as_a_regular_file(tmp_path):
+    """`vespo compare` and the benchmarks read results.csv through `load_rows`: a FIFO there (which would block a
+    plain open) or a symlink is refused in one line, a regular file is read."""
+    import os
+
+    from vespo.experiments.compare import load_rows
+
+    real = tmp_path / "real.csv"
+    real.write_text("variant,N,seed,best_eval_acc\nvespo,4,0,0.5\n")
+    assert load_rows(real, "best_eval_acc") == [{"variant": "vespo", "N": "4", "seed": "0", "best_eval_acc": "0.5"}]
+    os.mkfifo(tmp_path / "fifo.csv")
+    (tmp_path / "link.csv").symlink_to(real)
+    for name in ("fifo.csv", "link.csv"):
+        with pytest.raises(ValueError, match="cannot read"):
+            load_rows(tmp_path / name, "best_eval_acc")

@@ -10,6 +10,7 @@ stated level, nothing else; then the regime diagnostics per variant and N when r
 from __future__ import annotations
 
 import csv
+import io
 import math
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 
 from vespo.cli import ArgumentParser
 from vespo.experiments.stats import TEST_NAMES, TESTS, compare, format_ci, markdown_grid
-from vespo.outputs import check_output_file, write_atomic
+from vespo.outputs import check_output_file, read_regular, write_atomic
 
 METRICS = ("final_eval_acc", "best_eval_acc", "final_train_reward")
 COLLAPSE_METRICS = ("final_eval_acc", "final_train_reward", "final_reward")
@@ -51,10 +52,11 @@ DIAGNOSTICS_NOTE = (
 
 
 def load_rows(path: Path, metric: str) -> list[dict]:
-    """results.csv rows; a one-line ValueError for a missing file or column."""
+    """results.csv rows; a one-line ValueError for a missing file or column (read as a regular file: never a FIFO or
+    a symlink)."""
     try:
-        rows = list(csv.DictReader(path.open(newline="")))
-    except OSError as exc:
+        rows = list(csv.DictReader(io.StringIO(read_regular(path).decode(), newline="")))
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if not rows:
         raise ValueError(f"{path}: no rows")
