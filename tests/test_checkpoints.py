@@ -4,6 +4,8 @@ written before the format (format 1, no header) still load, and a run or a warm 
 if never interrupted."""
 
 import dataclasses
+import errno
+import os
 import random
 import shutil
 
@@ -192,3 +194,98 @@ def test_a_warm_start_resumed_from_a_format_1_partial_equals_an_uninterrupted_on
     assert f"resuming at step 3 from {partial}" in capsys.readouterr().err and not partial.exists()
     want, got = load_file(str(reference / "model.safetensors")), load_file(str(final / "model.safetensors"))
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("where", ["model", "optimizer"])
+def test_a_checkpoint_with_non_finite_values_is_refused_naming_it_and_the_survivors(tmp_path, where):
+    """Issue 50: a run that diverged saved NaN weights in last.pt; resume died in generation and `vespo export`
+    wrote the NaN model with exit 0. The reader refuses it in one line naming the file and the tensor, and says
+    which earlier checkpoints survive (with --save-total-limit) or that none does."""
+    learner = _learner()
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, learner, _gen(), keep=3)
+    with torch.no_grad():
+        if where == "model":
+            learner.model.weight[0, 1] = float("nan")
+        else:
+            next(iter(learner.optimizer.state.values()))["exp_avg_sq"][0] = float("inf")
+    save_checkpoint(tmp_path, 3, learner, _gen(), keep=3)  # step_3.pt is last.pt itself: no survivor
+    with pytest.raises(ConfigError) as info:
+        load_checkpoint(tmp_path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"resume: {tmp_path / CHECKPOINT} is damaged:"), message
+    assert ("NaN or inf in 'weight'" if where == "model" else "NaN or inf in state 0.exp_avg_sq") in message
+    assert "earlier checkpoints survive" in message and "step_1, step_2 " in message and "step_3" not in message
+    assert load_checkpoint(tmp_path, tmp_path / "checkpoints" / "step_2.pt")["step"] == 2  # the survivor loads
+    lone = tmp_path / "lone"
+    save_checkpoint(lone, 1, learner, _gen())
+    with pytest.raises(ConfigError, match="no earlier checkpoint of this run is kept"):
+        load_checkpoint(lone)
+
+
+class _FullDisk:
+    """A file object that takes `room` bytes, then fails every write with ENOSPC (a disk that filled up)."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+@pytest.mark.parametrize("fails", ["write", "fsync"])
+def test_a_full_disk_at_a_save_is_one_line_and_the_previous_checkpoint_survives(tmp_path, monkeypatch, fails):
+    """Issue 50: a full disk at a checkpoint save ended in chained tracebacks (torch.save turns the OSError into a
+    RuntimeError) with no word about the last checkpoint. Now: one line naming the file, the step, ENOSPC, and that
+    the previous checkpoint is intact; no temporary is left, and the previous checkpoint still loads."""
+    from vespo import outputs
+
+    learner = _learner()
+    save_checkpoint(tmp_path, 1, learner, _gen())
+    before = (tmp_path / CHECKPOINT).read_bytes()
+    if fails == "write":
+        monkeypatch.setattr(outputs, "open", lambda fd, mode: _FullDisk(open(fd, mode), 100), raising=False)
+    else:  # delayed allocation: the writes land in the page cache, the fsync reports the full disk
+
+        def fsync(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(outputs.os, "fsync", fsync)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(tmp_path, 2, learner, _gen())
+    monkeypatch.undo()
+    message = str(info.value)
+    assert message == (
+        f"saving checkpoint {tmp_path / CHECKPOINT} (step 2) failed: No space left on device (ENOSPC); "
+        f"the previous checkpoint {tmp_path / CHECKPOINT} is intact and no partial file was left"
+    )
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained traceback
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.pt"]
+    assert (tmp_path / CHECKPOINT).read_bytes() == before and load_checkpoint(tmp_path)["step"] == 1
+
+
+def test_a_save_error_that_is_not_the_file_systems_is_not_disguised(tmp_path, monkeypatch):
+    """Only a write the OS refused becomes the one-line CheckpointError; a bug in what is saved stays itself."""
+
+    def broken(obj, f):
+        raise RuntimeError("a tensor that cannot be pickled")
+
+    monkeypatch.setattr(checkpoints.torch, "save", broken)
+    with pytest.raises(RuntimeError, match="cannot be pickled"):
+        save_checkpoint(tmp_path, 1, _learner(), _gen())

@@ -10,6 +10,7 @@ field, so a damaged or foreign file is refused with one line before a model load
 
 from __future__ import annotations
 
+import errno
 import random
 from pathlib import Path
 
@@ -43,20 +44,42 @@ run); the CPU torch stream and the SFT batch drawer's `random.Random` (a warm st
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file that cannot be used: one line naming the file and what is wrong."""
+    """A checkpoint file that cannot be used or written: one line naming the file and what is wrong."""
 
 
 def save(path: str | Path, kind: str, state: dict) -> None:
     """Write checkpoint `state` (fields of `kind`) to `path` whole, with the format header: `torch.save` through
     `write_atomic`, so a kill leaves the old file or the new one. ValueError for a field outside the schema (a
-    caller's bug: what is written must load)."""
+    caller's bug: what is written must load); CheckpointError, one line, when the file system refuses the write (a
+    full disk: the previous checkpoint is intact and no partial file is left)."""
     required, optional = FIELDS[kind]
     wrong = [k for k in required if k not in state] + [k for k in state if k not in required + optional]
     if wrong:
         raise ValueError(f"a {kind} checkpoint has fields {list(required + optional)}; got {sorted(state)}")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
     header = {FORMAT_KEY: FORMAT, KIND_KEY: kind}
-    write_atomic(path, lambda f: torch.save(header | state, f))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda f: torch.save(header | state, f))
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError in its context
+        cause = next((e for e in _chain(exc) if isinstance(e, OSError)), None)
+        if cause is None:
+            raise
+        code = errno.errorcode.get(cause.errno, "") if cause.errno else ""
+        why = f"{cause.strerror or cause}" + (f" ({code})" if code else "")
+        kept = f"the previous checkpoint {path} is intact" if path.is_file() else "no earlier checkpoint exists"
+        raise CheckpointError(
+            f"saving checkpoint {path} (step {state[STEP]}) failed: {why}; {kept} and no partial file was left"
+        ) from None
+
+
+def _chain(exc: BaseException | None):
+    """`exc` and the exceptions it was raised from or during (bounded: a chain can be a cycle)."""
+    for _ in range(16):
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def load(path: str | Path, kind: str, *, label: str) -> dict:
@@ -81,8 +104,33 @@ def load(path: str | Path, kind: str, *, label: str) -> dict:
         raise CheckpointError(f"{label}: {path} is not a vespo checkpoint (needs keys {list(required)})")
     problem = check(kind, ckpt)
     if problem:
-        raise CheckpointError(f"{label}: {path} is damaged: {problem}")
+        raise CheckpointError(
+            f"{label}: {path} is damaged: {problem}" + (_survivors(Path(path)) if kind == RUN else "")
+        )
     return ckpt
+
+
+def _survivors(path: Path) -> str:
+    """What else a run keeps beside its damaged checkpoint `path`: the earlier `step_<K>.pt` saves
+    (`save_total_limit` > 1) that are not the same file, which `vespo export --checkpoint step_K` reads."""
+    try:
+        earlier = sorted(
+            (p for p in path.parent.glob("step_*.pt") if p.stem[5:].isdigit() and not _same(p, path)),
+            key=lambda p: int(p.stem[5:]),
+        )
+    except OSError:
+        earlier = []
+    if not earlier:
+        return "; no earlier checkpoint of this run is kept (--save-total-limit K keeps the last K)"
+    names = ", ".join(p.stem for p in earlier[-4:])
+    return f"; earlier checkpoints survive in {path.parent}: {names} (vespo export --checkpoint {earlier[-1].stem})"
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def check(kind: str, ckpt: dict) -> str | None:
@@ -98,6 +146,9 @@ def check(kind: str, ckpt: dict) -> str | None:
     model = ckpt[MODEL]
     if not isinstance(model, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in model.items()):
         return "model must be a mapping of parameter names to tensors"
+    bad = next((k for k, v in model.items() if not _finite(v)), None)
+    if bad is not None:
+        return f"its weights are not finite (NaN or inf in {bad[:80]!r}): the run diverged before this save"
     opt = ckpt[OPTIMIZER]
     groups, state = (opt.get("param_groups"), opt.get("state")) if isinstance(opt, dict) else (None, None)
     if not (
@@ -107,6 +158,9 @@ def check(kind: str, ckpt: dict) -> str | None:
         and all(isinstance(v, dict) for v in state.values())
     ):
         return "optimizer must be a torch optimizer state ({'state': {...}, 'param_groups': [...]})"
+    bad = next((f"{i}.{k}"[:80] for i, v in state.items() for k, t in v.items() if not _finite(t)), None)
+    if bad is not None:
+        return f"its optimizer state is not finite (NaN or inf in state {bad}): the run diverged before this save"
     problem = _check_rng(ckpt[RNG], RNG_STREAMS[kind])
     if problem:
         return problem
@@ -153,6 +207,13 @@ def _check_warm_start(ckpt: dict) -> str | None:
     if not (isinstance(losses, list) and len(losses) == ckpt[STEP] and all(isinstance(x, float) for x in losses)):
         return f"losses must be a list of {ckpt[STEP]} floats, one per step done"
     return None
+
+
+def _finite(value: object) -> bool:
+    """False only for a floating-point (or complex) tensor holding a NaN or an infinity."""
+    if not torch.is_tensor(value) or not (value.is_floating_point() or value.is_complex()):
+        return True
+    return bool(torch.isfinite(value).all())
 
 
 def _is_index(value: object, lo: int = 0) -> bool:
