@@ -3,7 +3,7 @@
 Run: `python benchmarks/bench_sandbox.py [--programs 40 --rounds 3]` (about a minute on 2 shared cores); writes
 benchmarks/results/sandbox.{json,md}.
 
-The baseline is the previous sandbox (`vespo.rewards.sandbox` at commit ``021cfc6``: one ``python -I`` child per
+The baseline is the previous sandbox (`vespo.sandbox` at commit ``021cfc6``: one ``python -I`` child per
 program, results in a JSON file, assertion tests inside the child), read from git and loaded under another name.
 Both run the same programs with ``num_workers`` threads, in paired rounds (old, new, new, old) so machine noise hits
 both alike; the ratio is the median of the per-round ratios. Workloads: stdin/stdout (a+b, 4 cases), function call

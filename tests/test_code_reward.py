@@ -11,8 +11,8 @@ from _optional import require
 from vespo.data.benchmarks import humaneval_plus_records
 from vespo.data.records import parse_tests
 from vespo.rewards import code_reward, score_code
-from vespo.rewards._wire import WireError, count_values, decode, encode
-from vespo.rewards.code import extract_code, stdout_matches, values_match
+from vespo.rewards.code_grader import extract_code, stdout_matches, values_match
+from vespo.sandbox._wire import WireError, count_values, decode, encode
 
 ADD_STDIO = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
 

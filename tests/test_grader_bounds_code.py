@@ -22,10 +22,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vespo.rewards import GraderHostError, SandboxLimits, code_reward, grade_code
-from vespo.rewards import code as code_mod
-from vespo.rewards import sandbox as sandbox_mod
-from vespo.rewards._wire import WireError, count_values
-from vespo.rewards.code import _int_digits, _is_decimal, stdout_matches
+from vespo.rewards import code_grader as code_mod
+from vespo.rewards.code_grader import _int_digits, _is_decimal, stdout_matches
+from vespo.sandbox import runner as sandbox_mod
+from vespo.sandbox._wire import WireError, count_values
 
 ADD_STDIO = [{"input": "1 2\n", "output": "3\n"}]
 ADD = "a, b = map(int, input().split())\nprint(a + b)"

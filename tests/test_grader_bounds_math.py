@@ -15,7 +15,7 @@ from _clock import cpu_seconds
 from math_verify.utils import timeout as math_verify_timeout
 
 from vespo.rewards import GraderHostError, grade_math, score_math
-from vespo.rewards import math as math_mod
+from vespo.rewards import math_grader as math_mod
 
 FAST_S = 1.0  # CPU seconds: extraction bombs are linear work on at most TAIL_CHARS characters (milliseconds)
 

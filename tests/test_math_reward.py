@@ -4,7 +4,7 @@ import pytest
 from math_verify.errors import TimeoutException
 
 from vespo.rewards import PROMPT_SUFFIX, grade_math, math_reward, score_math
-from vespo.rewards import math as math_mod
+from vespo.rewards import math_grader as math_mod
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_integer_fast_path_agrees_with_math_verify():
     form below the fast path and Math-Verify give the same score, and anything else still goes to Math-Verify."""
     import random
 
-    import vespo.rewards.math as m
+    import vespo.rewards.math_grader as m
 
     rng = random.Random(0)
     big = "123456789012345678901234567890"

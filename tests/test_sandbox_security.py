@@ -17,8 +17,8 @@ import pytest
 from _clock import HANG_GUARD_S
 
 from vespo.rewards import SandboxLimits, code_reward, grade_code, run_in_sandbox, score_code
-from vespo.rewards import sandbox as sandbox_mod
-from vespo.rewards.sandbox import UID_BASE, SandboxUnavailable
+from vespo.sandbox import UID_BASE, SandboxUnavailable
+from vespo.sandbox import runner as sandbox_mod
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=6.0, test_timeout_s=3.0, memory_mb=256, file_size_mb=4, max_processes=16)
 TEST = [{"input": "", "output": "ok"}]
@@ -565,7 +565,7 @@ def test_only_the_stdlib_of_the_interpreter_prefix_is_visible():
     import importlib
     import sys
 
-    import vespo.rewards
+    import vespo.sandbox
 
     planted = Path(os.path.realpath(sys.base_prefix)) / "share" / f"vespo-key-{os.getpid()}.txt"
     try:
@@ -583,7 +583,7 @@ def test_only_the_stdlib_of_the_interpreter_prefix_is_visible():
     finally:
         planted.unlink()
     # a Debian-style layout: prefix /usr, stdlib /usr/lib/python3.X; neither /usr nor a dist-packages is bound
-    sys.path.insert(0, str(Path(vespo.rewards.__file__).parent))  # the child's own import path (`_wire` beside it)
+    sys.path.insert(0, str(Path(vespo.sandbox.__file__).parent))  # the child's own import path (`_wire` beside it)
     try:
         _sandbox_child = importlib.import_module("_sandbox_child")
     finally:

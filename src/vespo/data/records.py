@@ -1,7 +1,7 @@
 """The one record type: ``{"prompt": str, "answer": str}`` (math) or ``{"prompt": str, "tests": list[dict]}`` (code,
-test cases in the formats `parse_tests` reads; `vespo.rewards.code` runs them); other columns are kept and reach the
-reward function as keyword lists. Checking and local JSON/JSONL loading live here; named sets and benchmarks in
-`vespo.data.benchmarks`.
+test cases in the formats `parse_tests` reads; `vespo.rewards.code_grader` runs them); other columns are kept and
+reach the reward function as keyword lists. Checking and local JSON/JSONL loading live here; named sets and
+benchmarks in `vespo.data.benchmarks`.
 """
 
 from __future__ import annotations

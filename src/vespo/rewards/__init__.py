@@ -3,10 +3,10 @@ tasks (TRL reward signature)."""
 
 from vespo.data.prompts import PROMPT_SUFFIX
 from vespo.rewards.batch import GraderHostError
-from vespo.rewards.code import CodeGrade, CodeScores, code_reward, grade_code, score_code
-from vespo.rewards.math import MathGrade, MathScores, grade_math, math_reward, score_math
+from vespo.rewards.code_grader import CodeGrade, CodeScores, code_reward, grade_code, score_code
+from vespo.rewards.math_grader import MathGrade, MathScores, grade_math, math_reward, score_math
 from vespo.rewards.reasoning_gym import TaskGrade, TaskScores, grade_task, reasoning_gym_reward, score_tasks
-from vespo.rewards.sandbox import SandboxLimits, SandboxRun, run_in_sandbox
+from vespo.sandbox import SandboxLimits, SandboxRun, run_in_sandbox
 
 __all__ = [
     "PROMPT_SUFFIX",

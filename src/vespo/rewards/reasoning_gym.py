@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from vespo.data.reasoning_gym import task_entry
 from vespo.rewards.batch import RewardList, Scores
-from vespo.rewards.math import TAIL_CHARS, TimeoutException, boxed_answer, completion_text, deadline
+from vespo.rewards.math_grader import TAIL_CHARS, TimeoutException, boxed_answer, completion_text, deadline
 
 TIMEOUT_S = 5.0
 """Wall-clock limit per verifier call (SIGALRM in the main thread; threads run without one)."""

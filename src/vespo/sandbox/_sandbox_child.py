@@ -1,6 +1,6 @@
 """Runs inside the sandbox: confine itself, then serve run/call requests for the candidate program as data.
 
-Started by `vespo.rewards.sandbox` as ``python -I -S _sandbox_child.py`` with a request pipe on fd 0 and a response pipe
+Started by `vespo.sandbox` as ``python -I -S _sandbox_child.py`` with a request pipe on fd 0 and a response pipe
 on fd 1 (one JSON message per line, see `_wire`). Only the standard library is used. Order matters: namespaces,
 mounts and the new root need root, so they come first; resource limits and ``no_new_privs`` next; the uid drop and
 the seccomp filter last, after which nothing can be undone. This process is untrusted once the candidate runs: it

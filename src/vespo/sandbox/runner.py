@@ -41,11 +41,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vespo.rewards import _wire
-from vespo.rewards.batch import GraderHostError
+from vespo.sandbox import _wire
 
 _HERE = str(Path(__file__).resolve().parent)
-# Import the helper from this directory, then drop the directory from sys.path (its math.py would shadow the stdlib).
+# `python -I` puts no script directory on sys.path: import the helper from this directory, then drop the directory.
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); m = __import__(sys.argv[2]); del sys.path[0]; m.main()"
 _MODES = ("stdio", "call", "assert")
 _SAFE_ENV = {
@@ -65,6 +64,11 @@ UID_BASE = 2_000_000_000  # one fresh uid per sandbox: kill() permissions and RL
 ALLOW_UNCONFINED_ENV = "VESPO_SANDBOX_ALLOW_UNCONFINED"
 """Set to 1 to run programs where the kernel refuses namespaces (weaker confinement, see docs/rewards.md)."""
 _WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead grader's dirs are found by the sweep
+
+
+class GraderHostError(RuntimeError):
+    """The grading host failed (disk full, out of file descriptors, a checker that cannot start, a dead channel):
+    never scored as a wrong answer; the trainer stops with one line and the last checkpoint kept."""
 
 
 class SandboxUnavailable(GraderHostError):
@@ -410,7 +414,7 @@ class _Session:
         except (OSError, _wire.WireError) as exc:
             raise _BootFailed(
                 f"code grader: the sandbox died before running the program ({_describe(exc)}); the host refused "
-                "its namespaces, mounts or memory: check vespo.rewards.sandbox.namespaces_work() (docs/rewards.md)"
+                "its namespaces, mounts or memory: check vespo.sandbox.namespaces_work() (docs/rewards.md)"
             ) from exc
         self.isolated, self.names = confined["confined"], []
         if not self.isolated and not self.allow_unconfined:

@@ -1,6 +1,6 @@
 """The trusted checker: runs assertion tests (HumanEval+/MBPP+ style) against a proxy of the sandboxed program.
 
-Started by `vespo.rewards.sandbox` as ``python -I -S`` with the grader on fds 0/1 and the sandbox's request/response
+Started by `vespo.sandbox` as ``python -I -S`` with the grader on fds 0/1 and the sandbox's request/response
 pipes on the two fds named in argv. Test code may import the allow-listed packages (`_imports`), nothing else outside
 the standard library. Test code runs here, never in the sandbox; each call of the candidate's functions
 is sent to the sandbox as data and its return value comes back as plain data (`_wire.decode`), so every comparison

@@ -30,8 +30,8 @@ from itertools import zip_longest
 
 from vespo.data.records import parse_tests
 from vespo.rewards.batch import GraderHostError, Scores
-from vespo.rewards.math import completion_text
-from vespo.rewards.sandbox import SandboxLimits, run_in_sandbox
+from vespo.rewards.math_grader import completion_text
+from vespo.sandbox import SandboxLimits, run_in_sandbox
 
 MAX_COMPLETION_CHARS = 1 << 22
 """Longer completions fail without running (the cap keeps extraction and the sandbox's compile bounded)."""
