@@ -8,7 +8,7 @@ first use imports `vespo.losses`, which registers every method (the batch-adapti
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "kernels": "vespo.kernels",

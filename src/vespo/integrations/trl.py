@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
+
+try:  # the engine, imported when this module is (the core install has no TRL)
+    from trl import GRPOConfig, GRPOTrainer
+except ModuleNotFoundError as err:
+    hint = "pip install 'vespo[trl]'"
+    raise ModuleNotFoundError(f"vespo.integrations.trl needs TRL ({err}): {hint}", name=err.name) from err
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
 from vespo.losses import (

@@ -20,8 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
-from verl.workers.config import PolicyLossConfig
+
+try:  # the engine, imported when this module is (the core install has no veRL)
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
+    from verl.workers.config import PolicyLossConfig
+except ModuleNotFoundError as err:
+    hint = "bash .ci/install_verl.sh"
+    raise ModuleNotFoundError(f"vespo.integrations.verl needs veRL ({err}): {hint}", name=err.name) from err
 
 from vespo.losses import (
     CORRECTION_OPTIONS,
