@@ -3,6 +3,7 @@ power), the regime gate deciding which seeds a comparison uses, Holm over the fi
 unresolved verdict."""
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -61,28 +62,32 @@ def test_gate_decides_the_seeds_and_holm_runs_over_the_fixed_family():
     rows += [_row("grpo", 4, s, a + e) for s, (a, e) in enumerate(zip(vespo, noise, strict=True))]
     rows += [_row("grpo", 64, s, a - 0.05 + 0.001 * s, "ok" if s < 3 else "missed: sd log W 0.4") for s, a in
              enumerate(vespo)]  # fmt: skip
-    found = {(r["name"], r["metric"]): r for r in bench.verdicts(rows, ["vespo", "grpo"], (4, 64))}
+    found = {(r["name"], r["metric"]): r for r in bench.verdicts(rows, bench.comparisons(["vespo", "grpo"], (4, 64)))}
     at64 = found[("grpo vs VESPO at N=64", "best_eval_acc")]
     assert (at64["seeds"], at64["seeds_run"]) == (3, 4)
     p = paired_t([a - 0.05 + 0.001 * s for s, a in enumerate(vespo[:3])], vespo[:3])
     assert at64["p"] == pytest.approx(p)
     assert at64["p_adjusted"] == pytest.approx(min(1.0, 2 * p))  # Holm, smallest of a family of 2 (N = 4, 64)
-    assert at64["verdict"] == "reproduced"  # the paper's GRPO is below its VESPO at N = 64
+    assert at64["verdict"] == "favours VESPO; same sign as paper"  # the paper's GRPO is below its VESPO at N = 64
     at4 = found[("grpo vs VESPO at N=4", "best_eval_acc")]
     assert at4["verdict"] == "unresolved" and at4["seeds"] == 4
     sd = float(__import__("numpy").std(noise, ddof=1))
     assert at4["mdd"] == pytest.approx(minimal_detectable_difference(sd, 4, 0.05 / 2))
     drop = found[("grpo's change from N=4 to 64 minus VESPO's", "best_eval_acc")]
     assert drop["seeds"] == 3  # every cell of the seed must pass: N = 4 and 64, both methods
-    text = bench.verdicts_markdown(list(found.values()), [0, 1, 2, 3])
-    assert "seeds [0, 1, 2, 3]" in text and f"unresolved<br>MDD {at4['mdd']:.2g}" in text and "**reproduced**" in text
+    confirmed = {f: {"class": "confirmatory", "why": "", "plan_commit": None, "results_commit": None}
+                 for f in ("at one N", "degradation")}  # fmt: skip
+    text = bench.verdicts_markdown(list(found.values()), [0, 1, 2, 3], confirmed)
+    assert "seeds [0, 1, 2, 3]" in text and f"unresolved<br>MDD {at4['mdd']:.2g}" in text
+    assert "**favours VESPO; same sign as paper**" in text  # bold: confirmatory and significant
+    assert "**" not in bench.verdicts_markdown(list(found.values()), [0, 1, 2, 3])  # exploratory: never bold
 
 
 def test_a_comparison_without_two_gated_seeds_is_not_tested_and_counts_as_p_1():
     rows = [_row(v, 64, s, 0.4 + 0.01 * s, "missed: grad_clip share 0.3" if v == "grpo" else "ok")
             for v in ("vespo", "grpo") for s in range(3)]  # fmt: skip
-    (r, _) = bench.verdicts(rows, ["vespo", "grpo"], (64,))
-    assert r["verdict"] == "not tested (fewer than 2 seeds pass the gate)" and r["p_adjusted"] == 1.0
+    (r, _) = bench.verdicts(rows, bench.comparisons(["vespo", "grpo"], (64,)))
+    assert r["verdict"] == "not tested (fewer than 2 gated seeds)" and r["p_adjusted"] == 1.0
     assert math.isnan(r["diff"])
 
 
@@ -108,10 +113,11 @@ def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_plann
         r["task"] = "chain"
     rows = bench.merge_rows(first, second + first[:2], "slice")  # cells it already has are skipped
     assert len(rows) == len(first) + len(second)
-    names = {r["name"] for r in bench.verdicts(rows, ["vespo", "grpo", "gspo"], (4, 64))}
+    ran = bench.slices_run(bench.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows)
+    names = {r["name"] for r in bench.verdicts(rows, ran)}
     assert names == {"grpo vs VESPO at N=4", "grpo vs VESPO at N=64", "gspo vs VESPO at N=64",
                      "grpo's change from N=4 to 64 minus VESPO's"}  # fmt: skip
-    found = bench.verdicts(rows, ["vespo", "grpo", "gspo"], (4, 64))
+    found = bench.verdicts(rows, ran)
     sizes = bench.families(bench.slices_run(bench.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows))
     assert sizes == {"at one N": 3, "degradation": 1}
     at64 = next(r for r in found if r["name"] == "gspo vs VESPO at N=64" and r["metric"] == "best_eval_acc")
@@ -138,15 +144,16 @@ def test_the_later_corrections_are_holm_corrected_apart_and_leave_the_papers_cla
              for v in ("vespo", "grpo") for n in (4, 64) for s in range(5)]  # fmt: skip
     later = [_row("m2po", n, s, 0.4 + 0.01 * s - (0.03 - 0.003 * s if n == 64 else -0.001 * s))
              for n in (4, 64) for s in range(5)]  # fmt: skip
-    alone = {(r["name"], r["metric"]): r for r in bench.verdicts(paper, ["vespo", "grpo"], (4, 64))}
-    both = {(r["name"], r["metric"]): r for r in bench.verdicts(paper + later, ["vespo", "grpo", "m2po"], (4, 64))}
+    alone = {(r["name"], r["metric"]): r for r in bench.verdicts(paper, bench.comparisons(["vespo", "grpo"], (4, 64)))}
+    both = {(r["name"], r["metric"]): r
+            for r in bench.verdicts(paper + later, bench.comparisons(["vespo", "grpo", "m2po"], (4, 64)))}  # fmt: skip
     for key, r in alone.items():
         assert both[key]["p_adjusted"] == r["p_adjusted"] and both[key]["family"] == r["family"]
     m2po = [r for k, r in both.items() if k[0].startswith("m2po") and k[1] == "best_eval_acc"]
     assert {r["family"] for r in m2po} == {"at one N · 2025-26 corrections", "degradation · 2025-26 corrections"}
     at_n = sorted((r for r in m2po if isinstance(r["column"], int)), key=lambda r: r["p"])
     assert at_n[0]["p_adjusted"] == pytest.approx(min(1.0, 2 * at_n[0]["p"]))  # Holm over its own 2, not 4
-    assert "paper_diff_pct" not in at_n[0] and at_n[0]["verdict"] in ("VESPO ahead", "VESPO behind", "unresolved")
+    assert "paper_diff_pct" not in at_n[0] and at_n[0]["verdict"] in ("favours VESPO", "favours m2po", "unresolved")
 
 
 def test_collapsed_seeds_are_counted_and_fishers_exact_test_is_reported_beside_the_paired_t():
@@ -154,11 +161,11 @@ def test_collapsed_seeds_are_counted_and_fishers_exact_test_is_reported_beside_t
 
     rows = [_row("vespo", 64, s, 0.6 + 0.01 * s) | {"collapsed": "False"} for s in range(4)]
     rows += [_row("sapo", 64, s, 0.1 if s < 3 else 0.5) | {"collapsed": str(s < 3)} for s in range(4)]
-    (r, _) = bench.verdicts(rows, ["vespo", "sapo"], (64,))
+    (r, _) = bench.verdicts(rows, bench.comparisons(["vespo", "sapo"], (64,)))
     assert (r["collapsed_vespo"], r["collapsed_other"]) == (0, 3)
     assert r["fisher_p"] == pytest.approx(fisher_exact(0, 4, 3, 4)) and r["test"] == "paired_t"
     assert f"0 / 3, p = {r['fisher_p']:.2g}" in bench.verdicts_markdown([r], [0, 1, 2])
-    (quiet, _) = bench.verdicts([dict(x, collapsed="False") for x in rows], ["vespo", "sapo"], (64,))
+    (quiet, _) = bench.verdicts([dict(x, collapsed="False") for x in rows], bench.comparisons(["vespo", "sapo"], (64,)))
     assert math.isnan(quiet["fisher_p"])  # no collapse, no exact test
 
 
@@ -201,3 +208,213 @@ def test_a_new_design_runs_beside_a_table_that_holds_other_cells_never_over_it(t
     assert bench.run_dir(tmp_path / "fresh", other) == tmp_path / "fresh"
     fewer = bench.config(tmp_path, [0], 1, ["vespo"], [4], smoke=False)  # a sub-grid would drop grpo's cell
     assert bench.run_dir(tmp_path, fewer) != tmp_path
+
+
+def test_the_probe_has_a_split_half_noise_ceiling():
+    """Two sequences (one per half) share a 2-parameter policy: log pi_it = theta . f_it - 1, REINFORCE as the
+    trained method (dL/dtheta = -sum_t A_i f_it / 4, token-mean over 4 tokens). The split-half cosine is the cosine of
+    the two halves' gradients, computed by hand: row 0 (A = +1) f = (1, 0), (1, 1) -> g0 = -(2, 1) / 4; row 1 (A = -1)
+    f = (0, 1), (1, 1) -> g1 = (1, 2) / 4; cos = -4 / 5."""
+    import torch
+
+    from vespo import diagnostics as diag
+    from vespo.losses import compute_policy_loss
+
+    theta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    f = torch.tensor([[[1.0, 0.0], [1.0, 1.0]], [[0.0, 1.0], [1.0, 1.0]]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    mask = torch.ones(2, 2, dtype=torch.float64)
+
+    def losses():
+        for row in (0, 1):
+            lp = (f[row : row + 1] * theta).sum(-1) - 1
+            inputs = {"log_prob": lp, "old_log_prob": lp.detach(), "advantages": adv[row : row + 1],
+                      "response_mask": mask[row : row + 1], "global_num_tokens": 4.0,
+                      "global_num_seqs": 2.0}  # fmt: skip
+            names = (("method", "reinforce"), ("grpo", "grpo"), ("reinforce", "reinforce"))
+            yield {name: compute_policy_loss(method, **inputs)[0] for name, method in names}
+
+    out = diag.gradient_probe([theta], losses(), halves=[0, 1])
+    assert float(out["probe/cos_split_half"]) == pytest.approx(-4 / 5, rel=1e-12)
+    assert float(out["probe/cos_reinforce"]) == 1.0  # the same loss over the whole batch: exactly 1, not a ceiling
+    assert "probe/cos_split_half" not in diag.gradient_probe([theta], losses())  # no halves given: none computed
+
+
+# --- issue 50 case 1: a merge that cannot forge the table -----------------------------------------------------------
+
+
+def _slice_dir(path, rows, plan=None):
+    """A slice's out-dir: results.csv from `rows`, plan.md (bytes) when given."""
+    import csv
+    import io
+
+    path.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
+    w.writeheader()
+    w.writerows(rows)
+    (path / "results.csv").write_text(text.getvalue())
+    if plan is not None:
+        (path / "plan.md").write_bytes(plan)
+    return path
+
+
+def _chain(v, n, s, acc):
+    return _row(v, n, s, acc) | {"task": "chain", "method": "vespo" if v == "vespo" else "grpo",
+                                 "loss_agg_mode": "token-mean"}  # fmt: skip
+
+
+def _table(tmp_path):
+    """A table of VESPO and GRPO at N = 4 and 64 (seeds 0-3) with its plan.md."""
+    import dataclasses
+
+    rows = [_chain(v, n, s, 0.4 + 0.01 * s - (0.05 if v == "grpo" and n == 64 else 0.0))
+            for v in ("vespo", "grpo") for n in (4, 64) for s in range(4)]  # fmt: skip
+    cfg = bench.config(tmp_path, [0, 1, 2, 3], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    return _slice_dir(tmp_path / "table", rows, bench.plan_text(dataclasses.replace(cfg)).encode())
+
+
+def test_a_slice_of_another_task_or_preset_or_an_unknown_variant_is_refused(tmp_path):
+    """The forged-verdict case: a slice of another task keyed (variant, N) like the chain's would replace its
+    numbers. Each refusal names the field; nothing is merged."""
+    table = _table(tmp_path)
+    rows = bench.load_rows(table / "results.csv", "best_eval_acc")
+    other_task = [dict(r, task="arithmetic", best_eval_acc="0.9") for r in rows if r["variant"] == "grpo"]
+    with pytest.raises(ValueError, match="task 'arithmetic' is not this table's"):
+        bench.merge_rows(rows, other_task, "slice")
+    other_preset = [dict(r, method="gspo", seed=str(int(r["seed"]) + 10)) for r in rows if r["variant"] == "grpo"]
+    with pytest.raises(ValueError, match="another preset's slice"):
+        bench.merge_rows(rows, other_preset, "slice")
+    unknown = [dict(rows[0], variant="grpo | forged |\n| x", seed="50")]
+    with pytest.raises(ValueError, match="is not one of preset paper-long's"):
+        bench.merge_rows(rows, unknown, "slice")
+    no_task = [{k: v for k, v in r.items() if k != "task"} | {"seed": "60"} for r in rows[:1]]
+    with pytest.raises(ValueError, match="no task column"):
+        bench.merge_rows(rows, no_task, "slice")
+    formula = [dict(rows[0], seed="70", gate='=HYPERLINK("http://x","ok")')]
+    with pytest.raises(ValueError, match="is not what the cell's own values give"):
+        bench.merge_rows(rows, formula, "slice")
+    in_number = [dict(rows[0], seed="71", best_eval_acc="=1+1")]
+    with pytest.raises(ValueError, match="column 'best_eval_acc' must hold a number"):
+        bench.merge_rows(rows, in_number, "slice")
+    assert len(bench.merge_rows(rows, [dict(rows[0], seed="72")], "slice")) == len(rows) + 1  # a good cell joins
+
+
+def test_names_are_escaped_in_markdown_and_csv():
+    assert bench.md("a | b\nc") == "a \\| b c" or bench.md("a | b\nc") == "a \\| b c"
+    assert bench.md("x|y") == "x\\|y" and "\n" not in bench.md("x\r\ny") and bench.md("<b>") == "&lt;b&gt;"
+    for text in ('=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\t=1"):
+        assert bench.csv_safe(text) == "'" + text
+    assert bench.csv_safe("-0.05") == "-0.05" and bench.csv_safe(0.5) == 0.5 and bench.csv_safe("grpo") == "grpo"
+    rows = [_row(v, 64, s, 0.4 + 0.01 * s * (v == "grpo")) for v in ("vespo", "grpo") for s in range(3)]
+    plan = bench.comparisons(["vespo", "grpo"], (64,))
+    plan = [dict(c, name="grpo | forged\n| row |") for c in plan]
+    text = bench.verdicts_markdown(bench.verdicts(rows, plan), [0, 1, 2])
+    table_rows = [line for line in text.splitlines() if line.startswith("| grpo")]
+    assert len(table_rows) == 2 and all("\\| forged" in line for line in table_rows)  # one row per rule
+    assert not any(line.startswith("| row") for line in text.splitlines())
+
+
+@pytest.mark.parametrize("bad", ["symlink", "latin-1", "no task"])
+def test_a_bad_slice_is_one_line_before_plan_md_or_anything_is_rewritten(tmp_path, bad):
+    """A symlinked or non-UTF-8 plan.md, or a slice without a task column: one line naming it, exit 2, and the
+    table's plan.md, results.csv (and no verdicts) as they were."""
+    import os
+    import subprocess
+    import sys
+
+    table = _table(tmp_path)
+    rows = bench.load_rows(table / "results.csv", "best_eval_acc")
+    extra = [dict(r, seed=str(int(r["seed"]) + 4)) for r in rows]
+    if bad == "no task":
+        extra = [{k: v for k, v in r.items() if k != "task"} for r in extra]
+    piece = _slice_dir(tmp_path / "slice", extra, None if bad == "symlink" else b"")
+    if bad == "symlink":
+        (piece / "plan.md").symlink_to(table / "plan.md")
+    elif bad == "latin-1":
+        (piece / "plan.md").write_bytes("# paper-long: the design caf\xe9\n".encode("latin-1"))
+    before = {p.name: p.read_bytes() for p in table.iterdir()}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--report-only", "--out-dir", str(table), "--add-results",
+                           str(piece)], capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"MPLBACKEND": "Agg"})  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    expect = {"symlink": "a symbolic link", "latin-1": "not UTF-8", "no task": "no task column"}[bad]
+    assert expect in last and last.startswith("usage:") is False
+    assert {p.name: p.read_bytes() for p in table.iterdir()} == before
+
+
+# --- issue 53 item 1: the report reads git ----------------------------------------------------------------------------
+
+
+def _git(root, *args):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": __import__("os").environ["PATH"]})  # fmt: skip
+
+
+def _toy_design(name):
+    found = [bench.at_n("grpo", 64, f"{name}: VESPO vs GRPO at N=64")]
+    return bench._design(name, "q?", ["vespo", "grpo"], [64], bench._seed_plan((0,), 100, 3), found,
+                         {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
+
+
+def test_a_plan_committed_after_or_with_its_results_is_exploratory(tmp_path):
+    """Three designs in a tiny repository: one whose plan is committed before its results (confirmatory), one whose
+    plan is added in the same commit as its results, one whose plan is committed after them (both exploratory); and
+    the rule itself."""
+    out = tmp_path / "repo"
+    out.mkdir()
+    _git(out, "init", "-q")
+    rows = [_chain(v, 64, s, 0.5 - 0.1 * (v == "grpo") + 0.01 * (s - 100) * (v == "grpo")) for v in ("vespo", "grpo")
+            for s in (100, 101, 102)]  # fmt: skip
+
+    def plan(name):
+        (out / "plans").mkdir(exist_ok=True)
+        (out / "plans" / f"{name}.md").write_text(bench.design_text(_toy_design(name)))
+        return f"plans/{name}.md"
+
+    def results(name):
+        _slice_dir(out / "designs" / name, rows)
+        return f"designs/{name}/results.csv"
+
+    _git(out, "add", plan("before"))
+    _git(out, "commit", "-q", "-m", "plan")
+    _git(out, "add", results("before"), plan("same"), results("same"), results("after"))
+    _git(out, "commit", "-q", "-m", "results")
+    _git(out, "add", plan("after"))
+    _git(out, "commit", "-q", "-m", "late plan")
+    found = bench.report(out)
+    reg = json.loads((out / "verdicts.json").read_text())["registration"]
+    assert reg["before: VESPO vs GRPO at N=64"]["class"] == "confirmatory"
+    assert reg["same: VESPO vs GRPO at N=64"]["why"].startswith("plan added in the same commit as its results")
+    assert reg["after: VESPO vs GRPO at N=64"]["class"] == "exploratory"
+    text = (out / "verdicts.md").read_text()
+    confirmatory, exploratory = text.split("## Exploratory results")
+    assert "**favours VESPO; same sign as paper**" in confirmatory
+    assert "**" not in exploratory  # shown, never bolded
+    assert {r["registration"] for r in found if r["family"].startswith("after")} == {"exploratory"}
+    (out / "plans" / "before.md").write_text((out / "plans" / "before.md").read_text() + "\nedited\n")
+    bench.report(out)  # a plan written once: an edit after its commit makes its family exploratory
+    reg = json.loads((out / "verdicts.json").read_text())["registration"]["before: VESPO vs GRPO at N=64"]
+    assert reg["class"] == "exploratory" and reg["why"].endswith("the plan file changed after its commit")
+    assert bench.classify(None, None, False)[0] == "exploratory"
+    assert bench.classify("a" * 40, None, False)[0] == "confirmatory"  # results not committed yet
+    assert bench.classify("a" * 40, "b" * 40, False)[0] == "exploratory"
+    assert bench.classify("a" * 40, "b" * 40, True)[0] == "confirmatory"
+
+
+def test_a_planned_comparison_whose_cells_never_ran_stays_in_its_family_at_p_1():
+    rows = [_row(v, 64, s, 0.4 + 0.01 * s - 0.05 * (v == "grpo") + 0.001 * s * s) for v in ("vespo", "grpo")
+            for s in range(4)]  # fmt: skip
+    plan, _ = bench.table_plan(
+        "# paper-long: the design of one slice\n\nVariants vespo, grpo, gspo; N = 64; seeds [0, 1, 2, 3]; 12 cells.\n\n"
+        "Comparisons (2 per checkpoint rule, both rules: best (x), final): grpo vs VESPO at N=64; gspo vs VESPO at "
+        "N=64.\n", "plan.md")  # fmt: skip
+    found = [r for r in bench.verdicts(rows, plan) if r["metric"] == "best_eval_acc"]
+    by = {r["name"]: r for r in found}
+    assert by["gspo vs VESPO at N=64"]["p"] == 1.0 and by["gspo vs VESPO at N=64"]["family_m"] == 2
+    assert by["gspo vs VESPO at N=64"]["verdict"].startswith("not run")
+    assert by["grpo vs VESPO at N=64"]["p_adjusted"] == pytest.approx(min(1.0, 2 * by["grpo vs VESPO at N=64"]["p"]))

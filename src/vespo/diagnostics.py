@@ -229,10 +229,13 @@ PROBE_METHOD = "method"
 """`gradient_probe`'s name for the trained method's loss."""
 PROBE_PREFIX = "probe/"
 """Metric prefix of the gradient probe: `probe/cos_<ref>`, `probe/rel_diff_<ref>` (the trained method against each
-reference) and `probe/cos_grpo_reinforce` (the two references against each other)."""
+reference), `probe/cos_grpo_reinforce` (the two references against each other) and `probe/cos_split_half` (the
+trained method against itself on the mini-batch's two halves: the ceiling of the other cosines)."""
 
 
-def gradient_probe(params: Sequence[Tensor], losses: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
+def gradient_probe(
+    params: Sequence[Tensor], losses: Iterable[dict[str, Tensor]], halves: Sequence[int] | None = None
+) -> dict[str, Tensor]:
     """The probe's metrics (`PROBE_PREFIX`, 0-dim float64 tensors, no host sync) from the policy losses of several
     methods on one mini-batch under the same weights.
 
@@ -240,22 +243,29 @@ def gradient_probe(params: Sequence[Tensor], losses: Iterable[dict[str, Tensor]]
     those of `PROBE_REFERENCES` (a reference may be absent where its loss is the trained method's: it then shares that
     gradient exactly), each normalised by the whole mini-batch, so the micro-batch gradients add up to the
     mini-batch's. Gradients are taken with `torch.autograd.grad`: the parameters' `.grad` (the training step's) is
-    left as it is."""
+    left as it is. `halves` (0 or 1 per micro-batch): which half of the mini-batch each micro-batch is; with it,
+    `cos_split_half` is the trained method's cosine between its gradients on the two halves: the noise ceiling of
+    the cross-method cosines (how far below 1 the same loss lands on other samples of the same batch)."""
     params = [p for p in params if p.requires_grad]
     total: dict[str, Tensor] = {}
-    for micro in losses:
+    for k, micro in enumerate(losses):
         names = list(micro)
         for i, name in enumerate(names):
             grads = torch.autograd.grad(micro[name], params, retain_graph=i < len(names) - 1, allow_unused=True)
             flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
                               for p, g in zip(params, grads, strict=True)])  # fmt: skip
-            total[name] = total[name] + flat if name in total else flat
+            keys = [name] + ([f"{name}@{halves[k]}"] if halves is not None and name == PROBE_METHOD else [])
+            for key in keys:
+                total[key] = total[key] + flat if key in total else flat
     total |= {ref: total[PROBE_METHOD] for ref in PROBE_REFERENCES if ref not in total}  # the trained method's loss
     out = {}
     for ref in PROBE_REFERENCES:
         cos, rel = compare_gradients(total[PROBE_METHOD], total[ref])
         out[f"{PROBE_PREFIX}cos_{ref}"], out[f"{PROBE_PREFIX}rel_diff_{ref}"] = cos, rel
     out[f"{PROBE_PREFIX}cos_grpo_reinforce"] = compare_gradients(total["grpo"], total["reinforce"])[0]
+    if halves is not None:
+        halves_of = (total[f"{PROBE_METHOD}@0"], total[f"{PROBE_METHOD}@1"])
+        out[f"{PROBE_PREFIX}cos_split_half"] = compare_gradients(*halves_of)[0]
     return out
 
 

@@ -105,7 +105,8 @@ PRESETS: dict[str, dict[str, Variant]] = {
 PAPER_TABLE = ("vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean")
 """The paper preset's variants that are the paper's staleness table (its others go beyond the paper: issue 40)."""
 
-PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_grpo", "rel_diff_reinforce")
+PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_grpo", "rel_diff_reinforce",
+                 "cos_split_half")  # fmt: skip
 """The gradient probe's metrics (`vespo.diagnostics.gradient_probe`) a cell summary reports as `probe_<name>`."""
 PAPER_LR = 1e-4
 """The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""

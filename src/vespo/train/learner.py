@@ -548,7 +548,8 @@ def _gradient_probe(
     """`diagnostics.gradient_probe` on mini-batch `rows` under the current weights: the trained method's policy loss
     (its hparams, aggregation and batch context; no KL or entropy term) and each reference's at its own defaults, from
     one forward per micro-batch. A reference whose loss is the trained method's (same method, resolved hparams and
-    aggregation) shares its gradient."""
+    aggregation) shares its gradient. The micro-batches run over the mini-batch's two halves of prompt groups in turn,
+    so the trained method's split-half cosine (its noise ceiling, issue 53) costs no extra forward."""
     mask = rollout.response_mask[rows]
     counts = {"global_num_tokens": mask.sum().float(), "global_num_seqs": (mask.sum(-1) > 0).sum().float()}
     trained = (s.method, validate_hparams(s.method, **s.hparams), s.agg_mode)
@@ -558,8 +559,13 @@ def _gradient_probe(
         if (method, validate_hparams(method, **hparams), mode) != trained:
             specs[name] = (method, hparams, mode, None)
 
+    groups = rows.numel() // s.group_size
+    cut = (groups // 2) * s.group_size if groups >= 2 else rows.numel() // 2
+    halves = (rows[:cut], rows[cut:]) if 0 < cut < rows.numel() else (rows,)
+    parts = [(h, mb) for h, half in enumerate(halves) for mb in micro_batches(half, s.micro_batch_size)]
+
     def losses():
-        for mb in micro_batches(rows, s.micro_batch_size):
+        for _, mb in parts:
             with autocast(model, s.autocast_dtype):
                 lp, _ = response_log_probs(model, rollout.select(mb), temperature=s.temperature, top_p=s.top_p,
                                            top_k=s.top_k)  # fmt: skip
@@ -572,7 +578,7 @@ def _gradient_probe(
                 for name, (method, hparams, mode, c) in specs.items()
             }  # fmt: skip
 
-    return diagnostics.gradient_probe(params, losses())
+    return diagnostics.gradient_probe(params, losses(), halves=[h for h, _ in parts] if len(halves) == 2 else None)
 
 
 def _batch_context(
