@@ -353,12 +353,14 @@ def design_confirm_n64(table: list[dict]) -> dict:
     sd = max(sds.values())
     need = seeds_for(target, sd, ALPHA)
     need = math.ceil(need / len(warm)) * len(warm)
-    found = [at_n("grpo", 64, "confirmatory: VESPO vs GRPO at N=64")]
+    found = [at_n("grpo", 64, "confirm-n64: VESPO vs GRPO at N=64")]
     why = (f"seeds: the fewest at which the paired t at alpha = {ALPHA} (one comparison per checkpoint rule) detects "
            f"{target} with 80% power at the measured SD {sd:.4f} ({need} after rounding up to an equal number per "
            f"warm start); warm starts: SFT seeds {list(warm)}, built independently (the table's and a fresh one); "
-           "RL seeds 100 up, never used before; the test is the paired t over all pairs, each warm start's mean "
-           "difference reported beside it.")  # fmt: skip
+           "RL seeds 100 up, never used before; both warm starts are the preset's (4,000 SFT steps at lr 1e-3). The "
+           "test is the paired t over all pairs whose cells pass the regime gate (a seed whose cell misses it is "
+           "dropped from both sides and reported), each warm start's mean difference beside it; whatever it shows "
+           "is reported.")  # fmt: skip
     return _design("confirm-n64", "Is VESPO's held-out accuracy above GRPO's (dual clip 3) at N = 64 on seeds it was "
                    "not chosen on?", ["vespo", "grpo"], [64], _seed_plan(warm, 100, need), found,
                    {found[0]["family"]: sd}, "results.csv at the plan's parent commit, grpo - vespo at N = 64: "
