@@ -2,6 +2,7 @@
 one process writes it at a time, and resume survives a missing or damaged log. Each case is an attack a careless user
 (or another trainer sharing the directory) made on an earlier version; before the fix they lost files or crashed."""
 
+import errno
 import hashlib
 import json
 import os
@@ -305,3 +306,115 @@ def test_results_csv_is_read_only_as_a_regular_file(tmp_path):
     for name in ("fifo.csv", "link.csv"):
         with pytest.raises(ValueError, match="cannot read"):
             load_rows(tmp_path / name, "best_eval_acc")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 50: an export a resume deletes, a full disk at a save, a temporary a kill leaves
+
+
+def test_export_refuses_an_out_a_resume_would_replace_and_checks_it_before_anything_loads(
+    assets, tmp_path, capsys, monkeypatch
+):
+    """`vespo export RUN --out RUN/final/model` was accepted, and the run's next --resume replaced final/ with the
+    export in it. An --out inside any entry a vespo output dir owns (even through a link), a symlink, one below a
+    file, or one in a read-only directory is one line, exit 2, before the checkpoint or the model is read; an --out
+    beside the run's own entries is written and survives the resume."""
+    import vespo.models
+    import vespo.train.resume
+    from vespo.train.launch import export_cli
+
+    run = tmp_path / "run"
+    assert cli(_argv(assets, run)) == 0
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "via").symlink_to(run / "final", target_is_directory=True)
+    (tmp_path / "ro").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != tmp_path / "ro" and real_access(p, mode, **kw))
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("read before --out was checked")
+
+    monkeypatch.setattr(vespo.models, "load_policy", loaded)
+    monkeypatch.setattr(vespo.train.resume, "load_checkpoint", loaded)
+    owned = f"which the `vespo train` output in {run} owns"
+    cases = {
+        run / "final" / "model": f"is inside {run / 'final'}, {owned}",
+        run / "checkpoints" / "export": f"is inside {run / 'checkpoints'}, {owned}",
+        run / "tb" / "a" / ".." / "b": f"is inside {run / 'tb'}, {owned}",
+        tmp_path / "via" / "model": f"is inside {run / 'final'}, {owned}",
+        tmp_path / "link": "is a symbolic link",
+        tmp_path / "file" / "model": f"is below {tmp_path / 'file'}, which is a file",
+        tmp_path / "ro" / "model": f"{tmp_path / 'ro'} is not writable",
+        run: "exists and is not empty",
+    }
+    before = _snapshot(run)
+    for out, message in cases.items():
+        assert export_cli([str(run), "--out", str(out)]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert line.startswith(f"vespo export: error: --out {out}") and message in line, line
+    assert _snapshot(run) == before and not (tmp_path / "elsewhere").exists()
+    monkeypatch.undo()
+    assert export_cli([str(run), "--out", str(run / "exported")]) == 0  # beside the run's entries: not the run's
+    resume = ["--resume", "--total-training-steps", "3", "--allow-change", "total_training_steps"]
+    assert cli(_argv(assets, run, *resume)) == 0
+    assert (run / "exported" / "config.json").is_file() and (run / "final" / "config.json").is_file()
+
+
+def test_a_full_disk_at_a_checkpoint_save_stops_the_run_in_one_line_keeping_the_last(
+    assets, tmp_path, capsys, monkeypatch
+):
+    """A full disk at the step-2 save: one line naming ENOSPC and the intact step-1 checkpoint, exit 1, no
+    traceback and no temporary; the run dir is released and --resume continues from step 1."""
+    from vespo import checkpoints
+
+    real = checkpoints.write_atomic
+
+    def writer(path, data):
+        if Path(path).name == "last.pt" and (Path(path).parent / "last.pt").exists():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # the second save: the disk is full
+        real(path, data)
+
+    monkeypatch.setattr(checkpoints, "write_atomic", writer)
+    run = tmp_path / "run"
+    assert cli(_argv(assets, run)) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line == (f"vespo train: error: saving checkpoint {run / CHECKPOINT} (step 2) failed: No space left on "
+                    f"device (ENOSPC); the previous checkpoint {run / CHECKPOINT} is intact and no partial file was "
+                    "left")  # fmt: skip
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt"] and not (run / "final").exists()
+    monkeypatch.undo()
+    assert cli(_argv(assets, run, "--resume")) == 0  # released, and resumable from step 1
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+
+
+def test_temporaries_a_killed_save_leaves_are_swept_by_the_next_run_and_nothing_else(assets, tmp_path):
+    """A SIGKILL during a checkpoint write left `.last.pt.<random>.tmp` for ever. The next command that claims the
+    dir deletes the temporaries of vespo's atomic writer (in the run's own entries, or of a manifest name) and
+    nothing else: not a user's file that looks alike beside them, not a link, not a nested output dir's."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    assert cli(_argv(assets, run)) == 0
+    kill = (
+        "import os, sys\nfrom vespo.outputs import write_atomic\n"
+        "def data(f):\n    f.write(b'half a checkpoint')\n    f.flush()\n    os.kill(os.getpid(), 9)\n"
+        "write_atomic(sys.argv[1], data)\n"
+    )
+    for target in (run / CHECKPOINT, run / "config.yaml"):
+        done = subprocess.run([sys.executable, "-c", kill, str(target)], capture_output=True, check=False)
+        assert done.returncode == -9, done.stderr
+    left = sorted(p for p in run.rglob(".*.tmp"))
+    assert [p.name.split(".")[1:3] for p in left] == [["config", "yaml"], ["last", "pt"]], left
+    keep = [run / ".notes.abcdefgh.tmp", run / "notes.tmp", run / "mine" / ".last.pt.abcdefgh.tmp"]
+    for path in keep:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("the user's")
+    (run / "checkpoints" / ".x.abcdefgh.tmp").symlink_to(tmp_path / "target")  # a link: never followed or removed
+    (tmp_path / "target").write_text("kept")
+    resume = ["--resume", "--total-training-steps", "3", "--allow-change", "total_training_steps"]
+    assert cli(_argv(assets, run, *resume)) == 0
+    assert not any(os.path.lexists(p) for p in left)
+    assert all(p.read_text() == "the user's" for p in keep)
+    assert (run / "checkpoints" / ".x.abcdefgh.tmp").is_symlink() and (tmp_path / "target").read_text() == "kept"

@@ -4,6 +4,7 @@ the writer leaves the old or the new file after a failure; a lock removed in the
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -278,3 +279,33 @@ def test_eval_samples_file_is_never_truncated_through_a_hard_link(tmp_path, outs
     with _open_samples(tmp_path / "samples.jsonl") as f:
         f.write("new\n")
     assert (tmp_path / "samples.jsonl").read_text() == "new\n"
+
+
+def test_a_claim_sweeps_only_the_atomic_writers_temporaries_of_the_dirs_own_entries(tmp_path):
+    """Issue 50: a kill during `write_atomic` leaves `.<name>.<8 random>.tmp`; the next claim of the dir deletes
+    those of its manifest's names and inside its manifest's directories, and nothing else: not a name outside the
+    manifest, not another pattern, not an `atomic_dir` build (its own sweep's), not inside a nested output dir."""
+    run = tmp_path / "run"
+    with claim(run, "x", ["a.txt", "sub"], label="out"):
+        write_atomic(run / "a.txt", "mine")
+    (run / "sub" / "nested").mkdir(parents=True)
+    (run / "sub" / "nested" / MARKER).write_text("{}")
+    (run / "sub" / ".build.abcdefgh.tmp").mkdir()
+    gone = [run / ".a.txt.k2_9zq0a.tmp", run / f".{MARKER}.abcdefgh.tmp", run / "sub" / ".w.pt.abcdefgh.tmp"]
+    kept = [run / ".b.txt.abcdefgh.tmp", run / ".a.txt.abc.tmp", run / ".a.txt.ABCDEFGH.tmp", run / "a.txt.tmp",
+            run / "sub" / "nested" / ".f.abcdefgh.tmp", run / "sub" / ".build.abcdefgh.tmp" / "part"]  # fmt: skip
+    for path in gone + kept:
+        path.write_text("x")
+    with claim(run, "x", ["a.txt", "sub"], label="out"):
+        assert not any(p.exists() for p in gone)
+        assert all(p.read_text() == "x" for p in kept)
+
+
+def test_read_regular_with_a_cap_refuses_a_larger_file(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    assert read_regular(path, cap=10) == b"x" * 10 and read_regular(path, 4) == b"xxxx"
+    path.write_bytes(b"x" * 11)
+    with pytest.raises(OSError, match="larger than") as info:
+        read_regular(path, cap=10)
+    assert info.value.errno == errno.EFBIG and info.value.filename == str(path)

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -172,7 +173,37 @@ def claim(
     manifest_now = list(dict.fromkeys([*marker["manifest"], *names]))
     if manifest_now != marker["manifest"]:  # a newer vespo writes more names: they are recorded before written
         write_atomic(path / MARKER, json.dumps(marker | {"manifest": manifest_now}, indent=1) + "\n")
+    sweep_temporaries(path, manifest_now)  # under the lock: no other vespo process writes here now
     return OwnedDir(path, kind, manifest_now, lock, created_dir, marked_now)
+
+
+_TEMPORARY = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp")
+"""A temporary name of `write_atomic` (`tempfile.mkstemp`'s 8 random characters between ".<target>." and ".tmp")."""
+
+
+def sweep_temporaries(path: Path, manifest: Iterable[str]) -> list[Path]:
+    """Delete the temporary files a killed `write_atomic` left in the output directory `path` (claimed and locked
+    by the caller): `.<name>.<8 random characters>.tmp` files, in `path` for a `name` of its manifest (or its
+    marker), and anywhere inside the manifest's directories (all vespo's), never inside a nested output directory
+    (its own claim sweeps it) and never through a symbolic link. Nothing else is touched; returns what was deleted."""
+    names, gone = set(manifest) | {MARKER}, []
+    folders = [(path, names.__contains__)]  # a stack, not recursion: a deep tree cannot exhaust it
+    while folders:
+        folder, ours = folders.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            match = _TEMPORARY.fullmatch(entry.name)
+            if match and ours(match["target"]) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    gone.append(Path(entry.path))
+            elif (not match and ours(entry.name) and entry.is_dir(follow_symlinks=False)
+                  and not os.path.lexists(Path(entry.path, MARKER))):  # fmt: skip
+                folders.append((Path(entry.path), lambda _: True))
+    return gone
 
 
 def _foreign_marker(label: str, path: Path) -> str:
@@ -279,10 +310,15 @@ def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644) 
     return fd
 
 
-def read_regular(path: str | Path, limit: int | None = None) -> bytes:
-    """The bytes of regular file `path` (at most `limit`), opened by `open_regular`."""
+def read_regular(path: str | Path, limit: int | None = None, *, cap: int | None = None) -> bytes:
+    """The bytes of regular file `path` (its first `limit`), opened by `open_regular`. With `cap`, the whole file,
+    refused (OSError EFBIG, "larger than N MiB ...") when it is larger: a reader of a whole file never loads more
+    than its cap."""
     with open(open_regular(path), "rb") as f:
-        return f.read(-1 if limit is None else limit)
+        data = f.read(-1 if limit is None and cap is None else cap + 1 if limit is None else limit)
+    if cap is not None and limit is None and len(data) > cap:
+        raise OSError(errno.EFBIG, f"larger than {cap / 2**20:g} MiB, the most vespo reads of such a file", str(path))
+    return data
 
 
 def open_append(path: str | Path):
@@ -385,6 +421,37 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def check_new_dir(path: str | Path, *, label: str) -> Path:
+    """A directory a command creates whole (`vespo export --out`), checked before anything loads (OutputError, one
+    line, otherwise): not a symbolic link, new or an empty directory, below directories only, the nearest existing
+    one writable, and inside no entry a vespo output directory owns (a run's final/, checkpoints/, ...: the names of
+    its marker's manifest, which its next run replaces or deletes)."""
+    path = Path(path).expanduser()
+    if path.is_symlink():
+        raise OutputError(f"{label} {path} is a symbolic link (vespo never writes through one); give a new directory")
+    if os.path.lexists(path) and not path.is_dir():
+        raise OutputError(f"{label} {path} is a file, not a directory; give a new or empty directory")
+    if path.is_dir() and any(path.iterdir()):
+        raise OutputError(
+            f"{label} {path} exists and is not empty; give a new or empty directory (nothing is replaced)"
+        )
+    parent = next(p for p in path.absolute().parents if os.path.lexists(p))
+    if not parent.is_dir():
+        raise OutputError(f"{label} {path} is below {parent}, which is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{label} {path}: {parent} is not writable")
+    real = Path(os.path.realpath(path))  # links and .. above it resolved: where it really is
+    for owner in real.parents:
+        marker = read_marker(owner) if owner.is_dir() else None
+        entry = real.relative_to(owner).parts[0]
+        if marker is not None and entry in marker["manifest"]:
+            raise OutputError(
+                f"{label} {path} is inside {owner / entry}, which the `vespo {marker['kind']}` output in {owner} "
+                "owns (its next run replaces or deletes it); choose a directory outside it"
+            )
+    return path
 
 
 def check_output_file(path: str | Path, *, label: str, inputs: Iterable[str | Path] = (), overwrite: bool) -> Path:

@@ -52,12 +52,16 @@ def cli(argv: list[str]) -> int:
     cfg = None
     try:
         cfg = parse_args(argv)
+        from vespo.checkpoints import CheckpointError
         from vespo.rewards.batch import GraderHostError
 
         try:
             last = train(cfg)
         except GraderHostError as exc:  # never scored as wrong answers: the run stops before it trains on them
             print(f"vespo train: grading failed on this host: {exc}; {_interrupted(cfg)}", file=sys.stderr)
+            return 1
+        except CheckpointError as exc:  # a save the file system refused (a full disk): the last one is intact
+            print(f"vespo train: error: {exc}", file=sys.stderr)
             return 1
     except ConfigError as exc:  # bad input, found before any compute
         print(f"vespo train: error: {exc}", file=sys.stderr)
@@ -79,12 +83,17 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     from vespo.checkpoints import MODEL
     from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
     from vespo.models import load_policy
+    from vespo.outputs import OutputError, check_new_dir
     from vespo.train.config_io import load_yaml
     from vespo.train.resume import load_checkpoint
     from vespo.train.runs import save_policy
     from vespo.train.setup import add_lora
 
-    run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
+    run_dir = Path(run_dir).expanduser()
+    try:  # first: a link, a file on its way, a read-only parent or a run's own final/ is refused before anything loads
+        out = check_new_dir(out, label="--out")
+    except OutputError as exc:
+        raise ConfigError(str(exc)) from None
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"run_dir {run_dir}: no config.yaml (not a vespo run dir)")
     name = "last" if checkpoint == "last" else checkpoint.removesuffix(".pt")
@@ -92,8 +101,6 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     if not ckpt_path.is_file():
         kept = sorted(p.stem for p in (run_dir / "checkpoints").glob("*.pt"))
         raise ConfigError(f"--checkpoint: no {ckpt_path}; this run keeps {kept or 'no checkpoints'}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"--out {out} exists and is not an empty directory; give a new one (nothing is replaced)")
     cfg = TrainConfig(**load_yaml(run_dir / "config.yaml", label="config.yaml"))
     state = load_checkpoint(run_dir, ckpt_path, label="--checkpoint")[MODEL]  # truncated, foreign: one line
     policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
