@@ -1,4 +1,4 @@
-"""What the chain task's warm start costs and reaches at each response length (docs/training.md, the chain task).
+"""What the chain task's warm start costs and reaches at each response length (docs/guides/trainer.md, the chain task).
 
 One command: `python benchmarks/bench_chain_warmstart.py` writes benchmarks/results/chain_warmstart.{json,md}.
 Per number of steps K (responses of 3K + 5 tokens) on one torch thread: the seconds per SFT step (mean of 10 steps

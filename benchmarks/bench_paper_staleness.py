@@ -1,7 +1,7 @@
 """The paper's staleness table beside ours: `vespo sweep --preset paper`, then a verdict on every ordering it claims.
 
 One command: `python benchmarks/bench_paper_staleness.py [--seeds 0 1 2 3 4] [--jobs 1] [--variants ...]
-[--num-mini-batches ...]` runs the paper preset (docs/paper_regime.md: the scratchpad task, AdamW betas (0.9, 0.999),
+[--num-mini-batches ...]` runs the paper preset (docs/guides/paper.md: the scratchpad task, AdamW betas (0.9, 0.999),
 weight decay 0.01, grad_clip 1.0, >= 8 rollout steps per cell) into benchmarks/results/paper_staleness/ (resumable:
 rerun the same command to finish it; per-cell runs under cells/ are not committed), then writes there:
 
@@ -143,7 +143,7 @@ def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) 
     lines = [
         "# The paper's staleness orderings, reproduced / contradicted / unresolved",
         "",
-        f"Our runs: `vespo sweep --preset paper` (docs/paper_regime.md), {len(seeds)} seeds sharing one warm start; "
+        f"Our runs: `vespo sweep --preset paper` (docs/guides/paper.md), {len(seeds)} seeds sharing one warm start; "
         'the paper: Qwen3-30B-A3B, average accuracy (%), its Table "staleness". A claim is **reproduced** when our '
         f"difference (baseline − VESPO) is significant at alpha = {alpha} after Holm and has the paper's sign, "
         "**contradicted** when significant with the other sign, unresolved otherwise. GRPO = GRPO with DAPO's "

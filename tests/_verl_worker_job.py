@@ -2,7 +2,7 @@
 
 Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python _verl_worker_job.py MODEL_DIR OUT_JSON
 
-For each scenario it composes veRL's `ppo_trainer` config with the override lines of docs/integrations.md, builds
+For each scenario it composes veRL's `ppo_trainer` config with the override lines of docs/guides/verl.md, builds
 `verl.workers.engine_workers.ActorRolloutRefWorker` (FSDP2 engine), runs `compute_log_prob` and `update_actor` on
 this rank's shard (as veRL's dispatch chunks it) and records what the registered loss saw per micro-batch, the
 metrics veRL returned and, on rank 0, the parameter update next to a reference computed with
@@ -43,7 +43,7 @@ def compose(model_dir: str, loss_mode: str, hparams: dict, agg: str, rollout_is:
     from omegaconf import OmegaConf
 
     overrides = [
-        # the lines docs/integrations.md gives users
+        # the lines docs/guides/verl.md gives users
         "actor_rollout_ref.actor.policy_loss._target_=vespo.integrations.verl.VespoPolicyLossConfig",
         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
         *[f"+actor_rollout_ref.actor.policy_loss.hparams.{k}={v}" for k, v in hparams.items()],

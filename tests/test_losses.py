@@ -67,7 +67,7 @@ def test_default_aggregation_is_each_primary_sources():
     assert {m: default_loss_agg_mode(m) for m in vespo.available_methods()} == want
     from pathlib import Path
 
-    table = (Path(__file__).parents[1] / "docs" / "losses.md").read_text().split("## Methods", 1)[1]
+    table = (Path(__file__).parents[1] / "docs" / "methods" / "index.md").read_text().split("## The methods", 1)[1]
     for m, mode in want.items():  # the docs table says the same
         row = next(line for line in table.splitlines() if line.startswith(f"| `{m}` |"))
         assert f"| {mode} |" in row, row
@@ -802,13 +802,14 @@ def test_docs_list_exactly_the_registered_methods():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "losses.md").read_text()
-    table = text.split("## Methods", 1)[1].split("\n\n", 2)[1]
+    pages = sorted((Path(__file__).parents[1] / "docs" / "methods").glob("*.md"))
+    text = "\n".join(p.read_text() for p in pages)
+    table = (pages[0].parent / "index.md").read_text().split("## The methods", 1)[1].split("\n\n", 2)[1]
     assert sorted(re.findall(r"^\| `([a-z0-9_]+)` \|", table, flags=re.M)) == vespo.available_methods()
     for name in vespo.available_methods():
         for hp in vespo.method_hparams(name):
             if hp not in vespo.losses.CORRECTION_OPTIONS:
-                assert hp in text, f"docs/losses.md does not mention {name}'s hyperparameter {hp}"
+                assert hp in text, f"docs/methods/ does not mention {name}'s hyperparameter {hp}"
 
 
 def test_policy_batch_checks_its_structure_once_when_built():

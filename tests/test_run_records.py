@@ -54,6 +54,6 @@ def test_docs_state_the_split_the_code_uses():
 
     train, held_out = embedded_split("arithmetic", num_operands=3, max_operand=9, eval_size=200)
     pool = held_out_pool("arithmetic", num_operands=3, max_operand=9)
-    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "guides" / "trainer.md").read_text().split())
     assert (len(train), pool, len(held_out)) == (500, 500, 200)
     assert "800 train" not in text and f"{len(train)} training problems and a held-out pool of {pool}" in text

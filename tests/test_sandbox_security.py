@@ -322,7 +322,7 @@ def test_containment_probe():
     facts = json.loads(run.outputs[0])
     assert facts["no_new_privs"] == 1 and facts["seccomp"] == 2  # seccomp mode 2 = filter
     assert facts["sockets"] == []  # socket.SocketType is the same class: no bypass
-    if not run.isolated:  # the kernel refused namespaces: rlimits, no_new_privs and seccomp only (docs/rewards.md)
+    if not run.isolated:  # the kernel refused namespaces: rlimits, no_new_privs and seccomp only (docs/guides/rewards.md)
         return
     assert facts["pids"] <= 2  # a fresh PID namespace: no host process, no command line to read
     assert set(facts["root"]) <= {
@@ -626,7 +626,7 @@ def test_only_allow_listed_packages_are_visible():
         probe += "print(json.dumps(seen), numpy.ones(3).sum())"
         run = run_in_sandbox(probe, [""], mode="stdio", limits=LIMITS)
         assert run.errors == [None], run.errors
-        if run.isolated:  # without namespaces every file of the user is readable (docs/rewards.md)
+        if run.isolated:  # without namespaces every file of the user is readable (docs/guides/rewards.md)
             assert run.outputs == ["{} 3.0\n"], run.outputs
         else:
             assert json.loads(run.outputs[0].split(" ")[0]).keys() <= {"read"}, run.outputs

@@ -77,7 +77,7 @@ def test_presets_and_validation():
 
 
 def test_paper_preset_resolves_to_the_documented_regime():
-    """docs/paper_regime.md: the paper's AdamW (betas (0.9, 0.999), weight decay 0.01, grad_clip 1.0), the free-length
+    """docs/guides/paper.md: the paper's AdamW (betas (0.9, 0.999), weight decay 0.01, grad_clip 1.0), the free-length
     scratchpad task, >= 8 rollout steps per cell at every N, the staleness table's 7 variants at N = 1, 4, 8, 16, 64
     over 5 seeds; a flag the user sets wins over the preset."""
     full = resolve(SweepConfig(preset="paper"))

@@ -8,7 +8,7 @@ Why the correction is set here: TRL's default, `vllm_importance_sampling_mode="s
 sequence whose ratio pi_old / pi_vLLM (a product over its tokens) exceeds `vllm_importance_sampling_clip_max` (3), so
 long responses, whose small per-token gaps add up, are dropped more often than short ones; TRL's own
 `loss_type="vespo"` refuses that mode when its trainer starts. `VespoGRPOTrainer` accepts every mode
-(docs/integrations.md); this script asks for `token_truncate` at 2, veRL's rollout correction in the official recipe.
+(docs/guides/verl.md); this script asks for `token_truncate` at 2, veRL's rollout correction in the official recipe.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 # Each trainer step takes one mini-batch of 256 prompts x 8 responses; every SYNC_STEPS steps the rollouter gets
 # new weights, and one weight version feeds at most (1 + STALENESS) x SYNC_STEPS mini-batches. Partial rollouts
 # resume a generation interrupted by a weight sync, so one trajectory's tokens may come from two versions.
-# How that meets VESPO's sequence weight, and why bypass mode is off: docs/integrations.md, "Fully-async training".
+# How that meets VESPO's sequence weight, and why bypass mode is off: docs/guides/verl.md, "Fully-async training".
 set -euo pipefail
 NNODES=${NNODES:-2}                                  # training nodes (common.sh: trainer.nnodes)
 source "$(dirname "$0")/common.sh"

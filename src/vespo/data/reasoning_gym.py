@@ -41,7 +41,7 @@ TAGS_INSTRUCTION = "Think step by step, then give only the final answer in the f
 DIRECT_INSTRUCTION = "Reply with the final answer only."
 VESPO_KEYS = ("size", "seed", "format")
 
-# Input limits of generator options (docs/training.md, "Input limits"), checked before a generator is built.
+# Input limits of generator options (docs/guides/trainer.md, "Input limits"), checked before a generator is built.
 OPTION_SCALE = 10
 """A numeric option of a task may be at most this many times the task's own default for it, in absolute value (or
 `OPTION_SCALE` x 10 where the default is smaller or not a number): a task's sizes (terms, digits, rows, words) drive

@@ -60,7 +60,7 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
             except ValueError as exc:
                 raise ValueError(f"{where}: 'rg_item' {exc}") from None
     elif not isinstance(row["tests"], list) or not row["tests"] or not all(isinstance(t, dict) for t in row["tests"]):
-        raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/rewards.md)")
+        raise ValueError(f"{where}: 'tests' must be a non-empty list of test objects (see docs/guides/rewards.md)")
     else:
         try:  # the grader's own parser: a record it accepts can be graded
             parse_tests(row["tests"])
@@ -235,7 +235,7 @@ def parse_tests(tests) -> tuple[str, list, list, str | None]:
     if isinstance(tests, dict):
         tests = [tests]
     if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
-        raise ValueError("tests must be a non-empty list of test-case dicts (see docs/rewards.md)")
+        raise ValueError("tests must be a non-empty list of test-case dicts (see docs/guides/rewards.md)")
     if all("assert" in t for t in tests):
         cases = [{"test": t["assert"], "setup": t.get("setup"), "entry_point": t.get("entry_point")} for t in tests]
         if not all(isinstance(c["test"], str) and isinstance(c["setup"] or "", str) for c in cases) or not all(

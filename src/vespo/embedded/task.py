@@ -1,7 +1,7 @@
 """The embedded default: a locally built character tokenizer, a tiny causal LM and a synthetic arithmetic task.
 
 Everything here runs without the Hugging Face Hub, so `vespo train` with no arguments works on a fresh CPU box.
-The task's answers are written as `\\boxed{...}` and graded by the same math reward as real math (docs/training.md).
+The task's answers are written as `\\boxed{...}` and graded by the same math reward as real math (docs/guides/trainer.md).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def chain_problems(count: int, *, seed: int, num_operands: int) -> list[Problem]
     (the digit three places back) and the new running digit, "23 92 13 ... \\boxed{d}", so the answer depends on every
     step and the length is a knob (`chain_response_tokens`). Every dependency sits at a fixed
     offset of at most 3 * CHAIN_LAG - 1 tokens whatever the length, and each step's addend is written out (a copy,
-    learnable on its own) before the sum that needs it, so a tiny model learns it by SFT (docs/training.md).
+    learnable on its own) before the sum that needs it, so a tiny model learns it by SFT (docs/guides/trainer.md).
     Deterministic in `seed`.
     """
     if count < 1 or num_operands < 2:

@@ -223,7 +223,7 @@ def sft_warm_start(
 
     With probability `label_noise` a demonstration's boxed answer is off by 1-3 (its partial sums stay right), so the
     warm-started policy is uncertain about the final answer: it solves some but not all problems, and RL has a
-    verifiable signal to sharpen (docs/training.md).
+    verifiable signal to sharpen (docs/guides/trainer.md).
 
     Interruptible: Ctrl-C stops the loop at the end of the running step and raises KeyboardInterrupt; `save(snapshot)`
     receives the state to continue from (step, weights, optimizer, RNG streams, losses) then and every `SAVE_EVERY_S`;

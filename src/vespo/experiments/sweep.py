@@ -49,7 +49,7 @@ NAMED: dict[str, Variant] = {
     "topr-tokenmean": ("topr", {}, {"loss_agg_mode": "token-mean"}),
     "vespo-unitpos": ("vespo", {"positive_weight": "one"}, {}),  # issue 29: VESPO with TOPR's weight 1 on A >= 0
     # VCPO as its scripts run it: its loss with sequence-level rollout IS at threshold 8, ESS step scaling and the
-    # off-policy optimal baseline (docs/losses.md); `vespo train --method vcpo` alone is the loss with GRPO advantages.
+    # off-policy optimal baseline (docs/methods/index.md); `vespo train --method vcpo` alone is the loss with GRPO advantages.
     # The threshold is text, as `--hparams rollout_is_threshold 8.0` gives it (a correction option keeps its text:
     # veRL's "lower_upper" form), so the cells run with the command line keep their names (`cell_key`)
     "vcpo": ("vcpo", {"rollout_is_threshold": "8.0"}, {"step_scale": "ess_sqrt", "adv_estimator": "opob"}),
@@ -109,9 +109,9 @@ PROBE_METRICS = ("cos_grpo", "cos_reinforce", "cos_grpo_reinforce", "rel_diff_gr
                  "cos_split_half")  # fmt: skip
 """The gradient probe's metrics (`vespo.diagnostics.gradient_probe`) a cell summary reports as `probe_<name>`."""
 PAPER_LR = 1e-4
-"""The paper preset's learning rate, calibrated so the regime diagnostics land in docs/paper_regime.md's ranges."""
+"""The paper preset's learning rate, calibrated so the regime diagnostics land in docs/guides/paper.md's ranges."""
 LONG_LR = 1e-4
-"""The paper-long preset's learning rate (docs/paper_regime.md, "The long-response regime"): with the 128-token chain
+"""The paper-long preset's learning rate (docs/guides/paper.md, "The long-response regime"): with the 128-token chain
 and its warm start, the gate `GATES["paper-long"]` holds at N = 64 and the stale KL stays in the paper regime's range;
 at 3e-4 VESPO's stale drift runs away (KL(mu || pi) ~1, mean phi ~0.04) and it collapses."""
 LONG_WARM_START = {"sft_steps": 4000, "sft_lr": 1e-3}
@@ -230,7 +230,7 @@ class SweepConfig:
     form), `vespo-unitpos`, `vcpo` (VCPO: its loss with its ESS step scaling and optimal baseline)."""
     preset: str | None = None
     """Preset instead of `methods`: length_norm | asymmetry | topr | step_controls | paper (the paper's staleness table
-    in the paper's optimisation regime, docs/paper_regime.md: it also sets the task, N, seeds, mini-batch, steps, lr,
+    in the paper's optimisation regime, docs/guides/paper.md: it also sets the task, N, seeds, mini-batch, steps, lr,
     evaluation and AdamW settings, wherever a flag is left at its default) | paper-long (the same table on 128-token
     chain responses where the methods' updates differ, with a regime gate per cell)."""
     variants: tuple[str, ...] = ()

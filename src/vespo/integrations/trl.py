@@ -180,7 +180,7 @@ class VespoGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs["model"] if "model" in kwargs else args[0] if args else None
-        if isinstance(model, str):  # a .gguf file (or a dir holding one): its dequantised checkpoint, docs/models.md
+        if isinstance(model, str):  # a .gguf file (or a dir holding one): its dequantised checkpoint, docs/guides/models.md
             from vespo.models import model_path
 
             model = model_path(model)

@@ -5,12 +5,12 @@ under "vespo_<method>" (e.g. "vespo_gspo"), so they never shadow veRL's built-in
 process that imports `verl` through the `verl.plugins` entry point that vespo's package declares; on veRL 0.7/0.8 set
 `VERL_USE_EXTERNAL_MODULES=vespo.integrations.verl` in the Ray runtime env instead.
 
-Hyperparameters come from Hydra through `VespoPolicyLossConfig` (docs/integrations.md has the override lines).
+Hyperparameters come from Hydra through `VespoPolicyLossConfig` (docs/guides/verl.md has the override lines).
 The loss is aggregated by veRL's own `agg_loss` with `config.global_batch_info`, so micro-batches and data-parallel
 ranks are normalised by the whole mini-batch, as veRL's built-in losses are. The batch-adaptive methods
 (`vespo.losses.adaptive`) need the whole mini-batch's log W, which a veRL `PolicyLossFn` does not receive: they run only
 where one call sees the whole mini-batch (checked per call), or per micro-batch on explicit opt-in; `vespo_schedule`
-(it needs the mini-batch index) is refused (docs/adaptive.md).
+(it needs the mini-batch index) is refused (docs/methods/adaptive.md).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _validate(policy_loss: Mapping | PolicyLossConfig) -> None:
         raise ValueError(
             "loss_mode vespo_vespo_schedule is not available in veRL: its PolicyLossFn receives no mini-batch index "
             "(config.global_batch_info has only dp_size, batch_num_tokens, global_batch_size, loss_scale_factor); "
-            "use vespo train or VespoGRPOTrainer (docs/adaptive.md)"
+            "use vespo train or VespoGRPOTrainer (docs/methods/adaptive.md)"
         )
     validate_hparams(method, **hparams)  # the core's one check of names, types and values
 

@@ -273,7 +273,7 @@ def _mini_batch_index(ctx: BatchContext | None) -> tuple[int, int]:
     if ctx is None or ctx.mini_batch_index is None or ctx.num_mini_batches is None:
         raise ValueError(
             "vespo_schedule needs the mini-batch's index: pass batch_context=BatchContext("
-            "mini_batch_index=k, num_mini_batches=N) (vespo train does; see docs/adaptive.md for veRL/TRL)"
+            "mini_batch_index=k, num_mini_batches=N) (vespo train does; see docs/methods/adaptive.md for veRL/TRL)"
         )
     k, n = int(ctx.mini_batch_index), int(ctx.num_mini_batches)
     if not (n >= 1 and 0 <= k < n):

@@ -1,7 +1,7 @@
 """The shared pieces of every policy loss: log ratios and sequence log W with one guard convention, the
 train-inference correction, and the weight diagnostics. Pure tensor functions, no registry, no I/O.
 
-Guards shared with veRL, the official VESPO code and TRL (docs/losses.md): per-token log(pi/mu) clamped to
+Guards shared with veRL, the official VESPO code and TRL (docs/methods/index.md): per-token log(pi/mu) clamped to
 [-20, 20] before any exp or sum; VESPO's sequence log W clamped to [log 1e-8, 20].
 """
 

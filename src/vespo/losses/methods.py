@@ -369,7 +369,7 @@ def cispo(
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# The off-policy corrections of 2025-26 (docs/losses.md has each one's source, defaults and guards)
+# The off-policy corrections of 2025-26 (docs/methods/index.md has each one's source, defaults and guards)
 
 
 def m2po_cutoff(m2: Tensor, threshold: float) -> tuple[Tensor, Tensor, Tensor]:

@@ -109,7 +109,7 @@ def method_hparams(method: str) -> dict[str, object]:
 
 
 def default_loss_agg_mode(method: str) -> str:
-    """The aggregation `method`'s primary source uses (used when `loss_agg_mode=None`); docs/losses.md cites each."""
+    """The aggregation `method`'s primary source uses (used when `loss_agg_mode=None`); docs/methods/index.md cites each."""
     return get_method(method).default_loss_agg_mode
 
 

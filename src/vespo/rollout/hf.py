@@ -3,7 +3,7 @@
 The policy is the distribution actually sampled: logits / temperature, then top-k, then top-p truncation, renormalised
 (`processed_logits`; vLLM's "processed_logprobs"). The sampler records log pi_rollout(y_t) of that distribution and the
 trainer recomputes the same quantity under its own weights with `response_log_probs`, so on-policy W == 1 at any
-top_p / top_k and any difference between the two is train-inference mismatch (paper Sec. 4.6; docs/losses.md).
+top_p / top_k and any difference between the two is train-inference mismatch (paper Sec. 4.6; docs/methods/index.md).
 This module is the Hugging Face backend (KV-cached sampling in the trainer's own process, or in a sampler process
 through `HFEngine`); `vespo.rollout.vllm` is the vLLM one.
 """

@@ -28,7 +28,7 @@ class VLLMEngine:
     `load_weights` (as TRL's colocate mode and veRL's sharding manager do), then the prefix cache is reset.
 
     Log-probs are vLLM's "processed" ones (after temperature, top-k and top-p), vespo's convention (the learner
-    recomputes them on the same processed distribution; docs/losses.md). Needs CUDA: written against
+    recomputes them on the same processed distribution; docs/methods/index.md). Needs CUDA: written against
     vLLM's `LLM` API with the in-process driver worker, and not run here; `pack_rollout` is tested on HF samples.
     """
 

@@ -1,5 +1,5 @@
 """Run untrusted Python confined (namespaces, seccomp, rlimits, cgroups) and collect its outputs as plain data: the
-code grader's engine (`vespo.rewards.code_reward`), usable on its own. Threat model: docs/rewards.md."""
+code grader's engine (`vespo.rewards.code_reward`), usable on its own. Threat model: docs/guides/rewards.md."""
 
 from vespo.sandbox.runner import (
     UID_BASE,

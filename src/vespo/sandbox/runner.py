@@ -18,7 +18,7 @@ Confinement, strongest available first (`SandboxRun.isolated` says which applied
   files, no core dumps), ``no_new_privs`` and a seccomp filter (x86_64) denying sockets, SysV IPC, ptrace, mounts,
   namespaces, keyrings, BPF and similar; per-test and total wall-clock limits enforced here, outside the candidate.
 
-See docs/rewards.md for the threat model and what is not contained.
+See docs/guides/rewards.md for the threat model and what is not contained.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ _PYTHON = os.path.realpath(sys.executable)  # the base interpreter: inside the s
 _serial = itertools.count()
 UID_BASE = 2_000_000_000  # one fresh uid per sandbox: kill() permissions and RLIMIT_NPROC become per-sandbox
 ALLOW_UNCONFINED_ENV = "VESPO_SANDBOX_ALLOW_UNCONFINED"
-"""Set to 1 to run programs where the kernel refuses namespaces (weaker confinement, see docs/rewards.md)."""
+"""Set to 1 to run programs where the kernel refuses namespaces (weaker confinement, see docs/guides/rewards.md)."""
 _WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead grader's dirs are found by the sweep
 
 
@@ -310,7 +310,7 @@ def _allow_unconfined() -> bool:
         _warned.append(True)
         warnings.warn(
             f"{ALLOW_UNCONFINED_ENV}=1: code sandboxes may run without namespaces, where a program can read every "
-            "file its uid can and leave files in /tmp and /dev/shm (docs/rewards.md)",
+            "file its uid can and leave files in /tmp and /dev/shm (docs/guides/rewards.md)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -320,7 +320,7 @@ def _allow_unconfined() -> bool:
 _REFUSED = (
     "code sandbox: this host refuses the namespaces the sandbox needs (e.g. a container without CAP_SYS_ADMIN, or "
     f"user.max_user_namespaces=0), and without them a program can read every file its uid can; run where namespaces "
-    f"work, or set {ALLOW_UNCONFINED_ENV}=1 to accept the weaker confinement (docs/rewards.md)"
+    f"work, or set {ALLOW_UNCONFINED_ENV}=1 to accept the weaker confinement (docs/guides/rewards.md)"
 )
 
 
@@ -414,7 +414,7 @@ class _Session:
         except (OSError, _wire.WireError) as exc:
             raise _BootFailed(
                 f"code grader: the sandbox died before running the program ({_describe(exc)}); the host refused "
-                "its namespaces, mounts or memory: check vespo.sandbox.namespaces_work() (docs/rewards.md)"
+                "its namespaces, mounts or memory: check vespo.sandbox.namespaces_work() (docs/guides/rewards.md)"
             ) from exc
         self.isolated, self.names = confined["confined"], []
         if not self.isolated and not self.allow_unconfined:

@@ -7,7 +7,7 @@ bottom: take a mini-batch -> drop it if it lags more than `max_staleness` optimi
 the trainer's own `ppo_update` (mu into the loss as old_log_prob; or, with `use_decoupled_loss`, the learner's
 current weights as pi_prox and mu as rollout_log_prob) -> publish weights to shared memory every `sync_every` steps
 -> log, evaluate, checkpoint every `train_batch_size / ppo_mini_batch_size` steps (one "rollout step", as in sync).
-Design choices, metrics and what is not reproducible: docs/training.md, "Asynchronous training".
+Design choices, metrics and what is not reproducible: docs/guides/trainer.md, "Asynchronous training".
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ SAMPLERS_REASON = "one sampler process per usable CPU core, each with its own co
 
 
 # accepted interval (`vespo.intervals.Interval`, or (interval, reason) where the bound is not the obvious one) ->
-# the fields it applies to; None values are skipped. Reasons and measurements: docs/training.md, "Configuration".
+# the fields it applies to; None values are skipped. Reasons and measurements: docs/guides/trainer.md, "Configuration".
 # fmt: off
 _RANGES_BY_INTERVAL: dict[str | tuple[str, str], tuple[str, ...]] = {
     "[0, inf)": ("warmup_steps", "top_k", "max_staleness", "sft_steps", "eval_every", "probe_every"),

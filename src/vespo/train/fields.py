@@ -25,7 +25,7 @@ class TrainFields:
     dataset: str = EMBEDDED
     """Training records: a local .json/.jsonl file ({"prompt", "answer"} math or {"prompt", "tests"} code), a Hub id,
     a set vespo knows by name (DAPO-Math-17k's Hub id), or reasoning-gym tasks
-    (``reasoning-gym:<task>[:key=value...][,<task>...]``, docs/models.md); "embedded" is the built-in arithmetic
+    (``reasoning-gym:<task>[:key=value...][,<task>...]``, docs/guides/models.md); "embedded" is the built-in arithmetic
     task."""
     eval_dataset: str | None = None
     """Held-out records (as `dataset`, or a benchmark name such as math500); None uses the embedded task's held-out
@@ -57,7 +57,7 @@ class TrainFields:
     """Divide group-centred rewards by the group std (GRPO); False gives Dr. GRPO-style A = R - mean."""
     adv_estimator: Literal["grpo", "opob"] = "grpo"
     """Advantages (veRL's name): grpo (group-relative) | opob (VCPO's off-policy optimal baseline, recomputed per
-    mini-batch at its weights; one extra backward per sequence; sync mode, shuffle off; docs/losses.md)."""
+    mini-batch at its weights; one extra backward per sequence; sync mode, shuffle off; docs/methods/index.md)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the initial (reference) policy; 0 disables it and the reference model."""
     entropy_coeff: float = 0.0
@@ -70,7 +70,7 @@ class TrainFields:
     """Prompts per optimizer step; the rollout batch is consumed in N sequential mini-batches."""
     shuffle: bool = False
     """Shuffle the rollout batch's rows before cutting mini-batches (veRL's actor `shuffle`; TRL always shuffles), so
-    an optimizer step mixes responses of several prompts instead of whole groups (docs/training.md, "vs TRL")."""
+    an optimizer step mixes responses of several prompts instead of whole groups (docs/guides/trainer.md, "vs TRL")."""
     staleness: int | None = None
     """Shortcut: if set, train_batch_size = staleness * ppo_mini_batch_size."""
     rollout_n: int = 8
@@ -83,7 +83,7 @@ class TrainFields:
     # --- optimisation
     optim: Literal["adamw_torch", "sgd"] = "adamw_torch"
     """Actor optimizer (TRL's names): adamw_torch | sgd (plain gradient steps, no momentum: the step follows the
-    gradient's size, which Adam's normaliser does not; docs/results.md section 3)."""
+    gradient's size, which Adam's normaliser does not; docs/results/index.md section 3)."""
     lr: float = 3e-4
     """Peak learning rate (see `lr_scheduler_type`)."""
     lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
@@ -129,7 +129,7 @@ class TrainFields:
     temperature: float = 1.0
     """Sampling temperature (the trainer's log-probs use the same temperature)."""
     top_p: float = 1.0
-    """Nucleus sampling mass. The learner's log-probs use the same truncated distribution (docs/losses.md)."""
+    """Nucleus sampling mass. The learner's log-probs use the same truncated distribution (docs/methods/index.md)."""
     top_k: int = 0
     """Sample among the top_k most likely tokens (0: off); the learner's log-probs use the same truncation."""
     sampler_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -150,7 +150,7 @@ class TrainFields:
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
 
-    # --- hardware, precision, parameter-efficient training (docs/training.md, "GPUs, precision and LoRA")
+    # --- hardware, precision, parameter-efficient training (docs/guides/trainer.md, "GPUs, precision and LoRA")
     device: str = "auto"
     """Where the policy, reference, rollouts and RNG live: auto (CUDA when present, else CPU) | cpu | cuda | cuda:i."""
     bf16: bool = False
@@ -179,7 +179,7 @@ class TrainFields:
     lora_target_modules: tuple[str, ...] | None = None
     """Module names to adapt, e.g. `q_proj v_proj`, or `all-linear`; None uses peft's default for the architecture."""
 
-    # --- asynchronous training (docs/training.md, "Asynchronous training")
+    # --- asynchronous training (docs/guides/trainer.md, "Asynchronous training")
     mode: Literal["sync", "async"] = "sync"
     """sync: generate, then train; async (`--async`): sampler processes generate while the learner trains."""
     max_staleness: int = 4
@@ -248,7 +248,7 @@ class TrainFields:
     the warm start do not depend on it)."""
     eval_top_p: float | None = None
     """Nucleus mass of held-out sampling; None: the training `top_p`. The official VESPO evaluation samples at 0.7
-    (its scripts' val_kwargs; docs/paper_regime.md)."""
+    (its scripts' val_kwargs; docs/guides/paper.md)."""
     eval_n: int = 1
     """Samples per held-out prompt: the logged eval/accuracy is avg@eval_n, whose binomial SD is about
     sqrt(p (1 - p) / (eval_size * eval_n)) (0.011 at 500 prompts x 4 and p = 0.5; 0.035 at 200 x 1)."""

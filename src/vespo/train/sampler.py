@@ -4,7 +4,7 @@ control, and the sampler process that turns prompts into scored, versioned rollo
 Policy version = the learner's optimizer step count when the weights were published. A sample's lag is the learner's
 step when it trains on the sample minus that version: the paper's staleness N - 1 of a sync run's last mini-batch.
 The behaviour log-probs mu are the sampler's own, recorded at generation time (`vespo.rollout.sample`).
-See docs/training.md, "Asynchronous training".
+See docs/guides/trainer.md, "Asynchronous training".
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def load_data(cfg: TrainConfig) -> tuple[list[dict], list[dict] | None]:
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The actor's optimizer: AdamW (`adamw_torch`, betas/eps/decay from cfg) or plain SGD without momentum (`sgd`),
-    whose steps shrink with the gradient where Adam's per-parameter normaliser rescales them (docs/results.md)."""
+    whose steps shrink with the gradient where Adam's per-parameter normaliser rescales them (docs/results/index.md)."""
     params = [p for p in model.parameters() if p.requires_grad]  # all weights, or the LoRA adapters
     if cfg.optim == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
