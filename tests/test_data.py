@@ -173,3 +173,26 @@ def test_own_dataset_is_not_held_to_the_embedded_pool(tmp_path):
     cfg = parse_args(["--dataset", str(path), "--eval-size", "1000", "--run-dir", str(tmp_path / "run")])
     train_set, eval_set = load_data(cfg)
     assert len(train_set) == 16 and eval_set is None
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        ('{"prompt": "2+2=\\ud800", "answer": "4"}', "'prompt'"),
+        ('{"prompt": "2+2=", "answer": "\\udfff4"}', "'answer'"),
+        ('{"prompt": "p", "tests": [{"input": "1", "output": "\\ud800"}]}', "'tests'[0]['output']"),
+        ('{"prompt": "p", "answer": "1", "meta": {"tags": ["ok", "\\udc80"]}}', "'meta'['tags'][1]"),
+        ('{"prompt": "p", "answer": "1", "x\\ud800": 1}', "'x\\ud800' (its name)"),
+    ],
+)
+def test_a_lone_surrogate_is_refused_at_read_time_naming_file_line_and_field(tmp_path, row, field):
+    """Issue 50: JSON's "\\ud800" decodes to a lone surrogate, which only failed where the text was encoded (a
+    tokenizer, a log), at the same step after every resume and in `vespo eval`. The one record reader refuses it
+    with the file, the line and the field; a surrogate pair (an emoji written as two escapes) is text and loads."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "fine \\ud83d\\ude00", "answer": "1"}\n' + row + "\n")
+    with pytest.raises(ValueError) as info:
+        data.load_jsonl(path)
+    assert str(info.value).startswith(f"{path}:2: {field} holds a lone surrogate"), str(info.value)
+    path.write_text('{"prompt": "fine \\ud83d\\ude00", "answer": "1"}\n')
+    assert data.load_jsonl(path) == [{"prompt": "fine \U0001f600", "answer": "1"}]

@@ -418,3 +418,26 @@ def test_temporaries_a_killed_save_leaves_are_swept_by_the_next_run_and_nothing_
     assert not any(os.path.lexists(p) for p in left)
     assert all(p.read_text() == "the user's" for p in keep)
     assert (run / "checkpoints" / ".x.abcdefgh.tmp").is_symlink() and (tmp_path / "target").read_text() == "kept"
+
+
+def test_a_lone_surrogate_in_a_prompt_stops_train_and_eval_before_anything_runs(assets, tmp_path, capsys):
+    """Issue 50: a prompt holding "\\ud800" trained until the step that drew it, died there after every resume, and
+    killed `vespo eval`. Both read records through the one reader: one line naming the file, line and field, before
+    the run dir or the eval's --out exists."""
+    from vespo import evaluation
+
+    data = tmp_path / "lone.jsonl"
+    rows = (assets / "train.jsonl").read_text().splitlines()
+    data.write_text("\n".join([*rows[:3], '{"prompt": "1+\\ud800=", "answer": "2"}', *rows[3:]]) + "\n")
+    argv = _argv(assets, tmp_path / "run")
+    argv[argv.index("--dataset") + 1] = str(data)
+    assert cli(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"{data}:4: 'prompt' holds a lone surrogate" in line and not (tmp_path / "run").exists(), line
+    eval_argv = _eval_argv(assets, tmp_path, tmp_path / "eval")
+    eval_argv[eval_argv.index("--benchmarks") + 1] = str(data)
+    with pytest.raises(SystemExit) as exit_:
+        evaluation.cli(eval_argv)
+    line = _error_line(capsys.readouterr().err)
+    assert exit_.value.code == 2 and f"{data}:4: 'prompt' holds a lone surrogate" in line, line
+    assert not (tmp_path / "eval").exists()

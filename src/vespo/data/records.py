@@ -30,6 +30,13 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
     ValueError starting with ``where``. Numbers are answers ("6"); null, lists, booleans and empty strings are not."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected an object with '{prompt_key}' and '{answer_key}' or 'tests'")
+    bad = _lone_surrogate(row)
+    if bad is not None:
+        field, char = bad
+        raise ValueError(
+            f"{where}: {field} holds a lone surrogate {char!r} (an unpaired \\u escape), which is not text: no "
+            "tokenizer or UTF-8 log can hold it; fix or drop the row"
+        )
     row = _from_verl_layout(row, where, prompt_key=prompt_key, answer_key=answer_key)
     prompt = row.get(prompt_key)
     if not isinstance(prompt, str) or not prompt.strip():
@@ -67,6 +74,27 @@ def check_record(row: object, where: str, *, prompt_key: str = "prompt", answer_
         except (ValueError, TypeError, RecursionError) as exc:
             raise ValueError(f"{where}: 'tests' cannot be graded: {' '.join(str(exc).split())[:200]}") from None
     return record
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(row: dict) -> tuple[str, str] | None:
+    """(the field, e.g. 'tests'[0]['input'], and the character) of the first string in `row`, keys included, holding
+    a surrogate code point: JSON's "\\ud800" decodes to one, and it fails only later, where the text is encoded
+    (tokenizing, logging), at the same step of every resume. None when every string is text."""
+    stack = [(repr(k), k, v) for k, v in reversed(row.items())]
+    while stack:
+        field, key, value = stack.pop()
+        for text, where in ((key, f"{field} (its name)"), (value, field)):
+            found = _SURROGATE.search(text) if isinstance(text, str) and not text.isascii() else None
+            if found:
+                return where, found[0]
+        if isinstance(value, dict):
+            stack += [(f"{field}[{k!r}]", k, v) for k, v in reversed(value.items())]
+        elif isinstance(value, (list, tuple)):
+            stack += [(f"{field}[{i}]", None, v) for i, v in reversed(list(enumerate(value)))]
+    return None
 
 
 def _fields(row: dict) -> list:
