@@ -728,8 +728,7 @@ def verdicts(rows: list[dict], plan: list[dict]) -> list[dict]:
                         "test": None}  # fmt: skip
             n = max(int(k) for _, _, k in c["terms"])
             row |= _collapses(rows, ("vespo", c["other"]), n, seeds)
-            for side in ("vespo", c["other"]):
-                tag = "vespo" if side == "vespo" else "other"
+            for tag, side in (("vespo", "vespo"), ("other", c["other"])):
                 for key in DIAG_KEYS:
                     row[f"{tag}_{key}"] = _mean(rows, side, n, key)
             found.append(row)
@@ -1079,7 +1078,9 @@ def report(out: Path, cfg: SweepConfig | None = None, rows: list[dict] | None = 
         r["caveat"] = caveats(r, reg)
         r["registration"] = reg.get(r["family"], {}).get("class", "exploratory")
     write_atomic(out / "verdicts.md", verdicts_markdown(found, sorted(seeds), reg, slices))
-    write_atomic(out / "verdicts.json", json.dumps({"registration": reg, "verdicts": found}, indent=1))
+    units = {"diff": "fraction of held-out accuracy (0-1), per seed summed over the comparison's terms",
+             "paper_diff_pct": "points (%) of the paper's average accuracy"}  # fmt: skip
+    write_atomic(out / "verdicts.json", json.dumps({"units": units, "registration": reg, "verdicts": found}, indent=1))
     keys = list(dict.fromkeys(k for r in found for k in r))
     text = io.StringIO()
     w = csv.DictWriter(text, fieldnames=keys, restval="")

@@ -418,3 +418,30 @@ def test_a_planned_comparison_whose_cells_never_ran_stays_in_its_family_at_p_1()
     assert by["gspo vs VESPO at N=64"]["p"] == 1.0 and by["gspo vs VESPO at N=64"]["family_m"] == 2
     assert by["gspo vs VESPO at N=64"]["verdict"].startswith("not run")
     assert by["grpo vs VESPO at N=64"]["p_adjusted"] == pytest.approx(min(1.0, 2 * by["grpo vs VESPO at N=64"]["p"]))
+
+
+def test_a_design_over_two_warm_starts_reports_each_ones_difference_and_labels_read_right():
+    """Seeds 100-102 on SFT seed 0 and 103-105 on SFT seed 100: the pooled paired t over 6 pairs, each warm start's
+    mean difference beside it; a method's own fall from N = 4 to 64 says "falls", a result that favours VESPO never
+    reads as a contradiction, and the paper's sign is the sign only."""
+    gaps = {100: -0.05, 101: -0.07, 102: -0.06, 103: -0.01, 104: -0.03, 105: -0.02}
+    rows = [
+        _row(v, n, s, 0.5 + (gaps[s] if v == "grpo" else 0.0) - (0.1 + 0.01 * (s % 3)) * (n == 64))
+        | {"sft_seed": str(0 if s < 103 else 100)}
+        for v in ("vespo", "grpo")
+        for n in (4, 64)
+        for s in gaps
+    ]
+    plan = [bench.at_n("grpo", 64, "a"), bench.own_change("vespo", 4, 64, "b"),
+            bench.change_minus_vespo("grpo", 4, 64, "c")]  # fmt: skip
+    by = {r["name"]: r for r in bench.verdicts(rows, plan) if r["metric"] == "best_eval_acc"}
+    at64 = by["grpo vs VESPO at N=64"]
+    assert at64["by_warm_start"] == pytest.approx({"0": -0.06, "100": -0.02})
+    assert at64["p"] == pytest.approx(paired_t(list(gaps.values()), [0.0] * 6))
+    assert at64["verdict"] == "favours VESPO; same sign as paper"
+    assert by["vespo's change from N=4 to 64"]["verdict"] == "falls from N=4 to 64; same sign as paper"  # -8.2 pts
+    assert by["vespo's change from N=4 to 64"]["paper_diff_pct"] == pytest.approx(61.8 - 70.0)
+    drop = by["grpo's change from N=4 to 64 minus VESPO's"]
+    assert drop["paper_diff_pct"] == pytest.approx(2.8) and drop["diff"] == pytest.approx(0.0, abs=1e-12)
+    text = bench.verdicts_markdown(list(by.values()), sorted(gaps))
+    assert "by SFT seed: 0: -0.06, 100: -0.02" in text and "contradicted" not in text and "reproduced" not in text
