@@ -92,6 +92,30 @@ _TRAIN = [
     ("num_threads -1", ["--num-threads", "-1"], "num_threads"),
     ("top_p 0", ["--top-p", "0"], "top_p"),
     ("save_total_limit 0", ["--save-total-limit", "0"], "save_total_limit must be an integer >= 1"),
+    # issue 50: numbers that passed validation and broke compute (or the machine) after the run dir was claimed
+    ("seed -1", ["--seed", "-1"], "seed must be an integer in [0, 4294967295] (NumPy's seed range"),
+    ("seed 2**64", ["--seed", str(2**64)], "seed must be an integer in [0, 4294967295]"),
+    ("sft_seed 2**32", ["--sft-seed", str(2**32)], "sft_seed must be an integer in [0, 4294967295]"),
+    ("max_response_length 1e9", ["--max-response-length", "1e9"], "--max-response-length: must be an integer"),
+    ("max_response_length 10**9", ["--max-response-length", str(10**9)], "16 x 8 x 1000000000 tokens needs at"),
+    ("micro_batch_size 1e21", ["--micro-batch-size", "1e21"], "--micro-batch-size: must be an integer, got '1e21'"),
+    (
+        "micro_batch_size 10**21",
+        ["--micro-batch-size", str(10**21)],
+        "micro_batch_size must be an integer in [1, 9223372036854775808) (torch counts and indexes in int64)",
+    ),  # fmt: skip
+    ("rollout_n 10**8", ["--rollout-n", str(10**8)], "16 x 100000000 x 16 tokens needs at least 572 GiB"),
+    ("num_threads 100000", ["--num-threads", "100000"], "num_threads must be an integer in [1, "),
+    ("grad_clip 1e39", ["--grad-clip", "1e39"], "grad_clip must be a finite number in (0, 3.402823e+38]"),
+    ("target_kl 1e39", ["--target-kl", "1e39"], "target_kl must be a finite number in (0, 3.402823e+38]"),
+    ("hparams beyond float32", ["--hparams", "c1_pos", "1e39"], "c1_pos must be 0 or a float32 number"),
+    ("staleness beside num-mini-batches", ["--staleness", "2", "--num-mini-batches", "4"], "are two names of one"),
+    ("num-mini-batches beside default batch", ["--num-mini-batches", "4", "--train-batch-size", "16"], "give one"),
+    (
+        "steps-per-generation beside num-mini-batches",
+        ["--steps-per-generation", "2", "--num-mini-batches", "2"],
+        "--steps-per-generation is TRL's name for --num-mini-batches: give one of them",
+    ),
     ("mini-batch must divide", ["--train-batch-size", "6", "--ppo-mini-batch-size", "4"], "ppo_mini_batch_size"),
     ("unknown method", ["--method", "ppo2"], "method"),
     ("hparams value", ["--hparams", "c1_pos", "abc"], "c1_pos"),
@@ -129,7 +153,7 @@ _TRAIN = [
     ("config too large", ["--config", "{root}/big.yaml"], "big.yaml: larger than"),
     ("config is a directory", ["--config", "{root}/notamodel"], "--config"),
     ("run_dir not writable", ["--run-dir", "{root}/afile/run"], "run_dir"),
-    ("run_dir exists", ["--run-dir", _SAVED], "--resume to continue it, --overwrite-output-dir to replace it"),
+    ("run_dir exists", ["--run-dir", _SAVED], "(total_training_steps: 10 -> 1): run it with its own settings"),
     ("run_dir empty", ["--run-dir", ""], "run_dir must be a directory path"),
     ("resume and overwrite", ["--run-dir", _SAVED, "--resume", "--overwrite-output-dir"], "exclude each other"),
     ("resume no checkpoint", ["--run-dir", "{root}/fresh", "--resume"], "no checkpoint"),
@@ -137,6 +161,11 @@ _TRAIN = [
     ("resume other lr", ["--run-dir", _SAVED, "--resume", "--lr", "0.1"], "lr"),
     ("resume other geometry", ["--run-dir", _SAVED, "--resume", "--rollout-n", "4"], "rollout_n"),
     ("resume other seed", ["--run-dir", _SAVED, "--resume", "--seed", "1"], "seed"),
+    (
+        "resume keys removed from config.yaml",  # issue 50: only the keys config.yaml held were compared
+        ["--run-dir", "{root}/s_nomethod", "--resume", "--method", "grpo", "--lr", "0.01", "--seed", "7"],
+        "the saved config.yaml lacks method, lr, seed",
+    ),
     ("resume more steps unasked", ["--run-dir", _SAVED, "--resume", "--total-training-steps", "20"], "allow-change"),
     (
         "resume below checkpoint",
@@ -265,6 +294,9 @@ def _make_files(root) -> None:
         "s_lr": lambda t: t.replace("lr: 0.0003", "lr: -1.0").encode(),
         "s_syntax": lambda t: ("model: embedded\n  x: [\n" + t).encode(),
     }
+    saved_configs["s_nomethod"] = lambda t: "".join(
+        line for line in t.splitlines(True) if line.split(":")[0] not in ("method", "lr", "seed")
+    ).encode()
     for name, edit in saved_configs.items():
         _saved_run(root / name)
         path = root / name / "config.yaml"
@@ -331,6 +363,7 @@ def test_nothing_is_written_or_overwritten(outcomes):
     assert not (root / "eval_results").exists()  # nor vespo eval's default --out
     saved = (root / "saved" / "config.yaml").read_text()
     assert "total_training_steps: 10" in saved and "method: vespo" in saved  # resume attempts kept the saved config
+    assert "method:" not in (root / "s_nomethod" / "config.yaml").read_text()  # no resume claimed GRPO for the run
 
 
 @pytest.mark.parametrize(

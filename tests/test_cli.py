@@ -141,8 +141,44 @@ def test_interrupt_promises_resume_only_when_a_checkpoint_exists(tmp_path, capsy
     monkeypatch.setattr(vespo.train.runs, "claim_run_dir", interrupted)
     assert main(["train", "--run-dir", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
-    assert ("--resume continues" in err) == checkpointed, err
+    assert ("the same command continues" in err) == checkpointed, err
     assert checkpointed or "no checkpoint was saved yet" in err
+
+
+def test_ctrl_c_then_the_same_train_command_continues_and_another_run_dir_is_refused_before_torch(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 55 item 4: after Ctrl-C (a checkpoint kept), the same `vespo train` command continues the run, as sweep
+    and lab do and README promises; the same run dir with another config is refused in one line, from a process that
+    never imported torch or transformers (it answered after 4-29 s of imports before)."""
+    import vespo.train.runs
+    from vespo.train.config_io import to_yaml
+    from vespo.train.resume import CHECKPOINT
+
+    run = tmp_path / "run"
+    argv = ["train", "--run-dir", str(run), "--total-training-steps", "10", "--no-progress"]
+    started = []
+
+    def claimed(cfg):
+        started.append(cfg.resume)
+        if not cfg.resume:  # the first run: config.yaml and a checkpoint, then Ctrl-C
+            (run / CHECKPOINT).parent.mkdir(parents=True)
+            (run / "config.yaml").write_text(to_yaml(cfg))
+            (run / CHECKPOINT).write_bytes(b"a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vespo.train.runs, "claim_run_dir", claimed)
+    assert main(argv) == 130 and "the same command continues" in capsys.readouterr().err
+    assert main(argv) == 130 and started == [False, True]
+    assert f"run_dir {run} holds this run's checkpoint; continuing it (as --resume)" in capsys.readouterr().err
+    result = tmp_path / "result.json"
+    other = json.dumps([*argv, "--lr", "0.01"])
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, other, str(result), json.dumps(_HEAVY)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert json.loads(result.read_text()) == {"code": 2, "heavy": []}, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "holds another run with a checkpoint (lr: 0.0003 -> 0.01)" in lines[0], proc.stderr
+    assert "--overwrite-output-dir to replace it" in lines[0] and (run / CHECKPOINT).read_bytes() == b"a checkpoint"
 
 
 def test_version_comes_from_the_package_metadata():

@@ -53,12 +53,17 @@ def test_verl_nested_and_dotted_yaml_keys(tmp_path):
         load_yaml(tmp_path / "clash.yaml")
 
 
-def test_staleness_and_an_explicit_train_batch_size_conflict(capsys):
+@pytest.mark.parametrize("batch", ["8", "16"])  # 16 is train_batch_size's old default, once dropped silently
+def test_staleness_and_an_explicit_train_batch_size_conflict(capsys, batch):
     from vespo.cli import main
 
-    assert main(["train", "--staleness", "4", "--train-batch-size", "8", "--no-progress"]) == 2
+    assert main(["train", "--num-mini-batches", "4", "--train-batch-size", batch, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "staleness=4" in err[0] and "train_batch_size=8" in err[0] and "give one" in err[0]
+    assert len(err) == 1 and "staleness=4" in err[0] and f"train_batch_size={batch}" in err[0] and "give one" in err[0]
+    assert main(["train", "--staleness", "4", "--num-mini-batches", "4", "--no-progress"]) == 2  # two names of N
+    assert capsys.readouterr().err.splitlines() == [
+        "vespo train: error: --staleness and --num-mini-batches are two names of one setting: give one of them"
+    ]
 
 
 @pytest.mark.slow

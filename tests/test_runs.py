@@ -13,9 +13,10 @@ import torch
 from vespo.outputs import LOCK, MARKER
 from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.config_io import to_yaml
+from vespo.train.fields import TrainFields
 from vespo.train.learner import Learner, UpdateSettings
 from vespo.train.logs import Logger, read_metrics
-from vespo.train.resume import CHECKPOINT, check_run, load_checkpoint, restore, save_checkpoint
+from vespo.train.resume import CHECKPOINT, check_run, continue_same_run, load_checkpoint, restore, save_checkpoint
 from vespo.train.runs import claim_run_dir, start_run
 
 
@@ -120,6 +121,62 @@ def test_resume_refuses_a_changed_config_and_keeps_the_saved_one(tmp_path):
     with pytest.raises(ConfigError, match=r"allow_change must be a list \(each item one of \['total_"):
         check_run(dataclasses.replace(resume, allow_change=("lr",)))
     assert (tmp_path / "run" / "config.yaml").read_text() == saved  # nothing was overwritten
+
+
+def _drop_keys(path: Path, *keys: str) -> str:
+    """config.yaml at `path` without the top-level `keys` (as a user's hand edit leaves it); returns its text."""
+    text = "".join(line for line in path.read_text().splitlines(True) if line.split(":")[0] not in keys)
+    path.write_text(text)
+    return text
+
+
+def test_resume_compares_the_whole_config_so_keys_removed_from_config_yaml_change_nothing(tmp_path):
+    """Issue 50: with method, lr and seed removed from config.yaml, `--resume --method grpo --lr 0.01 --seed 7` was
+    accepted (only the keys the file held were compared) and config.yaml then claimed GRPO for the whole run. A key
+    the saved file lacks is a difference, even at the same value (the file no longer says what ran)."""
+    cfg = _saved_run(tmp_path)
+    text = _drop_keys(tmp_path / "run" / "config.yaml", "method", "lr", "seed")
+    for resume in (dataclasses.replace(cfg, resume=True, method="grpo", lr=0.01, seed=7),
+                   dataclasses.replace(cfg, resume=True)):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"^resume: the saved config.yaml lacks method, lr, seed, so the run"):
+            check_run(resume)
+    assert (tmp_path / "run" / "config.yaml").read_text() == text  # nothing rewritten to claim GRPO
+
+
+def test_a_field_added_after_a_run_was_saved_reads_as_its_default(tmp_path):
+    """A config.yaml written before a field existed (`ADDED_FIELDS`) ran at the field's default: resuming it at the
+    default continues, at another value is a change of the run, named as the default."""
+    cfg = _saved_run(tmp_path)
+    _drop_keys(tmp_path / "run" / "config.yaml", "bypass_mode", "eval_top_p", "adv_estimator")
+    assert check_run(dataclasses.replace(cfg, resume=True))["step"] == 3
+    with pytest.raises(ConfigError, match=r"differs from the saved run in bypass_mode: False \(default: not in "
+                                          r"config.yaml\) -> True"):  # fmt: skip
+        check_run(dataclasses.replace(cfg, resume=True, bypass_mode=True))
+
+
+def test_the_same_command_continues_its_run_and_another_run_is_refused_naming_the_change(tmp_path, capsys):
+    """Issue 55 item 4: `vespo train` run again as it was started continues the run (as sweep and lab do); a run dir
+    holding a checkpoint of another config is refused naming the difference and what to type, without reading the
+    checkpoint. --overwrite-output-dir and a fresh dir leave the fields as given."""
+    cfg = _saved_run(tmp_path)
+    fields = TrainFields(run_dir=cfg.run_dir, total_training_steps=10, tensorboard=False)
+    again = continue_same_run(fields)
+    assert again == dataclasses.replace(fields, resume=True)
+    assert capsys.readouterr().err == (f"vespo train: run_dir {tmp_path / 'run'} holds this run's checkpoint; "
+                                       "continuing it (as --resume)\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"holds another run with a checkpoint \(lr: 0.0003 -> 0.01\): run it with "
+                                          r"its own settings .*config.yaml\) to continue it, pass "
+                                          r"--overwrite-output-dir to replace it"):  # fmt: skip
+        continue_same_run(dataclasses.replace(fields, lr=0.01))
+    with pytest.raises(ConfigError, match=r"\(total_training_steps: 10 -> 20\).*\(longer: --resume --allow-change"):
+        continue_same_run(dataclasses.replace(fields, total_training_steps=20))
+    over = dataclasses.replace(fields, lr=0.01, overwrite_output_dir=True)
+    assert continue_same_run(over) is over
+    fresh = TrainFields(run_dir=str(tmp_path / "fresh"))
+    assert continue_same_run(fresh) is fresh and not (tmp_path / "fresh").exists()
+    (tmp_path / "run" / "config.yaml").unlink()
+    with pytest.raises(ConfigError, match="holds a checkpoint but no config.yaml"):
+        continue_same_run(fields)
 
 
 def test_resume_without_checkpoint_is_an_error_and_a_dead_run_dir_is_reused(tmp_path, capsys):

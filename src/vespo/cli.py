@@ -95,18 +95,34 @@ RENAMED = _Renamed()
 each one given prints one deprecation line (`parse_flags`, `warn_renamed`)."""
 
 
-def renamed_flags(config: type) -> dict[str, str]:
-    """Old flag -> current flag for the top-level fields of `config` marked `RENAMED`."""
+def _fields(config: type, prefix: str = "") -> Iterator[tuple[str, str, tuple[str, ...], bool, tuple]]:
+    """(field path, its flag, the flag's aliases, whether it is a bool, its `Annotated` metadata) for each field tyro
+    makes a flag of: a nested dataclass's fields as `--field.sub`, `tyro.conf.arg(name=...)` renaming the flag, and
+    `tyro.conf.Suppress` fields left out."""
     import dataclasses
     import typing
 
+    import tyro
+
     hints = typing.get_type_hints(config, include_extras=True)
-    renamed = {}
     for f in dataclasses.fields(config):
-        meta = typing.get_args(hints[f.name])[1:] if typing.get_origin(hints[f.name]) is typing.Annotated else ()
-        if any(m is RENAMED for m in meta):
-            renamed |= {a: f"--{f.name}".replace("_", "-") for m in meta for a in getattr(m, "aliases", None) or ()}
-    return renamed
+        hint, meta = hints[f.name], ()
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *meta = typing.get_args(hint)
+        if any(m is tyro.conf.Suppress for m in meta):
+            continue
+        if dataclasses.is_dataclass(hint):
+            yield from _fields(hint, f"{prefix}{f.name}.")
+            continue
+        name = next((m.name for m in meta if getattr(m, "name", None)), f.name)
+        aliases = () if prefix else tuple(a for m in meta for a in getattr(m, "aliases", None) or ())
+        yield f"{prefix}{f.name}", f"--{prefix}{name}".replace("_", "-"), aliases, hint is bool, tuple(meta)
+
+
+def renamed_flags(config: type) -> dict[str, str]:
+    """Old flag -> current flag for the top-level fields of `config` marked `RENAMED`."""
+    fields = _fields(config)
+    return {a: flag for _, flag, aliases, _, meta in fields if any(m is RENAMED for m in meta) for a in aliases}
 
 
 def warn_renamed(prog: str, argv: Iterable[str], renamed: dict[str, str]) -> None:
@@ -118,42 +134,67 @@ def warn_renamed(prog: str, argv: Iterable[str], renamed: dict[str, str]) -> Non
             print(f"{prog}: {old[key]} is deprecated; use {renamed[old[key]]}", file=sys.stderr)
 
 
-def dataclass_flags(config: type, prefix: str = "") -> set[str]:
+def flag_fields(config: type) -> dict[str, str]:
+    """Every spelling of a flag of `config` (`--field`, `--no-field` for a bool, aliases, `--field.sub`; as
+    `_flag_key` writes them) -> the field it sets."""
+    spellings = {}
+    for path, flag, aliases, is_bool, _ in _fields(config):
+        for name in (flag, *aliases):
+            spellings[_flag_key(name)] = path
+            if is_bool:
+                head, dot, tail = name[2:].rpartition(".")
+                spellings[_flag_key(f"--{head}{dot}no-{tail}")] = path
+    return spellings
+
+
+def field_flags(config: type) -> dict[str, str]:
+    """Field -> its flag as `--help` shows it (`tyro.conf.arg(name=...)` honoured), for messages naming a field."""
+    return {path: flag for path, flag, *_ in _fields(config)}
+
+
+def given_fields(config: type, argv: Iterable[str]) -> set[str]:
+    """The fields of `config` that argv sets, under any of their spellings (`flag_fields`)."""
+    spellings = flag_fields(config)
+    return {spellings[_flag_key(t)] for t in argv if _looks_like_flag(t) and _flag_key(t) in spellings}
+
+
+def dataclass_flags(config: type) -> set[str]:
     """The flags tyro makes of a dataclass: `--field` (and `--no-field` for a bool), the aliases of `tyro.conf.arg`,
     and `--field.sub` for a nested dataclass's fields; `tyro.conf.Suppress` fields have none."""
-    import dataclasses
-    import typing
+    return {"-h", "--help", *flag_fields(config)}
 
-    import tyro
 
-    flags = set() if prefix else {"-h", "--help"}
-    hints = typing.get_type_hints(config, include_extras=True)
-    for f in dataclasses.fields(config):
-        hint, meta = hints[f.name], ()
-        if typing.get_origin(hint) is typing.Annotated:
-            hint, *meta = typing.get_args(hint)
-        if any(m is tyro.conf.Suppress for m in meta):
+def two_spellings(argv: Iterable[str], spellings: dict[str, str]) -> str | None:
+    """'--a and --b are two names of one setting' for the first field that argv sets under two of its spellings
+    (`spellings`: flag -> field, as `flag_fields` gives them; e.g. an old name beside the new one, where the parser
+    would keep the last silently); None when each field is spelt one way."""
+    seen: dict[str, str] = {}
+    for token in argv:
+        key = _flag_key(token)
+        if not _looks_like_flag(token) or key not in spellings:
             continue
-        if dataclasses.is_dataclass(hint):
-            flags |= dataclass_flags(hint, f"{prefix}{f.name}.")
-            continue
-        aliases = () if prefix else (a for m in meta for a in getattr(m, "aliases", None) or ())
-        for name in (f"--{prefix}{f.name}", *aliases):
-            flags |= {name, f"--{prefix}no-{name[2 + len(prefix) :]}"} if hint is bool else {name}
-    return flags
+        first = seen.setdefault(spellings[key], token.split("=", 1)[0])
+        if _flag_key(first) != key:
+            return f"{first} and {token.split('=', 1)[0]} are two names of one setting: give one of them"
+    return None
 
 
 def parse_flags(
     config: type[C], argv: list[str], *, prog: str, description: str, default: C | None = None, also: Iterable[str] = ()
 ) -> C:
     """`tyro.cli(config)` on argv, with vespo's errors: an unknown flag (with the nearest names, among them `also`,
-    flags the caller has read itself), a bad or missing value raise a one-line UsageError instead of tyro's box. An
-    old name of a `RENAMED` field is read as the field, with one deprecation line (`warn_renamed`)."""
+    flags the caller has read itself), one field given under two spellings (`two_spellings`), a bad or missing value
+    raise a one-line UsageError instead of tyro's box. An old name of a `RENAMED` field is read as the field, with
+    one deprecation line (`warn_renamed`)."""
     import tyro
 
-    message = unknown_flag(argv, dataclass_flags(config) | set(also))
+    spellings = flag_fields(config)
+    message = unknown_flag(argv, {"-h", "--help", *spellings} | set(also))
     if message is not None:
         raise UsageError(f"{message} ({prog} --help lists every flag)")
+    message = two_spellings(argv, spellings)
+    if message is not None:
+        raise UsageError(message)
     warn_renamed(prog, argv, renamed_flags(config))
     with _tyro_errors_as_usage():
         return tyro.cli(config, args=argv, prog=prog, description=description, default=default)
@@ -192,7 +233,11 @@ def _tyro_message(event, errors) -> str | None:
                     "is --name or --no-name")  # fmt: skip
         if isinstance(event, errors.InstantiationFailure):
             where = f"{event.argument.display_name()}: " if event.argument is not None else ""
-            return where + (str(event.message).strip().splitlines() or ["invalid value"])[0]
+            message = (str(event.message).strip().splitlines() or ["invalid value"])[0]
+            literal = re.fullmatch(r"invalid literal for (int|float)\(\)(?: with base 10)?: (.*)", message)
+            if literal is not None:  # Python's words for `int("1e9")`
+                message = f"must be {'an integer' if literal[1] == 'int' else 'a number'}, got {literal[2]}"
+            return where + message
     except AttributeError:  # a tyro whose events differ: its own message
         return None
     return None

@@ -31,25 +31,12 @@ class ConfigError(ValueError):
 class TrainConfig(TrainFields):
     """A run's settings, valid once built: every field has its type and range, and together they make one run (batch
     geometry, the method's hyperparameters, the task, sync/async settings); ConfigError naming the field otherwise.
-    None stands for a default that is filled in: `run_dir` runs/<method>, `reward_fn` the dataset's reward, and
-    `staleness` N becomes train_batch_size = N x ppo_mini_batch_size."""
+    None stands for a default that is filled in (`filled`): `run_dir` runs/<method>, `reward_fn` the dataset's
+    reward, and `train_batch_size` 16 or N x ppo_mini_batch_size for `staleness` (--num-mini-batches) N."""
 
     def __post_init__(self) -> None:
         _check_values(self)
-        if self.staleness is not None:
-            implied = self.staleness * self.ppo_mini_batch_size
-            if self.train_batch_size not in (implied, TrainFields.train_batch_size):
-                raise ConfigError(
-                    f"staleness={self.staleness} sets train_batch_size = staleness x ppo_mini_batch_size = {implied}, "
-                    f"but train_batch_size={self.train_batch_size} was also given: give one of the two"
-                )
-        filled = {
-            "run_dir": f"runs/{self.method}" if self.run_dir is None else self.run_dir,
-            "reward_fn": default_reward_fn(self.dataset) if self.reward_fn is None else self.reward_fn,
-            "train_batch_size": self.train_batch_size if self.staleness is None else implied,
-            "staleness": None,
-        }
-        for name, value in filled.items():
+        for name, value in filled(self).items():
             object.__setattr__(self, name, value)  # frozen: set once, while it is built
         _check_consistency(self)
 
@@ -76,6 +63,28 @@ class TrainConfig(TrainFields):
 
 
 FIELD_TYPES = typing.get_type_hints(TrainFields, include_extras=False)
+
+
+DEFAULT_TRAIN_BATCH_SIZE = 16
+"""Prompts per rollout step when neither train_batch_size nor N (`staleness`) is given."""
+
+
+def filled(fields: TrainFields) -> dict[str, object]:
+    """The values `TrainConfig` fills in for None: run_dir runs/<method>, the dataset's reward, and the rollout batch
+    train_batch_size = N x ppo_mini_batch_size from N (`staleness`, then None), else `DEFAULT_TRAIN_BATCH_SIZE`.
+    N and train_batch_size are two spellings of one setting: both given and disagreeing is a ConfigError."""
+    n, mini, batch = fields.staleness, fields.ppo_mini_batch_size, fields.train_batch_size
+    if n is not None and batch is not None and batch != n * mini:
+        raise ConfigError(
+            f"staleness={n} (--num-mini-batches N) sets train_batch_size = N x ppo_mini_batch_size = {n * mini}, "
+            f"but train_batch_size={batch} was also given: give one of the two"
+        )
+    return {
+        "run_dir": f"runs/{fields.method}" if fields.run_dir is None else fields.run_dir,
+        "reward_fn": default_reward_fn(fields.dataset) if fields.reward_fn is None else fields.reward_fn,
+        "train_batch_size": batch if batch is not None else DEFAULT_TRAIN_BATCH_SIZE if n is None else n * mini,
+        "staleness": None,
+    }
 
 
 def default_reward_fn(dataset: str) -> str:
@@ -174,23 +183,50 @@ _RANGES_BY_INTERVAL: dict[str | tuple[str, str], tuple[str, ...]] = {
     ("[0, 100]", "logits are of order 10, so std 100 already samples at random; near 1e37 the logits overflow "
      "float32"): ("rollout_logit_noise",),
     ("[1, inf)", SAMPLERS_REASON): ("num_samplers",),
+    ("[0, 4294967295]", "NumPy's seed range: np.random.seed takes 32 bits"): ("seed", "sft_seed"),
 }
 # fmt: on
+INT64_END = 2**63
+"""Integer settings stay below this: torch counts and indexes in int64."""
+FLOAT32_MAX = 3.402823e38
+"""Real settings stay within +-this (float32's largest finite value, rounded down): they reach float32 tensors."""
+
+
+def _within_dtype(name: str, interval: Interval | None) -> Interval | None:
+    """`interval` (the field's own range; None: any value) with the upper end of what the field's dtype holds
+    (int64 for integers, float32 for reals: `INT64_END`, `FLOAT32_MAX`); `interval` itself where that is within."""
+    hint = FIELD_TYPES[name]
+    scalar = typing.get_origin(hint) in (None, typing.Union, types.UnionType)  # int, or int | None
+    kinds = {t for t in typing.get_args(hint) or (hint,) if t in (int, float)} if scalar else set()
+    if not kinds:
+        return interval
+    end, close, why = ((INT64_END, ")", "torch counts and indexes in int64") if kinds == {int} else
+                       (FLOAT32_MAX, "]", "it reaches float32 tensors, where a larger value is inf"))  # fmt: skip
+    low, high = interval.text.split(",") if interval is not None else (f"[{-end:.7g}", "inf)")
+    if float(high.strip()[:-1]) <= end:
+        return interval
+    return Interval(f"{low}, {end:.7g}{close}" if kinds != {int} else f"{low}, {end}{close}", why)
+
+
 _RANGES = {
     name: Interval(*((key,) if isinstance(key, str) else key))
     for key, names in _RANGES_BY_INTERVAL.items()
     for name in names
 }
+_DTYPE_RANGES = {name: _within_dtype(name, _RANGES.get(name)) for name in FIELD_TYPES}
+_DTYPE_RANGES = {k: v for k, v in _DTYPE_RANGES.items() if v is not None and v is not _RANGES.get(k)}
 
 
 def _check_values(cfg: TrainFields) -> None:
-    """Types (a YAML "false" is a string, not a boolean) and numeric ranges of every field, field by field."""
+    """Types (a YAML "false" is a string, not a boolean) and numeric ranges of every field, field by field: each
+    number within its own range and its dtype's (`_within_dtype`)."""
     for name, hint in FIELD_TYPES.items():
         if not conforms(getattr(cfg, name), hint):
             raise ConfigError(f"{name} must be {describe_type(hint)}, got {short_repr(getattr(cfg, name))}")
-    for name, interval in _RANGES.items():
-        if getattr(cfg, name) is not None:
-            check_range(name, getattr(cfg, name), interval)
+    for ranges in (_RANGES, _DTYPE_RANGES):  # its own range first: below it, the message names its own bound
+        for name, interval in ranges.items():
+            if getattr(cfg, name) is not None:
+                check_range(name, getattr(cfg, name), interval)
     for i, beta in enumerate(cfg.betas):
         check_range(f"betas[{i}]", beta, "[0, 1)")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from vespo.cli import UsageError, parse_flags
+from vespo.cli import UsageError, field_flags, given_fields, parse_flags
 from vespo.data.limits import short_repr
-from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type
+from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type, filled
 from vespo.train.fields import TrainFields
 
 
@@ -317,7 +317,7 @@ TRL_REFUSED = {
     "gradient_accumulation_steps": "vespo's --ppo-mini-batch-size is the prompts of one optimizer step and "
     "--micro-batch-size the sequences of one forward pass (accumulated)",
     "num_iterations": "vespo takes one pass over a rollout batch: reuse a batch over N optimizer steps with "
-    "--staleness N",
+    "--num-mini-batches N",
     "epsilon": "TRL's clip is vespo's --method grpo --hparams clip_ratio_low X clip_ratio_high Y",
     "epsilon_high": "TRL's clip is vespo's --method grpo --hparams clip_ratio_low X clip_ratio_high Y",
     "loss_type": "vespo's aggregation is --loss-agg-mode (veRL's names) and the method --method",
@@ -326,7 +326,12 @@ TRL_REFUSED = {
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
-    """`[--config file.yaml] [flags]` -> TrainConfig (checked when built); flags override the YAML file. TRL's names
+    """`[--config file.yaml] [flags]` -> TrainConfig (checked when built; `parse_fields`)."""
+    return TrainConfig(**vars(parse_fields(argv)))
+
+
+def parse_fields(argv: list[str]) -> TrainFields:
+    """`[--config file.yaml] [flags]` -> the fields given, unchecked; flags override the YAML file. TRL's names
     (`TRL_NAMES`) are read as their vespo fields; any flag that cannot be read is a one-line ConfigError."""
     argv = [tok for a in argv for tok in (("--mode", "async") if a == "--async" else (a,))]  # `--async` shortcut
     defaults, yaml_keys = TrainFields(), set()
@@ -343,9 +348,9 @@ def parse_args(argv: list[str]) -> TrainConfig:
                           also=_READ_HERE)  # fmt: skip
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
-    given = yaml_keys | {_field_of(a) for a in argv if a.startswith("--")}
+    given = yaml_keys | given_fields(TrainFields, argv)
     cfg = _from_trl(cfg, trl, given)
-    return TrainConfig(**vars(cfg) | {"hparams": cfg.hparams | _typed_hparams(cfg.method, argv)})
+    return dataclasses.replace(cfg, hparams=cfg.hparams | _typed_hparams(cfg.method, argv))
 
 
 _READ_HERE = ("--config", "--async", *(f"--{name}" for name in (*TRL_NAMES, *TRL_REFUSED)))
@@ -356,14 +361,8 @@ _DESCRIPTION = (
     "keys); --async is short for --mode async. TRL's names are accepted: --output-dir (--run-dir), --num-generations "
     "(--rollout-n), --per-device-train-batch-size (completions per optimizer step: --ppo-mini-batch-size x "
     "rollout_n), --max-completion-length, --learning-rate, --beta (--kl-coef), --max-grad-norm, "
-    "--steps-per-generation (--staleness), --max-steps (optimizer steps: --total-training-steps x N)."
+    "--steps-per-generation (--num-mini-batches), --max-steps (optimizer steps: --total-training-steps x N)."
 )
-
-
-def _field_of(flag: str) -> str:
-    """The TrainConfig field a `--flag`, `--flag=value` or `--no-flag` sets."""
-    name = flag.split("=", 1)[0][2:].replace("-", "_")
-    return name[3:] if name.startswith("no_") and name[3:] in FIELD_TYPES else name
 
 
 def _take_trl_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -396,7 +395,7 @@ def _from_trl(cfg: TrainFields, trl: dict[str, str], given: set[str]) -> TrainFi
     for key, value in trl.items():
         field, flag = TRL_NAMES[key], f"--{key.replace('_', '-')}"
         if field in given:
-            raise ConfigError(f"{flag} is TRL's name for --{field.replace('_', '-')}: give one of them")
+            raise ConfigError(f"{flag} is TRL's name for {field_flags(TrainFields)[field]}: give one of them")
         kind = next(t for t in typing.get_args(FIELD_TYPES[field]) or (FIELD_TYPES[field],) if t is not type(None))
         try:
             changes[field] = kind(value)
@@ -417,12 +416,12 @@ def _from_trl(cfg: TrainFields, trl: dict[str, str], given: set[str]) -> TrainFi
     if "total_training_steps" in changes:
         steps = changes["total_training_steps"]
         mini = cfg.ppo_mini_batch_size
-        n = (cfg.staleness or cfg.train_batch_size // mini) if mini >= 1 else 0  # n < 1: refused when built
+        n = filled(cfg)["train_batch_size"] // mini if mini >= 1 else 0  # n < 1: refused when built
         if steps < 1 or (n >= 1 and steps % n):
             raise ConfigError(
                 f"--max-steps counts optimizer steps (TRL): it must be a positive multiple of the staleness N={n} "
-                f"(a rollout step is N optimizer steps; vespo's --total-training-steps counts rollout steps), got "
-                f"{steps}"
+                f"(--num-mini-batches: a rollout step is N optimizer steps; vespo's --total-training-steps counts "
+                f"rollout steps), got {steps}"
             )
         cfg = dataclasses.replace(cfg, total_training_steps=steps // max(n, 1))
     return cfg

@@ -9,7 +9,11 @@ loss_agg_mode, lr, max_response_length, temperature, kl_coef, entropy_coeff).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
+
+from vespo.cli import RENAMED
 
 EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -64,15 +68,17 @@ class TrainFields:
     """Weight of the entropy bonus (subtracted from the loss); 0 disables it."""
 
     # --- batch geometry: staleness N = train_batch_size / ppo_mini_batch_size
-    train_batch_size: int = 16
-    """Prompts per rollout step (the paper's global batch size, in prompts)."""
+    train_batch_size: int | None = None
+    """Prompts per rollout step (the paper's global batch size, in prompts); None: N x ppo_mini_batch_size with
+    `--num-mini-batches N`, else 16."""
     ppo_mini_batch_size: int = 16
     """Prompts per optimizer step; the rollout batch is consumed in N sequential mini-batches."""
     shuffle: bool = False
     """Shuffle the rollout batch's rows before cutting mini-batches (veRL's actor `shuffle`; TRL always shuffles), so
     an optimizer step mixes responses of several prompts instead of whole groups (docs/guides/trainer.md, "vs TRL")."""
-    staleness: int | None = None
-    """Shortcut: if set, train_batch_size = staleness * ppo_mini_batch_size."""
+    staleness: Annotated[int | None, tyro.conf.arg(name="num_mini_batches", aliases=("--staleness",)), RENAMED] = None
+    """N, the mini-batches per rollout step (the paper's staleness ratio): train_batch_size = N x ppo_mini_batch_size;
+    give it or train_batch_size. `--staleness` is its old name, deprecated (the YAML key is `staleness`)."""
     rollout_n: int = 8
     """Responses sampled per prompt (the GRPO group size; >= 2, since advantages are relative to the group)."""
     micro_batch_size: int = 64
@@ -269,3 +275,17 @@ class TrainFields:
     `num_completions_to_print` rows of every rollout step, to run_dir/completions.jsonl and a TensorBoard text table."""
     num_completions_to_print: int = 8
     """Rows per rollout step that `log_completions` writes."""
+
+
+ADDED_FIELDS = (
+    "skip_bad_records", "adv_estimator", "shuffle", "optim", "lr_scheduler_type", "warmup_ratio", "warmup_steps",
+    "adam_epsilon", "step_scale", "target_kl", "ess_alarm", "ess_alarm_patience", "stop_on_low_ess",
+    "log_update_norm", "probe_every", "top_k", "bypass_mode", "disable_dropout", "device", "bf16", "fp16",
+    "gradient_checkpointing", "torch_compile", "torch_compile_backend", "use_peft", "lora_r", "lora_alpha",
+    "lora_dropout", "lora_target_modules", "mode", "max_staleness", "sync_every", "num_samplers", "use_decoupled_loss",
+    "sampler_engine", "task", "sft_label_noise", "overwrite_output_dir", "allow_change", "save_total_limit",
+    "eval_top_p", "eval_n", "log_completions", "num_completions_to_print",
+)  # fmt: skip
+"""Fields added after the first trainer (77a4ca8), each with the default it still has, which is how a run saved
+before it ran: a config.yaml without one of these is read at its default (`vespo.train.resume.check_resume`); any
+other field missing from a saved config.yaml is a difference."""

@@ -22,9 +22,14 @@ from vespo.train.config import EMBEDDED, SAMPLERS_REASON, ConfigError, TrainConf
 
 def check_host(cfg: TrainConfig) -> TrainConfig:
     """`cfg`, once this machine can run it (ConfigError naming the field otherwise): sampler processes within the
-    usable cores, output directories writable, data files present, the device, the packages asked for (peft, wandb,
-    trackio, vLLM with CUDA), memory and /dev/shm for the async samplers, the model, and the reward function."""
+    usable cores, torch threads within its cores, a rollout step within memory, output directories writable, data
+    files present, the device, the packages asked for (peft, wandb, trackio, vLLM with CUDA), memory and /dev/shm for
+    the async samplers, the model, and the reward function."""
     check_range("num_samplers", cfg.num_samplers, Interval(f"[1, {_usable_cores()}]", SAMPLERS_REASON))
+    if cfg.num_threads is not None:
+        threads = Interval(f"[1, {THREADS_PER_CORE * (os.cpu_count() or 1)}]", THREADS_REASON)
+        check_range("num_threads", cfg.num_threads, threads)
+    _check_rollout_memory(cfg)
     for name in ("run_dir", "cache_dir"):
         check_output_dir(name, getattr(cfg, name))
     for name in ("dataset", "eval_dataset"):
@@ -98,6 +103,28 @@ def _check_model(value: str) -> None:
         check_model_source(value)
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
+
+
+THREADS_PER_CORE = 4
+THREADS_REASON = f"at most {THREADS_PER_CORE} per core of this machine; more only contend, and 100000 crashed torch"
+"""Why `num_threads` is bounded by the machine's cores (`os.cpu_count()`)."""
+ROLLOUT_BYTES_PER_TOKEN = 24
+"""The least a rollout step keeps per response token: its id and attention mask (int64), its sampler and old
+log-probs (float32); the generation's KV cache and the learner's logits come on top."""
+
+
+def _check_rollout_memory(cfg: TrainConfig) -> None:
+    """A rollout step's responses fit in memory: train_batch_size x rollout_n of max_response_length tokens, at
+    `ROLLOUT_BYTES_PER_TOKEN` each (a lower bound), within the memory available now."""
+    tokens = cfg.train_batch_size * cfg.rollout_n * cfg.max_response_length
+    need, free = tokens * ROLLOUT_BYTES_PER_TOKEN, _available_memory()
+    if free is not None and need > free:
+        raise ConfigError(
+            f"a rollout step of train_batch_size x rollout_n x max_response_length = {cfg.train_batch_size} x "
+            f"{cfg.rollout_n} x {cfg.max_response_length} tokens needs at least {need / 2**30:.3g} GiB "
+            f"({ROLLOUT_BYTES_PER_TOKEN} bytes a token) but {free / 2**30:.1f} GiB of memory is available: lower one "
+            "of them"
+        )
 
 
 def _check_sampler_memory(cfg: TrainConfig) -> None:

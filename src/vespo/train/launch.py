@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
-from vespo.train.config_io import parse_args
+from vespo.train.config_io import parse_fields
 from vespo.train.host import check_host
+from vespo.train.resume import continue_same_run
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
@@ -42,7 +43,7 @@ def _interrupted(cfg: TrainConfig | None) -> str:
     if partial is not None and not (run_dir / CHECKPOINT).is_file():
         return f"the warm start's progress is kept in {partial} and the next run resumes it"
     if (run_dir / CHECKPOINT).is_file():
-        return f"the last checkpoint in {run_dir} is kept (--resume continues from it)"
+        return f"the last checkpoint in {run_dir} is kept (the same command continues from it)"
     first = min(cfg.save_every, cfg.total_training_steps)
     return f"no checkpoint was saved yet (the first is at step {first}); running again starts over in {run_dir}"
 
@@ -51,7 +52,8 @@ def cli(argv: list[str]) -> int:
     """`vespo train [--config file.yaml] [flags]`."""
     cfg = None
     try:
-        cfg = parse_args(argv)
+        fields = continue_same_run(parse_fields(argv))  # a run dir of another run is refused before torch loads
+        cfg = TrainConfig(**vars(fields))
         from vespo.checkpoints import CheckpointError
         from vespo.rewards.batch import GraderHostError
 

@@ -1,8 +1,9 @@
 """A run's checkpoints and its resume policy: where a run keeps its checkpoint (`CHECKPOINT`, and the last
 `save_total_limit` ones), what a checkpoint holds (`save_checkpoint`: the step, the learner's state, every RNG stream,
 the loop's own entries; schema and I/O in `vespo.checkpoints`), which config changes a resume allows
-(`check_resume`), what a run dir allows before any compute (`check_run`), and putting a checkpoint back (`restore`),
-so a run killed at any point and resumed continues bit for bit."""
+(`check_resume`: the whole config compared), the same command continuing its run (`continue_same_run`), what a run
+dir allows before any compute (`check_run`), and putting a checkpoint back (`restore`), so a run killed at any point
+and resumed continues bit for bit."""
 
 from __future__ import annotations
 
@@ -10,21 +11,25 @@ import dataclasses
 import os
 import re
 import shutil
+import sys
+import typing
 from pathlib import Path
 
-import torch
-
-from vespo import checkpoints
-from vespo.checkpoints import ASYNC, RNG, RUN, STEP, rng_state, set_rng_state
 from vespo.outputs import open_regular, write_atomic
-from vespo.train.config import ConfigError, TrainConfig, default_reward_fn
+from vespo.train.config import ConfigError, TrainConfig, filled
 from vespo.train.config_io import load_yaml
+from vespo.train.fields import ADDED_FIELDS, TrainFields
 from vespo.train.host import check_output_dir
+
+if typing.TYPE_CHECKING:
+    import torch
 
 CHECKPOINT = "checkpoints/last.pt"
 """Path of a run's checkpoint inside its run dir (overwritten atomically at every save)."""
-LOOP_KEYS = (ASYNC,)
-"""Checkpoint entries a loop owns (`save_checkpoint(loop=...)`): the async trainer's {NEXT_BATCH: int}."""
+LOOP_KEYS = ("async",)
+"""Checkpoint entries a loop owns (`save_checkpoint(loop=...)`): the async trainer's {NEXT_BATCH: int}
+(`vespo.checkpoints.ASYNC`; torch, and so `vespo.checkpoints`, is imported only where a checkpoint is read or
+written, so the run-dir checks answer at once)."""
 
 
 def save_checkpoint(
@@ -34,8 +39,10 @@ def save_checkpoint(
     scheduler, scaler: `Learner.state_dict`), all RNG states and the loop's own (`loop`: the async trainer's next
     batch id). Only tensors and plain containers: no pickled code. With `keep` > 1 (`save_total_limit`) the last
     `keep` saves are also kept as checkpoints/step_<step>.pt. The one writer of a run's checkpoint."""
+    from vespo.checkpoints import RNG, RUN, STEP, rng_state, save
+
     path = Path(run_dir) / CHECKPOINT
-    checkpoints.save(path, RUN, {STEP: step, **learner.state_dict(), RNG: rng_state(gen)} | (loop or {}))
+    save(path, RUN, {STEP: step, **learner.state_dict(), RNG: rng_state(gen)} | (loop or {}))
     if keep > 1:
         numbered = path.parent / f"step_{step}.pt"
         numbered.unlink(missing_ok=True)
@@ -56,12 +63,14 @@ def load_checkpoint(run_dir: str | Path, path: str | Path | None = None, *, labe
 
     Raises ConfigError naming the file when it is missing, truncated, not a torch file, or not a vespo checkpoint.
     """
+    from vespo import checkpoints
+
     path = Path(run_dir) / CHECKPOINT if path is None else Path(path)
     if not path.is_file():
         hint = " (drop --resume to start a new run)" if label == "resume" else ""
         raise ConfigError(f"{label}: no checkpoint at {path}{hint}")
     try:
-        return checkpoints.load(path, RUN, label=label)
+        return checkpoints.load(path, checkpoints.RUN, label=label)
     except checkpoints.CheckpointError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -91,30 +100,76 @@ RESUME_OVERRIDABLE = ("total_training_steps",)
 """Fields that may differ on --resume only when named in `--allow-change` (they extend, not alter, the run)."""
 
 
-def check_resume(cfg: TrainConfig, saved: dict, step: int) -> None:
-    """Refuse a resume whose config differs from the saved one in anything that changes the run (`cfg.allow_change`
-    names only `RESUME_OVERRIDABLE` fields: its type says so)."""
-    now = dataclasses.asdict(cfg)
-    saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
-    for side in (now, saved):  # `reward_fn: null` is the dataset's default reward
-        if side.get("reward_fn", "") is None:
-            side["reward_fn"] = default_reward_fn(side.get("dataset", TrainConfig.dataset))
-    diff = [k for k in now if k not in RESUME_ALWAYS_OK and k in saved and now[k] != saved[k]]
-    blocked = [k for k in diff if k not in RESUME_OVERRIDABLE]
-    if blocked:
-        changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in blocked)
+def check_resume(cfg: TrainFields, saved: dict, step: int | None = None) -> None:
+    """Refuse a resume whose config differs from the saved one (`saved`: run_dir/config.yaml as read) in anything
+    that changes the run (`resume_differences`); `cfg.allow_change` names only `RESUME_OVERRIDABLE` fields (its type
+    says so). `step`: the checkpoint's (None: not read yet)."""
+    lost, blocked, unapproved = resume_differences(cfg, saved)
+    if lost:
         raise ConfigError(
-            f"resume: the config differs from the saved run in {changes}; these change the run, so resume with the "
-            f"saved values (run_dir/config.yaml) or start a new run_dir"
+            f"resume: the saved config.yaml lacks {', '.join(lost)}, so the run's settings cannot be checked: restore "
+            "them in run_dir/config.yaml (as the run was started) or start a new run_dir"
         )
-    unapproved = [k for k in diff if k not in cfg.allow_change]
+    if blocked:
+        raise ConfigError(
+            f"resume: the config differs from the saved run in {', '.join(blocked)}; these change the run, so resume "
+            "with the saved values (run_dir/config.yaml) or start a new run_dir"
+        )
     if unapproved:
-        changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in unapproved)
-        raise ConfigError(f"resume: {changes} differs from the saved run; pass --allow-change {' '.join(unapproved)}")
-    if cfg.total_training_steps < step:
+        fields = " ".join(change.split(":")[0] for change in unapproved)
+        raise ConfigError(f"resume: {', '.join(unapproved)} differs from the saved run; pass --allow-change {fields}")
+    if step is not None and cfg.total_training_steps < step:
         raise ConfigError(
             f"resume: total_training_steps={cfg.total_training_steps} is below the checkpoint's step {step}"
         )
+
+
+def resume_differences(cfg: TrainFields, saved: dict) -> tuple[list[str], list[str], list[str]]:
+    """How `cfg` differs from the saved config (`saved`: run_dir/config.yaml as read), the whole resolved config
+    compared, both sides filled alike (`resolved`), bookkeeping (`RESUME_ALWAYS_OK`) aside: (fields the saved file
+    lacks, changes that alter the run as "field: saved -> now", changes of `RESUME_OVERRIDABLE` fields not in
+    `cfg.allow_change`). A field missing from the file is a difference unless it was added since such files were
+    written (`ADDED_FIELDS`), which reads as its default."""
+    now, was = resolved(cfg), resolved(TrainFields(**saved))
+    lost = [k for k in now if k not in saved and k not in RESUME_ALWAYS_OK and k not in ADDED_FIELDS]
+    diff = [k for k in now if k not in RESUME_ALWAYS_OK and k not in lost and now[k] != was[k]]
+    changes = {k: f"{k}: {was[k]!r}{' (default: not in config.yaml)' * (k not in saved)} -> {now[k]!r}" for k in diff}
+    blocked = [changes[k] for k in diff if k not in RESUME_OVERRIDABLE]
+    unapproved = [changes[k] for k in diff if k in RESUME_OVERRIDABLE and k not in cfg.allow_change]
+    return lost, blocked, unapproved
+
+
+def continue_same_run(fields: TrainFields) -> TrainFields:
+    """The same `vespo train` command, run again, continues its run (as `vespo sweep` and `lab` do): a run dir that
+    holds a checkpoint and the config.yaml of this config (`resume_differences`) is resumed, with one line on stderr
+    saying so; one of another config is refused naming the differences. Reads no checkpoint and imports no torch, so
+    it answers at once. `fields` as given when there is nothing to decide (no checkpoint, --resume,
+    --overwrite-output-dir)."""
+    run_dir = Path(filled(fields)["run_dir"]).expanduser()
+    if fields.resume or fields.overwrite_output_dir or not (run_dir / CHECKPOINT).is_file():
+        return fields
+    again, existing = dataclasses.replace(fields, resume=True), run_dir / "config.yaml"
+    replace = "pass --overwrite-output-dir to replace it, or choose another run_dir"
+    if not existing.is_file():
+        raise ConfigError(f"run_dir {run_dir} holds a checkpoint but no config.yaml to continue it by; {replace}")
+    lost, blocked, unapproved = resume_differences(again, load_yaml(existing, label=f"run_dir {run_dir}:"))
+    if lost or blocked or unapproved:
+        why = f"its config.yaml lacks {', '.join(lost)}" if lost else ", ".join(blocked + unapproved)
+        longer = " (longer: --resume --allow-change total_training_steps)" if unapproved and not blocked else ""
+        raise ConfigError(
+            f"run_dir {run_dir} holds another run with a checkpoint ({why}): run it with its own settings "
+            f"({existing}) to continue it{longer}, {replace}"
+        )
+    print(f"vespo train: run_dir {run_dir} holds this run's checkpoint; continuing it (as --resume)", file=sys.stderr)
+    return again
+
+
+def resolved(fields: TrainFields) -> dict:
+    """A config's fields with its defaults filled in as `TrainConfig` fills them (`filled`), lists as tuples: what
+    two configs of one run hold alike."""
+    data = {f.name: getattr(fields, f.name) for f in dataclasses.fields(TrainFields)}
+    data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return data | filled(fields)
 
 
 def check_run(cfg: TrainConfig) -> dict | None:
@@ -141,9 +196,9 @@ def check_run(cfg: TrainConfig) -> dict | None:
         TrainConfig(**saved)  # built to be checked: a config.yaml edited by hand is refused here
     except ConfigError as exc:
         raise ConfigError(f"resume: {existing}: {exc}") from None
-    if cfg.mode == "async" and ASYNC not in ckpt:
+    if cfg.mode == "async" and LOOP_KEYS[0] not in ckpt:
         raise ConfigError(f"resume: {run_dir / CHECKPOINT} has no async state (it was not saved by an async run)")
-    check_resume(cfg, saved, ckpt[STEP])
+    check_resume(cfg, saved, ckpt["step"])
     return ckpt
 
 
@@ -151,6 +206,8 @@ def restore(ckpt: dict, learner, gen: torch.Generator) -> tuple[int, dict]:
     """Load a checkpoint into the learner (`Learner.load_state_dict`) and the RNG streams in place; return its step
     and the loop's own entries (`LOOP_KEYS`). A checkpoint that does not fit the learner (another model or geometry,
     no scheduler state for a run with one) is a ConfigError naming the first mismatch."""
+    from vespo.checkpoints import RNG, STEP, set_rng_state
+
     try:
         learner.load_state_dict(ckpt)
     except ValueError as exc:
