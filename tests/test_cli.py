@@ -71,6 +71,7 @@ _BAD_GRIDS = [
     (["sweep", *_SMALL_SWEEP, "--task"], "task"),
     (["sweep", *_SMALL_SWEEP, "--seeds", "0", "0"], "seeds"),
     (["sweep", *_SMALL_SWEEP, "--num-mini-batches", "1", "1"], "num_mini_batches"),
+    (["sweep", *_SMALL_SWEEP, "--staleness", "4"], "--num-mini-batches and --staleness are two names of one setting"),
     (["sweep", *_SMALL_SWEEP, "--eval-points", "0"], "eval_points"),
     (["sweep", *_SMALL_SWEEP, "--jobs", "0"], "jobs"),
     (["sweep", *_SMALL_SWEEP, "--optimizer-steps", "0"], "optimizer_steps"),
@@ -96,6 +97,8 @@ _BAD_GRIDS = [
     (["lab", *_SMALL_LAB, "--optimizer-steps", "0"], "optimizer_steps"),
     (["lab", *_SMALL_LAB, "--collapse-ratio", "-1"], "collapse_ratio"),
     (["lab", *_SMALL_LAB, "--seeds", "1", "1"], "seeds"),
+    (["lab", *_SMALL_LAB, "--staleness", "4"], "--num-mini-batches and --staleness are two names of one setting"),
+    (["lab", *_SMALL_LAB, "--mini-batch-size", "8", "--mini-batch-seqs", "8"], "--mini-batch-size and --mini-batch-s"),
     (["train", "--run-dir", ""], "run_dir"),
     (["train", "--run-dir", "  "], "run_dir"),
     (["train", "--run-dir", "{root}/afile"], "run_dir"),
@@ -491,6 +494,12 @@ def test_an_old_flag_name_still_works_with_one_deprecation_line(capsys):
     ]
     cfg = parse_flags(SweepConfig, ["--num-mini-batches", "8"], prog="vespo sweep", description="")
     assert cfg.num_mini_batches == (8,) and capsys.readouterr().err == ""
+    from vespo.train.config_io import parse_args  # issue 55 item 5: train takes N by the same name, the same line
+
+    assert parse_args(["--staleness", "4", "--ppo-mini-batch-size", "2"]).num_mini_batches == 4
+    assert capsys.readouterr().err == "vespo train: --staleness is deprecated; use --num-mini-batches\n"
+    assert parse_args(["--num-mini-batches", "4", "--ppo-mini-batch-size", "2"]).train_batch_size == 8
+    assert capsys.readouterr().err == ""
     assert renamed_flags(SweepConfig) == {"--staleness": "--num-mini-batches"}
     warn_renamed("bench.py", ["--seeds", "1", "--sync-staleness", "4"], {"--sync-staleness": "--sync-n"})
     assert capsys.readouterr().err == "bench.py: --sync-staleness is deprecated; use --sync-n\n"
