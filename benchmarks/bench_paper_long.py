@@ -1113,26 +1113,16 @@ def plan_committed(out: Path, name: str) -> str:
     return added.split()[0]
 
 
-def _build_warm_start(spec) -> str:
+def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: datetime.datetime | None) -> None:
+    """Run a committed design's cells seed by seed (the design's seeds interleaved over its warm starts, so pairs
+    finish together), each seed a sweep of the design's variants into designs/<name>/sft<k>/ (a warm start is built,
+    on one thread, by the first sweep that needs it); after each seed, designs/<name>/results.csv and the report. No
+    seed starts after `until` (UTC)."""
     import torch
 
-    from vespo.embedded.warm_start import embedded_policy_path
+    from vespo.experiments.sweep import cells
 
     torch.set_num_threads(1)
-    return str(embedded_policy_path(spec))
-
-
-def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: datetime.datetime | None) -> None:
-    """Run a committed design's cells: its warm starts first (in parallel, one core each), then seed by seed (the
-    design's seeds interleaved over its warm starts, so pairs finish together), each seed a sweep of the design's
-    variants into designs/<name>/sft<k>/; after each seed, designs/<name>/results.csv and the report. No seed starts
-    after `until` (UTC)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    from vespo.embedded.warm_start import WarmStartSpec
-    from vespo.experiments.sweep import cells, train_config
-
     plan_committed(out, name)
     d = parse_design(read_text(out / PLANS / f"{name}.md"), name)
     ns = ns or d["num_mini_batches"]
@@ -1146,9 +1136,8 @@ def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: dat
                       **d["sweep"])  # fmt: skip
 
     cfgs = {w["sft_seed"]: cfg_of(w["sft_seed"], w["seeds"]) for w in d["warm_starts"]}
-    specs = [WarmStartSpec.of(train_config(c, cells(c)[0])) for c in cfgs.values()]  # every cell validated here
-    with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=get_context("spawn")) as pool:
-        list(pool.map(_build_warm_start, specs))
+    for c in cfgs.values():
+        cells(c)  # every cell validated before any runs
     order = [(w["sft_seed"], s) for i in range(max(len(w["seeds"]) for w in d["warm_starts"]))
              for w in d["warm_starts"] if i < len(w["seeds"]) for s in [w["seeds"][i]]]  # fmt: skip
     summaries: list[dict] = []
