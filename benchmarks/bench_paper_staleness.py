@@ -9,8 +9,9 @@ rerun the same command to finish it; per-cell runs under cells/ are not committe
 - compare_vespo_best_eval_acc.md, compare_vespo_final_eval_acc.md: `vespo compare --baseline vespo --test auto`;
 - verdicts.md / verdicts.json / verdicts.csv: for each ordering of the paper's Table "staleness" (Qwen3-30B-A3B avg %;
   VESPO above GRPO, GSPO and SAPO at every N; SAPO and GSPO degrading more than VESPO from N = 4 to 64), under both
-  checkpoint rules (best = the paper's selection; final), "reproduced" (significant after Holm, same sign),
-  "contradicted" (significant, other sign) or "unresolved", with the regime diagnostics beside it;
+  checkpoint rules (best = the paper's selection; final), the side a significant difference (after Holm) favours and
+  whether the paper's has the same sign (the sign only, not its size), or "unresolved", with the regime diagnostics
+  beside it;
 - verdicts.png: held-out accuracy vs N per method, both rules, beside the paper's numbers.
 
 The between-method tests are `vespo compare`'s (`--test auto`: paired t over the shared seeds, Fisher's exact test on
@@ -75,11 +76,13 @@ def _drop_column() -> str:
 
 
 def verdict(diff: float, p_adjusted: float, sign: int, alpha: float = 0.05) -> str:
-    """reproduced (significant after correction, the claimed sign) | contradicted (significant, the other sign) |
-    unresolved (not significant, or no difference measured)."""
+    """Which side a significant difference (baseline - VESPO, after correction) favours and whether the paper's
+    difference has its sign ("same sign as paper" says no more than the sign: "reproduced" would claim its size) |
+    unresolved (not significant, or no difference measured). What favours VESPO never reads as a contradiction."""
     if not (math.isfinite(diff) and math.isfinite(p_adjusted)) or p_adjusted >= alpha or diff == 0:
         return "unresolved"
-    return "reproduced" if np.sign(diff) == sign else "contradicted"
+    side = "favours VESPO" if diff < 0 else "favours the baseline"
+    return side + ("; same sign as paper" if np.sign(diff) == sign else "; opposite sign to paper")
 
 
 def drop_groups(groups: dict, collapsed: dict | None) -> tuple[dict, dict | None]:
@@ -141,12 +144,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) -> str:
     seeds = sorted({int(r["seed"]) for r in rows})
     lines = [
-        "# The paper's staleness orderings, reproduced / contradicted / unresolved",
+        "# The paper's staleness orderings: same sign as the paper, opposite, or unresolved",
         "",
         f"Our runs: `vespo sweep --preset paper` (docs/guides/paper.md), {len(seeds)} seeds sharing one warm start; "
-        'the paper: Qwen3-30B-A3B, average accuracy (%), its Table "staleness". A claim is **reproduced** when our '
-        f"difference (baseline − VESPO) is significant at alpha = {alpha} after Holm and has the paper's sign, "
-        "**contradicted** when significant with the other sign, unresolved otherwise. GRPO = GRPO with DAPO's "
+        'the paper: Qwen3-30B-A3B, average accuracy (%, points), its Table "staleness"; our differences are fractions '
+        f"of held-out accuracy (0-1). A verdict says which side our difference (baseline − VESPO) favours when it is "
+        f"significant at alpha = {alpha} after Holm, and whether the paper's has the same sign (the sign only, not "
+        "its size); unresolved otherwise. GRPO = GRPO with DAPO's "
         "clip-higher bounds (0.2, 0.28); SAPO, GSPO at their defaults.",
         "",
         "Tests (`vespo compare --test auto`, one code path): the design is paired (a seed fixes the initial policy and "

@@ -1,5 +1,5 @@
-"""benchmarks/bench_paper_staleness.py's verdicts on hand-made results rows: reproduced (significant, the paper's
-sign), contradicted (significant, the other sign), unresolved; paired tests, Fisher on collapses, Holm."""
+"""benchmarks/bench_paper_staleness.py's verdicts on hand-made results rows: the side a significant difference favours
+and whether the paper's has the same sign, unresolved; paired tests, Fisher on collapses, Holm."""
 
 import importlib.util
 from pathlib import Path
@@ -13,8 +13,9 @@ spec.loader.exec_module(bench)
 
 
 def test_verdict_words():
-    assert bench.verdict(-0.1, 0.01, -1) == "reproduced"
-    assert bench.verdict(+0.1, 0.01, -1) == "contradicted"
+    assert bench.verdict(-0.1, 0.01, -1) == "favours VESPO; same sign as paper"
+    assert bench.verdict(+0.1, 0.01, -1) == "favours the baseline; opposite sign to paper"
+    assert bench.verdict(-0.1, 0.01, +1) == "favours VESPO; opposite sign to paper"  # never "contradicted"
     assert bench.verdict(-0.1, 0.2, -1) == "unresolved"  # not significant after correction
     assert bench.verdict(-0.1, 0.05, -1) == "unresolved"  # alpha is strict: p must be below it
     assert bench.verdict(float("nan"), 0.01, -1) == "unresolved"
@@ -47,18 +48,19 @@ def test_verdicts_on_hand_made_rows():
         ("vespo", 4): base, ("vespo", 64): base,
         ("grpo", 4): [x - 0.10 + 0.001 * i for i, x in enumerate(base)],  # below in every seed: paired t significant
         ("grpo", 64): [x - 0.10 - 0.001 * i for i, x in enumerate(base)],
-        ("gspo", 4): [x + 0.10 + 0.001 * i for i, x in enumerate(base)],  # far above: contradicted
+        ("gspo", 4): [x + 0.10 + 0.001 * i for i, x in enumerate(base)],  # far above: favours the baseline
         ("gspo", 64): [x + (-1) ** i * 0.02 for i, x in enumerate(base)],  # noise around VESPO: unresolved
         ("sapo", 4): base, ("sapo", 64): base,
     })  # fmt: skip
     found = {(r["claim"], r["metric"]): r for r in bench.verdicts(rows)}
-    assert found[("VESPO > GRPO at N=4", "final_eval_acc")]["verdict"] == "reproduced"
+    assert found[("VESPO > GRPO at N=4", "final_eval_acc")]["verdict"] == "favours VESPO; same sign as paper"
     assert found[("VESPO > GRPO at N=4", "final_eval_acc")]["test"] == "paired_t"
-    assert found[("VESPO > GSPO at N=4", "best_eval_acc")]["verdict"] == "contradicted"
+    assert found[("VESPO > GSPO at N=4", "best_eval_acc")]["verdict"] == "favours the baseline; opposite sign to paper"
     assert found[("VESPO > GSPO at N=64", "final_eval_acc")]["verdict"] == "unresolved"
     assert found[("VESPO > GRPO at N=16", "final_eval_acc")]["verdict"] == "not run"
     # GSPO drops by 0.10 more than VESPO from N = 4 to 64 in every seed (paired): the paper's degradation claim
-    assert found[("GSPO loses more than VESPO from N=4 to 64", "best_eval_acc")]["verdict"] == "reproduced"
+    drop = found[("GSPO loses more than VESPO from N=4 to 64", "best_eval_acc")]
+    assert drop["verdict"] == "favours VESPO; same sign as paper"
     assert found[("SAPO loses more than VESPO from N=4 to 64", "best_eval_acc")]["verdict"] == "unresolved"
     assert found[("VESPO > GRPO at N=4", "final_eval_acc")]["vespo_mean_phi_stalest"] == pytest.approx(0.97)
 
