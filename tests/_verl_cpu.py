@@ -153,3 +153,26 @@ def use_cpu() -> None:
         EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
             FSDPEngineWithLMHead
         )
+
+
+def copy_snapshots_to_host() -> None:
+    """Make veRL's FSDP2 pi_old snapshot a copy on CPU, as it is from an accelerator.
+
+    `DetachActorWorker.save_model_to_cpu` (V1 separate_async, decoupled mode) keeps each parameter shard as
+    `shard.detach().cpu()`: a device-to-host copy on a GPU, but the very same storage when the shard already lives
+    in host memory, so the "snapshot" follows every later optimizer step. This wraps veRL's helper so that the
+    saved shards are cloned, which is what `.cpu()` does for device tensors; tests/_verl_v1_job.py records the
+    unwrapped helper's aliasing first.
+    """
+    from verl.utils import fsdp_utils
+
+    save = fsdp_utils.fsdp2_sharded_save_to_cpu
+    if getattr(save, "copies", False):
+        return
+
+    def save_copy(model):
+        state, spec = save(model)
+        return {name: (t.clone(), s) for name, (t, s) in state.items()}, spec
+
+    save_copy.copies, save_copy.unwrapped = True, save
+    fsdp_utils.fsdp2_sharded_save_to_cpu = save_copy

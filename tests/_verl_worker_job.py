@@ -35,8 +35,11 @@ SCENARIOS = [
 ]
 
 
-def compose(model_dir: str, loss_mode: str, hparams: dict, agg: str, rollout_is: str | None, world: int):
-    """veRL's ppo_trainer config with the documented vespo lines and CPU settings, resolved as main_ppo does."""
+def compose(
+    model_dir: str, loss_mode: str, hparams: dict, agg: str, rollout_is: str | None, world: int, extra: tuple = ()
+):
+    """veRL's ppo_trainer config with the documented vespo lines and CPU settings, resolved as main_ppo does;
+    `extra` overrides come last (Hydra: the last value of a key wins)."""
     import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -70,6 +73,7 @@ def compose(model_dir: str, loss_mode: str, hparams: dict, agg: str, rollout_is:
         "actor_rollout_ref.actor.optim.clip_grad=1e9",
         "trainer.device=cpu",
         f"trainer.n_gpus_per_node={world}",
+        *extra,
     ]
     cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=cfg_dir, version_base=None):
@@ -78,24 +82,24 @@ def compose(model_dir: str, loss_mode: str, hparams: dict, agg: str, rollout_is:
     return cfg
 
 
-def make_batch(vocab: int):
-    """Left-padded prompts and right-padded responses of varied lengths, in the layout veRL's trainer builds."""
+def make_batch(vocab: int, b: int = B):
+    """b left-padded prompts and right-padded responses of varied lengths, in the layout veRL's trainer builds."""
     g = torch.Generator().manual_seed(0)
-    p_len = torch.randint(2, P + 1, (B,), generator=g)
-    r_len = torch.randint(1, R + 1, (B,), generator=g)
+    p_len = torch.randint(2, P + 1, (b,), generator=g)
+    r_len = torch.randint(1, R + 1, (b,), generator=g)
     r_len[0] = R  # one full-length response
-    prompts = torch.zeros(B, P, dtype=torch.long)
-    responses = torch.zeros(B, R, dtype=torch.long)
-    p_mask = torch.zeros(B, P, dtype=torch.long)
-    r_mask = torch.zeros(B, R, dtype=torch.long)
-    for i in range(B):
+    prompts = torch.zeros(b, P, dtype=torch.long)
+    responses = torch.zeros(b, R, dtype=torch.long)
+    p_mask = torch.zeros(b, P, dtype=torch.long)
+    r_mask = torch.zeros(b, R, dtype=torch.long)
+    for i in range(b):
         prompts[i, P - p_len[i] :] = torch.randint(5, vocab, (int(p_len[i]),), generator=g)
         p_mask[i, P - p_len[i] :] = 1
         responses[i, : r_len[i]] = torch.randint(5, vocab, (int(r_len[i]),), generator=g)
         r_mask[i, : r_len[i]] = 1
     attention_mask = torch.cat([p_mask, r_mask], 1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    advantages = torch.randn(B, 1, generator=g).expand(B, R) * r_mask  # sequence advantage broadcast, as veRL
+    advantages = torch.randn(b, 1, generator=g).expand(b, R) * r_mask  # sequence advantage broadcast, as veRL
     return {
         "input_ids": torch.cat([prompts, responses], 1),
         "attention_mask": attention_mask,
