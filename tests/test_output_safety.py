@@ -441,3 +441,36 @@ def test_a_lone_surrogate_in_a_prompt_stops_train_and_eval_before_anything_runs(
     line = _error_line(capsys.readouterr().err)
     assert exit_.value.code == 2 and f"{data}:4: 'prompt' holds a lone surrogate" in line, line
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda rows: rows.__setitem__(3, "vespo,1,0,"), ":5: final_eval_acc must be a number, got ''"),
+        (
+            lambda rows: rows.__setitem__(3, "vespo,1.0,0,0.6"),
+            ":5: N must be an integer (as the sweep writes it), got '1.0'",
+        ),  # fmt: skip
+        (lambda rows: rows.__setitem__(3, "vespo,1,0,nan"), ":5: final_eval_acc must be finite"),
+        (lambda rows: rows.__setitem__(3, ",1,0,0.6"), ":5: variant is empty"),
+        (lambda rows: rows.__setitem__(3, "vespo,1,x,0.6"), ":5: seed must be an integer"),
+        (lambda rows: rows.__setitem__(3, "vespo,1,0"), ":5: has fewer fields than the header"),
+        (
+            lambda rows: rows.append("grpo,1,2,0.9"),
+            ":12: variant 'grpo' at N = 1, seed 2 is also on line 4; each (variant, N, seed) must appear once",
+        ),  # fmt: skip
+    ],
+)
+def test_compare_refuses_a_row_it_would_misread_naming_the_row_and_field(tmp_path, capsys, change, message):
+    """Issue 50: a blank metric was a traceback, and `N=4.0` beside `N=4` (or any row repeated) was resolved
+    silently to the last row. Each is one line naming the line of results.csv and the field, exit 2."""
+    from vespo.experiments.compare import cli
+
+    results = tmp_path / "results.csv"
+    rows = [f"{v},1,{s},{0.5 + 0.01 * s}" for v in ("grpo", "vespo") for s in range(5)]
+    change(rows)
+    results.write_text("variant,N,seed,final_eval_acc\n" + "\n".join(rows) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        cli([str(results)])
+    line = _error_line(capsys.readouterr().err)
+    assert exit_.value.code == 2 and f"{results}{message}" in line, line

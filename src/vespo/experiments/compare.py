@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -51,19 +52,60 @@ DIAGNOSTICS_NOTE = (
 )
 
 
+MAX_RESULTS_BYTES = 64 << 20
+"""Largest results.csv `load_rows` reads: a cell's row is ~1 KB, so ~60,000 cells (the paper's long table has 163)."""
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def load_rows(path: Path, metric: str) -> list[dict]:
-    """results.csv rows; a one-line ValueError for a missing file or column (read as a regular file: never a FIFO or
-    a symlink)."""
+    """results.csv rows, each checked: a variant name, N and seed as integers (a sweep writes 4, never 4.0), `metric`
+    a finite number, `collapsed` (when present) a boolean, and no (variant, N, seed) twice (a later row would
+    silently replace an earlier one's seed). A one-line ValueError naming the row (its line) and the field otherwise,
+    and for a missing file or column. Read as a regular file (never a FIFO or a symlink) of at most
+    `MAX_RESULTS_BYTES`."""
     try:
-        rows = list(csv.DictReader(io.StringIO(read_regular(path).decode(), newline="")))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        text = read_regular(path, cap=MAX_RESULTS_BYTES).decode()
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     if not rows:
         raise ValueError(f"{path}: no rows")
     missing = [k for k in ("variant", "N", "seed", metric) if k not in rows[0]]
     if missing:
         raise ValueError(f"{path}: no column(s) {missing}; columns are {list(rows[0])}")
+    seen: dict[tuple, int] = {}
+    for line, row in enumerate(rows, 2):  # line 1 is the header
+        problem = _row_problem(row, metric)
+        if problem:
+            raise ValueError(f"{path}:{line}: {problem}")
+        key = (row["variant"], int(row["N"]), int(row["seed"]))
+        if key in seen:
+            raise ValueError(
+                f"{path}:{line}: variant {key[0]!r} at N = {key[1]}, seed {key[2]} is also on line {seen[key]}; each "
+                "(variant, N, seed) must appear once (merge slices with their own tool, which refuses overlaps)"
+            )
+        seen[key] = line
     return rows
+
+
+def _row_problem(row: dict, metric: str) -> str | None:
+    """What is wrong with one results.csv row (None: nothing), naming the field."""
+    if None in row or any(v is None for v in row.values()):
+        return f"has {'more' if None in row else 'fewer'} fields than the header"
+    if not row["variant"].strip():
+        return "variant is empty"
+    for name in ("N", "seed"):
+        if not _INTEGER.fullmatch(row[name]):
+            return f"{name} must be an integer (as the sweep writes it), got {row[name]!r:.40}"
+    try:
+        value = float(row[metric])
+    except ValueError:
+        return f"{metric} must be a number, got {row[metric]!r:.40}"
+    if not math.isfinite(value):
+        return f"{metric} must be finite, got {row[metric]!r:.40}"
+    if "collapsed" in row and row["collapsed"].strip().lower() not in _FLAGS:
+        return f"collapsed must be True/False or 1/0, got {row['collapsed']!r:.40}"
+    return None
 
 
 def load_groups(path: Path, metric: str) -> dict[tuple[str, object], dict[int, float]]:
@@ -86,8 +128,11 @@ def comparison_inputs(rows: list[dict], metric: str) -> tuple[dict, dict | None]
     return _groups(rows, metric), (_groups(rows, "collapsed", _flag) if bimodal else None)
 
 
+_FLAGS = ("true", "false", "1", "0", "1.0", "0.0")
+
+
 def _flag(text: str) -> bool:
-    """A results.csv boolean: True/False (sweep) or 1/0 (lab)."""
+    """A results.csv boolean: True/False (sweep) or 1/0 (lab); `load_rows` refuses anything else."""
     return text.strip().lower() in ("true", "1", "1.0")
 
 
