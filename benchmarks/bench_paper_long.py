@@ -1004,9 +1004,25 @@ def prepare_merge(out: Path, add: list[Path]) -> tuple[list[dict], str]:
     `read_text`, `table_plan`): a ValueError here leaves every file as it was."""
     rows = load_rows(out / "results.csv", PRIMARY)
     check_slice(rows, str(out / "results.csv"), {r["task"] for r in rows if "task" in r} or None)
+    texts = [read_text(out / "plan.md")] if (out / "plan.md").exists() or (out / "plan.md").is_symlink() else []
     for d in add:
-        rows = merge_rows(rows, load_rows(d / "results.csv", PRIMARY), str(d / "results.csv"))
-    texts = [read_text(p) for p in (out / "plan.md", *(d / "plan.md" for d in add)) if p.exists() or p.is_symlink()]
+        extra = load_rows(d / "results.csv", PRIMARY)
+        rows = merge_rows(rows, extra, str(d / "results.csv"))
+        if not ((d / "plan.md").exists() or (d / "plan.md").is_symlink()):
+            raise ValueError(f"{d}: no plan.md; a slice of the {PRESET} table is run by this script, which writes one")
+        texts.append(read_text(d / "plan.md"))
+        planned = {
+            v
+            for section in texts[-1].split(PLAN_HEAD)[1:]
+            for m in [re.search(r"^Variants (.+?); N = ", section, re.M)]
+            if m
+            for v in m.group(1).split(", ")
+        }
+        if not planned:
+            raise ValueError(f"{d / 'plan.md'}: no section beginning {PLAN_HEAD!r}: not a slice of the {PRESET} table")
+        unplanned = sorted({r["variant"] for r in extra} - planned)
+        if unplanned:
+            raise ValueError(f"{d}: results.csv holds variants its plan.md does not name: {unplanned}")
     parts = (PLAN_HEAD + part for text in texts for part in text.split(PLAN_HEAD)[1:])
     text = "\n".join(dict.fromkeys(part.strip() + "\n" for part in parts))
     table_plan(text, "the merged plan.md")

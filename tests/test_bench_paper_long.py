@@ -445,3 +445,24 @@ def test_a_design_over_two_warm_starts_reports_each_ones_difference_and_labels_r
     assert drop["paper_diff_pct"] == pytest.approx(2.8) and drop["diff"] == pytest.approx(0.0, abs=1e-12)
     text = bench.verdicts_markdown(list(by.values()), sorted(gaps))
     assert "by SFT seed: 0: -0.06, 100: -0.02" in text and "contradicted" not in text and "reproduced" not in text
+
+
+def test_a_slice_needs_a_plan_of_this_preset_that_names_its_variants(tmp_path):
+    """A sweep of another preset has no paper-long plan.md; a slice whose results hold a variant its plan does not
+    name was not the slice its plan describes. Both refused by `prepare_merge`, which writes nothing."""
+    import dataclasses
+
+    table = _table(tmp_path)
+    rows = bench.load_rows(table / "results.csv", "best_eval_acc")
+    extra = [dict(r, seed=str(int(r["seed"]) + 4)) for r in rows]
+    with pytest.raises(ValueError, match="no plan.md"):
+        bench.prepare_merge(table, [_slice_dir(tmp_path / "a", extra)])
+    with pytest.raises(ValueError, match="no section beginning"):
+        bench.prepare_merge(table, [_slice_dir(tmp_path / "b", extra, b"# sweep of preset paper\n")])
+    cfg = bench.config(tmp_path, [4, 5, 6, 7], 1, ["vespo"], [4, 64], smoke=False)
+    only_vespo = bench.plan_text(dataclasses.replace(cfg)).encode()
+    with pytest.raises(ValueError, match=r"variants its plan.md does not name: \['grpo'\]"):
+        bench.prepare_merge(table, [_slice_dir(tmp_path / "c", extra, only_vespo)])
+    cfg = bench.config(tmp_path, [4, 5, 6, 7], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    rows, text = bench.prepare_merge(table, [_slice_dir(tmp_path / "d", extra, bench.plan_text(cfg).encode())])
+    assert len(rows) == 2 * len(extra) and text.count(bench.PLAN_HEAD) == 2
