@@ -44,6 +44,9 @@ def test_verl_nested_and_dotted_yaml_keys(tmp_path):
         "train_batch_size": 64, "max_response_length": 32, "ppo_mini_batch_size": 8,
         "hparams": {"clip_ratio_high": 0.28}, "kl_coef": 0.0, "method": "vespo", "lr": 1e-6, "rollout_n": 4,
         "temperature": 0.9, "total_training_steps": 7, "lora_r": 8, "use_peft": True, "seed": 3,
+        # veRL's defaults where vespo's differ (VERL_DEFAULTS): its LoRA of lora_rank 8, the AdamW of its optim section
+        "lora_alpha": 16, "lora_target_modules": ("all-linear",), "weight_decay": 0.01, "betas": (0.9, 0.999),
+        "lr_scheduler_type": "constant",
     }  # fmt: skip
     (tmp_path / "bad.yaml").write_text("actor_rollout_ref:\n  actor:\n    ppo_epochs: 2\n    loss_scale_factor: 3\n")
     with pytest.raises(ConfigError, match=r"ppo_epochs=2 .*; actor_rollout_ref.actor.loss_scale_factor \(no vespo"):

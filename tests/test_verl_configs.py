@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 from _commands import ROOT
+from _optional import require
 
 
 def _dry_run(script: str, **env) -> dict:
@@ -100,3 +101,60 @@ def test_verls_bypass_mode_becomes_vespos(tmp_path):
     for value in (True, False):
         path.write_text(yaml.safe_dump({"algorithm": {"rollout_correction": {"bypass_mode": value}}}))
         assert load_yaml(path)["bypass_mode"] is value
+
+
+def _verl_yaml(name: str) -> dict:
+    """One of veRL's own config files (verl/trainer/config/<name>), as veRL ships it."""
+    from pathlib import Path
+
+    import yaml
+
+    return yaml.safe_load((Path(require("verl").__file__).parent / "trainer" / "config" / name).read_text())
+
+
+@pytest.mark.parametrize("use_kl_loss", [True, False])
+def test_a_verl_yaml_trains_with_verls_defaults_read_from_verls_own_config(tmp_path, use_kl_loss):
+    """Issue 50: `use_kl_loss: true` without `kl_loss_coef` trained with no KL (veRL's default is 0.001), and veRL's
+    own defaults `lr_warmup_steps: -1`, `target_modules: all-linear`, `optim.betas` were refused. veRL's actor
+    optimizer section as veRL ships it is read as is; `use_kl_loss`, `lora_rank` and an `optim` section that names
+    only the warmup run with veRL's defaults for what they leave out: every value read from veRL's own YAML files
+    (verl/trainer/config), not restated here."""
+    import yaml
+
+    from vespo.train.config import TrainConfig
+    from vespo.train.config_io import load_yaml
+
+    optim, actor = _verl_yaml("optim/fsdp.yaml"), _verl_yaml("actor/actor.yaml")
+    model = _verl_yaml("model/hf_model.yaml")
+    shipped = _verl_yaml("_generated_ppo_trainer.yaml")["actor_rollout_ref"]["actor"]["optim"]
+    assert shipped["lr_warmup_steps"] == -1 and model["target_modules"] == "all-linear" and "betas" in shipped
+    path = tmp_path / "verl.yaml"
+    path.write_text(yaml.safe_dump({"actor_rollout_ref": {"actor": {"optim": shipped}}}))
+    got = load_yaml(path)
+    assert (got["lr"], got["weight_decay"], got["betas"]) == (shipped["lr"], shipped["weight_decay"],
+                                                              tuple(shipped["betas"]))  # fmt: skip
+    assert got["warmup_steps"] == 0 and got["warmup_ratio"] == shipped["lr_warmup_steps_ratio"]  # -1: the ratio's
+    assert got["grad_clip"] == shipped["clip_grad"] and got["lr_scheduler_type"] == "constant"  # no warmup
+    verl = {"actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps": -1}, "use_kl_loss": use_kl_loss},
+                                  "model": {"lora_rank": 8}}}  # fmt: skip
+    path.write_text(yaml.safe_dump(verl))
+    got = load_yaml(path)
+    assert got["kl_coef"] == (actor["kl_loss_coef"] if use_kl_loss else 0.0)  # 0.001: veRL's coefficient
+    assert (got["weight_decay"], got["betas"]) == (optim["weight_decay"], tuple(optim["betas"]))
+    assert (got["lora_alpha"], got["lora_target_modules"]) == (model["lora_alpha"], (model["target_modules"],))
+    cfg = TrainConfig(**got)  # a valid run
+    assert cfg.use_peft and cfg.lora_r == 8
+
+
+def test_verls_constant_schedule_warms_up_and_the_coefficient_needs_use_kl_loss(tmp_path):
+    """veRL's "constant" schedule has a warmup (get_constant_schedule_with_warmup): with one it is vespo's
+    constant_with_warmup. `kl_loss_coef` without `use_kl_loss: true` weighs nothing in veRL (its default is false)."""
+    import yaml
+
+    from vespo.train.config_io import load_yaml
+
+    path = tmp_path / "verl.yaml"
+    optim = {"lr_scheduler_type": "constant", "lr_warmup_steps": 5}
+    path.write_text(yaml.safe_dump({"actor_rollout_ref": {"actor": {"optim": optim, "kl_loss_coef": 0.05}}}))
+    got = load_yaml(path)
+    assert (got["lr_scheduler_type"], got["warmup_steps"], got["kl_coef"]) == ("constant_with_warmup", 5, 0.0)

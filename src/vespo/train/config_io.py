@@ -124,12 +124,12 @@ VERL_KEYS = {
     "actor_rollout_ref.actor.loss_agg_mode": "loss_agg_mode",
     "actor_rollout_ref.actor.policy_loss.loss_mode": "method",
     "actor_rollout_ref.actor.entropy_coeff": "entropy_coeff",
-    "actor_rollout_ref.actor.kl_loss_coef": "kl_coef",
     "actor_rollout_ref.actor.grad_clip": "grad_clip",
     "actor_rollout_ref.actor.optim.clip_grad": "grad_clip",
     "actor_rollout_ref.actor.shuffle": "shuffle",
     "actor_rollout_ref.actor.optim.lr": "lr",
     "actor_rollout_ref.actor.optim.weight_decay": "weight_decay",
+    "actor_rollout_ref.actor.optim.betas": "betas",
     "actor_rollout_ref.actor.optim.lr_warmup_steps": "warmup_steps",
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "warmup_ratio",
     "actor_rollout_ref.actor.optim.lr_scheduler_type": "lr_scheduler_type",
@@ -170,7 +170,8 @@ VERL_IGNORED = (
     "actor_rollout_ref.actor.megatron.*", "actor_rollout_ref.actor.checkpoint.*", "actor_rollout_ref.actor.profiler.*",
     "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.actor.entropy_*",
     "actor_rollout_ref.actor.use_fused_kernels",
-    "actor_rollout_ref.actor.optim.total_training_steps", "actor_rollout_ref.actor.policy_loss._target_",
+    "actor_rollout_ref.actor.optim.total_training_steps", "actor_rollout_ref.actor.optim._target_",
+    "actor_rollout_ref.actor.policy_loss._target_",
     "actor_rollout_ref.actor.policy_loss.rollout_is", "actor_rollout_ref.actor.policy_loss.bypass_mode",
     "actor_rollout_ref.ref.*",
     "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode", "actor_rollout_ref.rollout.*_parallel_size",
@@ -198,6 +199,11 @@ VERL_ONLY_AS = {
     "actor_rollout_ref.actor.ppo_epochs": ((1,), "vespo takes one pass over a rollout batch"),
     "actor_rollout_ref.actor.kl_loss_type": (("low_var_kl", "k3"), "vespo's KL penalty is k3 (low_var_kl)"),
     "actor_rollout_ref.actor.use_kl_loss": ((True, False), ""),
+    "actor_rollout_ref.actor.optim.optimizer": (("AdamW",), "vespo's optimizer is torch's AdamW (or --optim sgd)"),
+    "actor_rollout_ref.actor.optim.optimizer_impl": (("torch.optim",), "vespo's AdamW is torch.optim's"),
+    "actor_rollout_ref.actor.optim.min_lr_ratio": ((0.0, 0), "vespo's schedules decay to 0 (transformers')"),
+    "actor_rollout_ref.actor.optim.num_cycles": ((0.5,), "vespo's cosine is transformers' half cycle"),
+    "actor_rollout_ref.actor.optim.zero_indexed_step": ((True,), "vespo's schedules count steps from 0"),
     "actor_rollout_ref.rollout.do_sample": ((True,), "vespo samples"),
     "actor_rollout_ref.rollout.multi_turn.enable": ((False,), "vespo trains single-turn"),
     "reward_model.enable": ((False,), "vespo's rewards are rule-based (--reward-fn)"),
@@ -205,12 +211,26 @@ VERL_ONLY_AS = {
 }
 """veRL keys accepted (silently) only at these values, with the reason other values are refused."""
 _VERL_LOSS_MODES = {"vanilla": "grpo"}  # veRL's built-in PPO clip is vespo's grpo; vespo_<m> is vespo's m
+VERL_DEFAULTS = {
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.model.lora_alpha": 16,
+    "actor_rollout_ref.model.target_modules": "all-linear",
+    "actor_rollout_ref.actor.optim.weight_decay": 0.01,
+    "actor_rollout_ref.actor.optim.betas": [0.9, 0.999],
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
+}
+"""veRL's defaults (verl/trainer/config: actor/actor.yaml, model/hf_model.yaml, optim/fsdp.yaml) where vespo's differ
+and the veRL YAML says what it wants without them: the KL weight of `use_kl_loss: true`, LoRA's alpha and modules of
+`lora_rank: r`, the AdamW and schedule of an `optim` section (veRL's "constant" warms up). tests/test_verl_configs.py
+reads them from veRL's own files."""
 
 
 def from_verl_keys(data: dict, *, where: str) -> dict:
     """Translate veRL's nested sections or dotted keys (`actor_rollout_ref.actor.ppo_mini_batch_size: 16`) into
-    vespo fields (`VERL_KEYS`; clip ratios and `policy_loss.hparams.*` go to `hparams`, `use_kl_loss: false` zeroes
-    `kl_coef`, a veRL custom reward function becomes `reward_fn`); flat vespo keys pass through. Keys that change
+    vespo fields (`VERL_KEYS`; clip ratios and `policy_loss.hparams.*` go to `hparams`, `kl_loss_coef` is `kl_coef`
+    only under `use_kl_loss: true`, a veRL custom reward function becomes `reward_fn`), with veRL's defaults where
+    they differ from vespo's (`VERL_DEFAULTS`); flat vespo keys pass through. Keys that change
     nothing on one machine (`VERL_IGNORED`) are dropped with one warning line listing them all; keys that would change
     the run and that vespo does not implement are refused together, in one line."""
     flat: dict = {}
@@ -228,7 +248,11 @@ def from_verl_keys(data: dict, *, where: str) -> dict:
             walk(key.lstrip("+"), value)  # Hydra's `+key` (add a key) reads as the key
         else:
             out[key] = value
-    use_kl = flat.get("actor_rollout_ref.actor.use_kl_loss", True)
+    for key, value in _verl_defaults_in_force(flat).items():
+        flat.setdefault(key, value)
+    use_kl, kl_coef = (flat.pop(k, None) for k in _VERL_KL)
+    if use_kl is not None:  # veRL weighs the KL loss only with use_kl_loss: true
+        flat[_VERL_KL[0]] = use_kl  # type-checked with the others (`VERL_ONLY_AS`)
     ignored, refused = [], []
     reward = {k.rsplit(".", 1)[1]: flat.pop(k) for k in list(flat) if k.startswith(_REWARD_PREFIXES)}
     if reward:
@@ -258,10 +282,12 @@ def from_verl_keys(data: dict, *, where: str) -> dict:
     if refused:
         raise ConfigError(f"{where}: veRL setting(s) that would change the run, not implemented by vespo: "
                           f"{'; '.join(refused)}")  # fmt: skip
-    if use_kl is False:
-        out["kl_coef"] = 0.0
+    if use_kl is not None:
+        _set(out, "kl_coef", kl_coef if use_kl is True and kl_coef is not None else 0.0, _VERL_KL[1], where)
     if flat.get("actor_rollout_ref.model.lora_rank"):
         out["use_peft"] = True
+    if out.get("lr_scheduler_type") == "constant" and (out.get("warmup_steps") or out.get("warmup_ratio")):
+        out["lr_scheduler_type"] = "constant_with_warmup"  # veRL's constant schedule warms up; vespo's does not
     if ignored:
         print(f"vespo: {where}: ignoring {len(ignored)} veRL key(s) that change nothing on one machine: "
               f"{', '.join(ignored)}", file=sys.stderr)  # fmt: skip
@@ -270,10 +296,22 @@ def from_verl_keys(data: dict, *, where: str) -> dict:
 
 _REWARD_PREFIXES = ("custom_reward_function.", "reward.custom_reward_function.")
 _DROP = object()
+_VERL_KL = ("actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef")
+
+
+def _verl_defaults_in_force(flat: dict) -> dict:
+    """The `VERL_DEFAULTS` a veRL YAML runs with (`flat`: its dotted keys): the KL settings where it names one, LoRA's
+    where `lora_rank` turns LoRA on, the optimizer's where it has an `optim` section."""
+    sections = [_VERL_KL] * any(k in flat for k in _VERL_KL)
+    sections += [("actor_rollout_ref.model.",)] * bool(flat.get("actor_rollout_ref.model.lora_rank"))
+    optim = "actor_rollout_ref.actor.optim."
+    sections += [(optim,)] * any(k.startswith(optim) for k in flat)
+    return {k: v for k, v in VERL_DEFAULTS.items() if any(k.startswith(prefix) for s in sections for prefix in s)}
 
 
 def _verl_value(key: str, value: object, where: str, ignored: list[str]) -> object:
-    """A veRL value as vespo's field takes it: veRL's "off" spellings (-1) and lists of one file."""
+    """A veRL value as vespo's field takes it: veRL's "off" spellings (-1, a warmup <= 0), lists of one file, a
+    module name or list as a tuple."""
     if key in ("data.train_files", "data.val_files") and isinstance(value, list):
         if len(value) == 1 or (value and key == "data.val_files"):
             if len(value) > 1:
@@ -285,6 +323,12 @@ def _verl_value(key: str, value: object, where: str, ignored: list[str]) -> obje
         return _DROP
     if key in ("trainer.test_freq", "actor_rollout_ref.rollout.top_k") and value == -1:
         return 0  # off
+    if key == "actor_rollout_ref.actor.optim.lr_warmup_steps" and isinstance(value, int) and value <= 0:
+        return 0  # veRL: <= 0 takes lr_warmup_steps_ratio, as vespo's 0 does
+    if key == "actor_rollout_ref.model.target_modules" and isinstance(value, str):
+        return (value,)  # veRL's "all-linear" (or one module name)
+    if key.endswith((".target_modules", ".betas")) and isinstance(value, list):
+        return tuple(value)
     if key == "actor_rollout_ref.actor.policy_loss.loss_mode" and isinstance(value, str):
         return _VERL_LOSS_MODES.get(value, value.removeprefix("vespo_") if value != "vespo" else value)
     return value
