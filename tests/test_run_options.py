@@ -149,3 +149,23 @@ def test_clip_frac_counts_responses_cut_at_max_response_length():
     assert float(rollout_metrics(rewards, rollout([2, 5, 3]), 8)["response/clip_frac"]) == 0.0
     cut = rollout_metrics(rewards, rollout([2, 6, 3]), 6)["response/clip_frac"]
     assert float(cut) == pytest.approx(1 / 3)
+
+
+def test_a_yaml_key_typo_names_the_nearest_keys_as_a_flag_typo_does(tmp_path):
+    """Issue 55 item 10: `ppo_mini_batch_sise` in a --config file got no hint (a misspelt flag gets the nearest
+    names); a flat key is matched against vespo's fields, a veRL key against the veRL keys vespo reads."""
+    from vespo.train.config import ConfigError
+    from vespo.train.config_io import load_yaml
+
+    path = tmp_path / "typo.yaml"
+    path.write_text("ppo_mini_batch_sise: 4\n")
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['ppo_mini_batch_sise'\]; nearest: "
+                                          r"ppo_mini_batch_size(,|$)"):  # fmt: skip
+        load_yaml(path)
+    path.write_text("actor_rollout_ref:\n  actor:\n    ppo_mini_batch_sise: 4\n")
+    with pytest.raises(ConfigError, match=r"ppo_mini_batch_sise \(no vespo counterpart; nearest: "
+                                          r"actor_rollout_ref.actor.ppo_mini_batch_size[,)]"):  # fmt: skip
+        load_yaml(path)
+    path.write_text("zzz: 4\n")
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['zzz'\]$"):  # nothing near: no hint
+        load_yaml(path)

@@ -69,18 +69,22 @@ def _looks_like_flag(token: str) -> bool:
     return False
 
 
+def nearest(name: str, known: Iterable[str]) -> list[str]:
+    """The up to 3 names of `known` closest to a misspelt `name` (difflib), closest first."""
+    import difflib
+
+    return difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+
+
 def unknown_flag(argv: Iterable[str], accepted: Iterable[str]) -> str | None:
     """'unknown flag --x; nearest: --y, --z' for the first token of `argv` that looks like a flag (`--name`,
     `--name=value`, `-n`; negative numbers are values) and is not `accepted`; None when every flag is known."""
-    import difflib
-
     known = {_flag_key(a).lstrip("-"): _flag_key(a) for a in accepted}  # matched without the dashes
     for token in argv:
         name = _flag_key(token).lstrip("-")
         if not _looks_like_flag(token) or name in known:
             continue
-        pool = sorted(k for k in known if name.startswith("no-") or not k.startswith("no-"))  # --no-x only for --no
-        near = difflib.get_close_matches(name, pool, n=3, cutoff=0.6)
+        near = nearest(name, (k for k in known if name.startswith("no-") or not k.startswith("no-")))  # --no-x: --no
         hint = f"; nearest: {', '.join(known[n] for n in near)}" if near else ""
         return f"unknown flag {token.split('=', 1)[0]}{hint}"
     return None

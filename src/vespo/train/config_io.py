@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from vespo.cli import UsageError, field_flags, given_fields, parse_flags
+from vespo.cli import UsageError, field_flags, given_fields, nearest, parse_flags
 from vespo.data.limits import short_repr
 from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type, filled
 from vespo.train.fields import TrainFields
@@ -95,7 +95,9 @@ def load_yaml(path: str | Path, label: str = "--config") -> dict:
     data = from_verl_keys(data, where=f"{label} {path}")
     unknown = sorted(set(data) - set(FIELD_TYPES), key=str)
     if unknown:
-        raise ConfigError(f"{label} {path}: unknown config key(s) {unknown}")
+        near = [n for key in unknown for n in nearest(str(key), FIELD_TYPES)]
+        hint = f"; nearest: {', '.join(dict.fromkeys(near))}" if near else ""
+        raise ConfigError(f"{label} {path}: unknown config key(s) {unknown}{hint}")
     for name, value in data.items():
         hint = FIELD_TYPES[name]
         if isinstance(value, str) and _YAML_FLOAT.match(value) and conforms(1.0, hint):
@@ -278,7 +280,8 @@ def from_verl_keys(data: dict, *, where: str) -> dict:
         elif any(fnmatch.fnmatchcase(key, pattern) for pattern in VERL_IGNORED) or value in (None, {}, []):
             ignored.append(key)  # a null or empty setting of anything is veRL's default: nothing to do
         else:
-            refused.append(f"{key} (no vespo counterpart)")
+            near = nearest(key, (*VERL_KEYS, *VERL_HPARAMS, *VERL_ONLY_AS, *VERL_DEFAULTS))
+            refused.append(f"{key} (no vespo counterpart{'; nearest: ' + ', '.join(near) if near else ''})")
     if refused:
         raise ConfigError(f"{where}: veRL setting(s) that would change the run, not implemented by vespo: "
                           f"{'; '.join(refused)}")  # fmt: skip
