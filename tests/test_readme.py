@@ -1,37 +1,105 @@
-"""The README's snippets work verbatim (issue 22): the TRL quick start runs on CPU, on a local tiny model in place
-of the Hub id (the Hub is not reachable in CI), and its extras are installable names of this package."""
+"""The README's snippets work verbatim: the loss quick start, the veRL overrides (composed against veRL's real
+config, in veRL's venv), the TRL quick start (on CPU, on the local tiny model the README shows in place of the Hub
+id), the install line's PyTorch pin, the extras it names, and command 1's metrics against the committed summary."""
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
 
 
-def test_trl_snippet_runs_verbatim_on_cpu(tmp_path, monkeypatch):
-    pytest.importorskip("trl")
-    from vespo.embedded.task import build_tiny_model, build_tokenizer
+def _section(title: str) -> str:
+    """The README's `## title` section, up to the next `## ` heading."""
+    text = README.split(f"\n## {title}\n", 1)[1]
+    return text.split("\n## ", 1)[0]
 
-    block = re.search(r"With TRL .*?```python\n(.*?)```", README, re.S)
-    assert block is not None, "the README lost its TRL snippet"
-    code = block.group(1)
-    assert "use_cpu=True" in code and 'model="Qwen/Qwen3-0.6B"' in code
-    tok = build_tokenizer()
-    build_tiny_model(tok, num_hidden_layers=1).save_pretrained(tmp_path / "tiny")
-    tok.save_pretrained(tmp_path / "tiny")
-    monkeypatch.chdir(tmp_path)  # output_dir="out" lands here
-    code = code.replace('"Qwen/Qwen3-0.6B"', repr(str(tmp_path / "tiny"))).replace("max_steps=16", "max_steps=2")
+
+def _blocks(section: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+
+
+def test_readme_is_short_and_speaks_to_users():
+    lines = README.splitlines()
+    assert len(lines) <= 200, len(lines)
+    assert not re.search(r"\bissue \d+", README, re.I)  # a tracker no user can see
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", README)  # no dates
+    assert "load " not in README and "min in all" not in README  # no load figures, no suite timings
+
+
+def test_loss_quick_start_runs_verbatim():
+    import torch
+
+    [code] = _blocks(_section("Quick start 1: the loss in your own PyTorch code"), "python")
     scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the snippet is this repository's own text
+    assert torch.isfinite(scope["loss"]) and scope["log_prob"].grad is not None
+    assert float(scope["log_prob"].grad.abs().sum()) > 0
+    assert "vespo" in scope["vespo"].available_methods()
+
+
+def test_verl_quick_start_composes_against_verls_config():
+    """The README's override lines, through veRL's real trainer config and its config instantiation (veRL's venv)."""
+    pytest.importorskip("verl")
+    import torch
+    from test_integration_verl import _batch, _compose
+    from verl.trainer.ppo import core_algos
+
+    import vespo
+    from vespo.integrations.verl import VespoPolicyLossConfig
+
+    [block] = _blocks(_section("Quick start 2: VESPO in a veRL config"), "bash")
+    overrides = [line.strip().strip("'") for line in block.splitlines() if line.strip()]
+    actor = _compose(overrides)
+    assert isinstance(actor.policy_loss, VespoPolicyLossConfig) and actor.policy_loss.loss_mode == "vespo"
+    old, lp, adv, mask = _batch(8, scale=0.5)
+    fn = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
+    loss, _ = fn(old, lp, adv, mask, loss_agg_mode=actor.loss_agg_mode, config=actor)
+    ref, _ = vespo.compute_policy_loss("vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_trl_snippet_runs_verbatim_on_cpu_with_the_local_model_it_shows(tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    section = _section("Quick start 3: VESPO in TRL")
+    code, local = _blocks(section, "python")
+    assert "use_cpu=True" in code and 'model="Qwen/Qwen3-0.6B"' in code and "needs the Hub" in section
+    monkeypatch.chdir(tmp_path)  # output_dir="out" and the local model "tiny" land here
+    scope: dict = {}
+    exec(compile(local, "README.md", "exec"), scope)  # noqa: S102 - builds ./tiny as the README shows
+    assert 'model="tiny"' in local
+    code = code.replace('"Qwen/Qwen3-0.6B"', '"tiny"').replace("max_steps=16", "max_steps=2")
+    scope = {}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the snippet is this repository's own text
     history = scope["trainer"].state.log_history
     assert any("train_loss" in h for h in history)
     assert any(k in h for h in history for k in ("vespo/Z", "weight/ess", "is/ess"))  # vespo's own metrics
 
 
+def test_install_line_says_which_pytorch_it_gets_and_works_here():
+    """The pinned torch is the one CI installs; the README says PyPI's is the CUDA build and gives PyTorch's own CPU
+    index; on this box the pinned line resolves to an installed CPU or CUDA build of that version."""
+    import torch
+
+    [block] = _blocks(_section("Install"), "bash")
+    torch_line = next(line for line in block.splitlines() if line.startswith("pip install torch=="))
+    pin = torch_line.split()[2]
+    assert "CUDA" in torch_line  # what `pip install torch==X` from PyPI gets on Linux
+    assert f"pip install {pin} --index-url https://download.pytorch.org/whl/cpu" in _section("Install")
+    for script in (".ci/run", ".ci/install_verl.sh"):
+        assert f"install -q {pin}" in (ROOT / script).read_text(), script
+    assert f"pip install {pin}" in _section("The trainer in one command")  # command 1 uses the same pin
+    assert torch.__version__.split("+")[0] == pin.split("==")[1]
+
+
 def test_readme_extras_exist_and_install_from_the_clone():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = pyproject["project"]["optional-dependencies"]
     named = set(re.findall(r'pip install -e "\.\[(\w+)\]"', README)) | set(re.findall(r"\.\[(\w+)\]", README))
     assert named and named <= set(extras), named - set(extras)
@@ -85,3 +153,21 @@ def test_cli_help_names_the_tests_compare_chooses_as_the_readme_does(capsys):
         assert name in line, line
     assert "--test auto" in line and "bootstrap" not in line
     assert "`vespo compare --test auto`" in README and "paired t-test" in README and "Fisher's exact test" in README
+
+
+@pytest.mark.slow
+def test_command_1_reproduces_the_committed_summary(tmp_path):
+    """The README's `vespo train` numbers come from benchmarks/results/default_train/summary.json, which
+    `python benchmarks/bench_default_train.py` writes; the run is deterministic on one thread, so its first 3 steps
+    rerun here (the same command, `--total-training-steps 3`) give the committed training rewards and the step-0
+    held-out accuracy exactly."""
+    committed = json.loads((ROOT / "benchmarks" / "results" / "default_train" / "summary.json").read_text())
+    assert committed["command"] == "vespo train"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_default_train.py"), "--steps", "3", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rerun = json.loads((tmp_path / "summary.json").read_text())
+    assert rerun["reward_per_step"] == committed["reward_per_step"][:3]
+    assert rerun["heldout_per_eval"]["0"] == committed["heldout_per_eval"]["0"]
