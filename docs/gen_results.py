@@ -4,9 +4,10 @@ hyperparameter tables of the Methods pages from the loss registry.
 One script, so that a number shown anywhere cannot drift from the file it comes from:
 `python docs/gen_results.py` rewrites docs/results/index.md, docs/methods/hyperparameters.md and the blocks between
 `<!-- gen:NAME -->` and `<!-- /gen:NAME -->` of the README and the Methods pages; `python docs/gen_results.py --check`
-writes nothing and exits 1 naming each output that is not current (tests/test_docs.py runs it). Each section names the command that produced its summary. Tables computed
-here use `vespo.experiments.stats.format_ci` (mean ± 95% t CI over seeds); the benchmarks' own markdown summaries,
-which their scripts generate from the same runs, are included as they are.
+writes nothing and exits 1 naming each output that is not current (tests/test_docs.py runs it). Each section names
+the command that produced its summary. Tables computed here use `vespo.experiments.stats.format_ci` (mean ± 95%
+t CI over seeds); the benchmarks' own markdown summaries, which their scripts generate from the same runs, are
+included as they are.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def command1_block() -> str:
     s = command1()
     return (
         f"| `{s['command']}`, {s['steps']} steps | first | last |\n|---|---|---|\n"
-        f"| training reward (mean of the first 5 / last 10 steps) | {s['reward_first']:.3f} | {s['reward_last']:.3f} |\n"
+        "| training reward (mean of the first 5 / last 10 steps) | "
+        f"{s['reward_first']:.3f} | {s['reward_last']:.3f} |\n"
         f"| held-out accuracy (first / last evaluation) | {s['heldout_first']:.3f} | {s['heldout_last']:.3f} |"
     )
 
@@ -305,7 +307,6 @@ def hparam_table(method: str, *, common: bool = False) -> str:
 
 def hparams_page() -> str:
     import vespo
-
     from vespo.losses import CORRECTION_OPTIONS
 
     parts = [

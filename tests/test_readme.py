@@ -164,7 +164,7 @@ def test_command_1_reproduces_the_committed_summary(tmp_path):
     committed = json.loads((ROOT / "benchmarks" / "results" / "default_train" / "summary.json").read_text())
     assert committed["command"] == "vespo train"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_default_train.py"), "--steps", "3", "--out-dir", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_default_train.py"), "--steps", "3", "--out-dir", tmp_path],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
