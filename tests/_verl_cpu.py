@@ -3,9 +3,10 @@
 veRL 0.9.1 ships CUDA, NPU and ROCm platforms only and registers its FSDP engine for "cuda" and "npu". `use_cpu()`
 makes one process train on CPU through veRL's unmodified worker code: it registers `PlatformCPU` (torch.distributed
 on gloo, no device memory or streams), selects it, registers veRL's own FSDP engine class for the "cpu" device,
-and keeps veRL's optional TRL import away from TRL >= 1.0 (see `use_cpu`). Everything here is process-wide, which
-is why the tests run it in subprocesses. A test utility, not part of vespo: veRL on CPU is for debugging a config
-and for CI, not for training.
+and keeps veRL's optional TRL import away from TRL >= 1.0 (see `use_cpu`); `copy_snapshots_to_host` makes V1's
+pi_old snapshot a copy on CPU, as it is from an accelerator. Everything here is process-wide, which is why the tests
+run it in subprocesses. A test utility, not part of vespo: veRL on CPU is for debugging a config and for CI, not for
+training.
 """
 
 from __future__ import annotations

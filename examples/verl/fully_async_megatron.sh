@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The official VESPO headline setting: Qwen3-30B-A3B-Base on DAPO-Math with veRL's fully-async trainer
 # (verl.experimental.fully_async_policy), the rollouter and the trainer on separate GPUs, through vespo's plugin.
+# Deprecated path: veRL's maintainers are retiring fully_async_policy for the V1 trainer's separate_async mode
+# (v1_separate_async_megatron.sh, the same setting); this script stays while veRL 0.9.1 still ships and composes it.
 #   bash fully_async_megatron.sh                      # staleness_threshold 1.0, weights synced every 4 mini-batches
 #   STALENESS=0.5 SYNC_STEPS=2 bash fully_async_megatron.sh
 #   NNODES=2 ROLLOUT_NNODES=6 bash fully_async_megatron.sh   # the official split: 2 training + 6 rollout nodes of 8
