@@ -247,9 +247,44 @@ def test_async_refuses_a_dev_shm_smaller_than_the_weights_before_the_run_dir(tmp
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("vespo train: error:"), err
-    assert "(200 MiB)" in err and "/dev/shm, which has 64 MiB free" in err, err
+    assert "(201 MiB)" in err and "/dev/shm, which has 64 MiB free" in err, err  # the weights and the pool's 1 MiB
     assert "docker run --shm-size=1g" in err and "mode=sync" in err, err
     assert not run.exists()
-    monkeypatch.setattr(os, "statvfs", _shm(201 << 20))  # room for the weights: the check passes
+    monkeypatch.setattr(os, "statvfs", _shm(201 << 20))  # room for the weights and the pool: the check passes
     host.check_host(config.TrainConfig(mode="async", model=str(model), run_dir=str(run)))
     assert not run.exists()
+
+
+@pytest.mark.parametrize("model", ["embedded", "saved"])
+def test_the_dev_shm_check_counts_the_weight_store_the_samplers_share(tmp_path, monkeypatch, capsys, random_model,
+                                                                    model):  # fmt: skip
+    """Issue 50 (the round-5 case still broke): the check counted the policy's weight files, so the embedded model
+    (no files: 0 bytes) passed any /dev/shm and torch died with "unable to allocate shared memory" after the run dir
+    was claimed. It now counts what `WeightStore` allocates, on the policy built on the meta device: a /dev/shm one
+    byte short is refused in one line before the claim, and exactly enough passes."""
+    import multiprocessing
+
+    from vespo.cli import main
+    from vespo.embedded.task import build_tiny_model, build_tokenizer
+    from vespo.models import load_model
+    from vespo.train import config, host
+    from vespo.train.sampler import POOL_SHARED_BYTES, WeightStore
+
+    policy = build_tiny_model(build_tokenizer()) if model == "embedded" else load_model(random_model)
+    params = dict(policy.named_parameters())  # what the store holds: tied weights once, float32
+    need = sum(p.numel() for p in params.values()) * 4 + POOL_SHARED_BYTES
+    assert need == WeightStore.shared_bytes(policy)
+    store = WeightStore(policy, multiprocessing.get_context("spawn"))
+    assert store.flat.is_shared() and store.flat.numel() * 4 == need - POOL_SHARED_BYTES  # the buffer it shares
+    monkeypatch.setattr(host, "_available_memory", lambda: 1 << 40)
+    run = tmp_path / "run"
+    name = "embedded" if model == "embedded" else str(random_model)
+    monkeypatch.setattr(os, "statvfs", _shm(need - 4096))  # one page short
+    capsys.readouterr()
+    argv = ["train", "--async", "--model", name, "--run-dir", str(run), "--no-progress", "--no-tensorboard"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"({need / 2**20:.3g} MiB) with the samplers through /dev/shm" in err
+    assert not run.exists()
+    monkeypatch.setattr(os, "statvfs", _shm(need + 4095))  # room for the store, to the page: the check passes
+    host.check_host(config.TrainConfig(mode="async", model=name, run_dir=str(run)))

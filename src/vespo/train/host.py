@@ -139,14 +139,66 @@ def _check_sampler_memory(cfg: TrainConfig) -> None:
             f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {cfg.sampler_dtype} copy of the "
             f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
         )
-    store, shm = _policy_bytes(cfg.model, "float32"), _shared_memory_free()  # the learner's weights, shared
+    shm = _shared_memory_free()
+    store = _shared_weight_bytes(cfg) if shm is not None else 0  # the learner's weights, shared
     if shm is not None and store > shm:
-        size = -(-(store + _SAMPLER_PROCESS_BYTES) // 2**30)  # GiB, rounded up, with room for the queues
+        size = -(-(store + _SAMPLER_PROCESS_BYTES) // 2**30)  # GiB, rounded up, with room to spare
         raise ConfigError(
-            f"mode=async shares the policy's float32 weights ({store / 2**20:.0f} MiB) with the samplers through "
-            f"{SHARED_MEMORY}, which has {shm / 2**20:.0f} MiB free (Docker's default is 64 MB): give it more (e.g. "
+            f"mode=async shares the policy's float32 weights ({store / 2**20:.3g} MiB) with the samplers through "
+            f"{SHARED_MEMORY}, which has {shm / 2**20:.3g} MiB free (Docker's default is 64 MB): give it more (e.g. "
             f"docker run --shm-size={size}g) or train with mode=sync (no --async)"
         )
+
+
+def _shared_weight_bytes(cfg: TrainConfig) -> int:
+    """The /dev/shm the async weight store will take (`WeightStore.shared_bytes`), counted on the learner's policy
+    built on the meta device from its config, no weight read (the embedded model, a model directory, a Hub model in
+    the cache; LoRA adapters added as the run adds them); for a policy whose config this cannot build (a GGUF file, a
+    Hub model not downloaded yet) the float32 size of its weight files."""
+    import torch
+
+    from vespo.train.sampler import POOL_SHARED_BYTES, WeightStore
+
+    try:
+        with torch.device("meta"):
+            model = _meta_policy(cfg)
+    except Exception:  # noqa: BLE001 (a config only the real load can judge: it says what is wrong, one line)
+        model = None
+    if model is None:
+        return _policy_bytes(cfg.model, "float32") + POOL_SHARED_BYTES
+    return WeightStore.shared_bytes(model)
+
+
+def _meta_policy(cfg: TrainConfig):
+    """The run's policy as `vespo.train.setup` builds it (float32, LoRA when asked), under the caller's meta device;
+    None when its config is not on this machine or it is a GGUF file."""
+    import torch
+    import transformers
+
+    if cfg.model == EMBEDDED:
+        from vespo.embedded.task import build_tiny_model, build_tokenizer
+
+        model = build_tiny_model(build_tokenizer())
+    else:
+        from vespo.models import gguf_file
+
+        folder = Path(cfg.model).expanduser()
+        if gguf_file(folder) is not None:
+            return None
+        if not (folder / "config.json").is_file():
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(cfg.model, "config.json")
+            if not isinstance(cached, str):
+                return None
+            folder = Path(cached).parent
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if cfg.use_peft:
+        from vespo.train.setup import add_lora
+
+        model = add_lora(model, cfg)
+    return model
 
 
 def _usable_cores() -> int:

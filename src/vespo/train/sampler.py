@@ -22,6 +22,9 @@ import torch
 
 Tensor = torch.Tensor
 _POLL_S = 0.005  # admission / stop polling interval of an idle sampler
+POOL_SHARED_BYTES = 1 << 20
+"""Shared memory beside the weights: the pool's locks, counters, queues and stop event (56 KB measured: each
+semaphore and heap arena takes a page of /dev/shm), with room to spare."""
 
 
 class WeightStore:
@@ -38,6 +41,14 @@ class WeightStore:
         self.flat = torch.zeros(sum(p.numel() for _, p in params), dtype=params[0][1].dtype).share_memory_()
         self.version = ctx.Value("q", -1, lock=False)
         self.lock = ctx.Lock()
+
+    @staticmethod
+    def shared_bytes(model: torch.nn.Module) -> int:
+        """Bytes of shared memory (/dev/shm) a store of `model` takes: its one buffer of every parameter (tied ones
+        once, LoRA adapters included) in the first one's dtype, plus `POOL_SHARED_BYTES`. `model` may live on the
+        meta device: the check before a run counts a policy it has not loaded (`vespo.train.host`)."""
+        params = [p for _, p in model.named_parameters()]
+        return sum(p.numel() for p in params) * params[0].element_size() + POOL_SHARED_BYTES
 
     @torch.no_grad()
     def publish(self, model: torch.nn.Module, version: int) -> None:
