@@ -1,6 +1,7 @@
 """Evaluation: exact pass@k / avg@k arithmetic on fixed outputs, report files, and one tiny end-to-end `vespo eval`."""
 
 import json
+import os
 import re
 from math import comb
 
@@ -157,3 +158,87 @@ def test_trainer_evaluation_has_a_progress_bar_unless_progress_is_off(monkeypatc
     assert "eval heldout" in err and re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", err), err
     evaluate(MODEL, object(), records, TrainConfig(micro_batch_size=1, progress=False))
     assert capsys.readouterr().err == ""
+
+
+def test_eval_samples_what_the_trainers_engine_samples(tmp_path):
+    """Issue 55: `vespo eval`'s generation is the training loop's: the engine `train_sync` builds from its config (the
+    policy itself, KV-cached `vespo.rollout.sample`) given the same prompts and seed returns exactly the completions
+    the evaluator returns (one generation path), and the evaluator's engine is that engine, shared with the model."""
+    import vespo.rollout
+    from vespo.embedded.task import build_tiny_model, build_tokenizer
+    from vespo.rollout import build_engine, decode_responses
+    from vespo.train.config import TrainConfig
+
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=2)
+    records = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(3)]
+    cfg = TrainConfig(rollout_n=2, max_response_length=6, temperature=1.0, top_k=5)
+    engines = []
+    real = vespo.rollout.build_engine
+
+    def recorded(*args, **kw):
+        engines.append(real(*args, **kw))
+        return engines[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vespo.rollout, "build_engine", recorded)
+        texts = evaluation.sample_completions(
+            model, tokenizer, records, n=2, seed=7, progress=False, max_new_tokens=6, temperature=1.0, top_k=5
+        )
+    (engine,) = engines
+    assert type(engine).__name__ == "HFEngine" and engine.shared and engine.model is model  # no copy, no 2nd path
+    trainer = build_engine(cfg.sampler_engine, cfg.sampling, model=model, tokenizer=tokenizer)
+    rollout = trainer.generate([r["prompt"] for r in records], torch.Generator().manual_seed(7))  # chunk 0: seed + 0
+    flat = decode_responses(tokenizer, rollout)
+    assert texts == [flat[0:2], flat[2:4], flat[4:6]]
+    assert len({t for group in texts for t in group}) > 1  # sampled, not a constant output
+
+
+def test_eval_generates_with_the_trainers_thread_count_and_restores_the_callers(tmp_path, capsys, monkeypatch):
+    """Issue 55: torch's default (every core) made `vespo eval` ~10x slower per sample than training on a loaded box;
+    it now takes `vespo train`'s count for its model (`threads_for`), says so once, honours --num-threads, and gives
+    the caller's count back."""
+    import vespo.train.host as host
+    from vespo.embedded.task import build_tiny_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    bench = tmp_path / "toy.jsonl"
+    bench.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    seen = []
+    _fake_generation(monkeypatch, lambda p, n: seen.append(torch.get_num_threads()) or ["\\boxed{2}"] * n)
+    chosen = []
+    monkeypatch.setattr(host, "threads_for", lambda model, processes=1: chosen.append(model) or (3, "3 torch threads"))
+    argv = ["--model", str(tmp_path / "model"), "--benchmarks", str(bench), "--k", "1", "--max-new-tokens", "2"]
+    before = torch.get_num_threads()
+    assert evaluation.cli([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert chosen == [str(tmp_path / "model")] and seen == [3] and torch.get_num_threads() == before
+    assert "vespo eval: 3 torch threads; --num-threads N to change" in capsys.readouterr().err
+    assert evaluation.cli([*argv, "--num-threads", "2", "--out", str(tmp_path / "b")]) == 0
+    assert chosen == [str(tmp_path / "model")] and seen == [3, 2] and torch.get_num_threads() == before
+    assert "--num-threads N to change" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluation.cli([*argv, "--num-threads", "0", "--out", str(tmp_path / "c")])
+    assert "--num-threads: must be an integer >= 1, got 0" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_trainer_and_eval_choose_threads_by_one_rule(tmp_path, monkeypatch):
+    """`vespo train`'s default (`default_num_threads`) is `threads_for` its model, with its async samplers sharing the
+    free cores; `vespo eval` is one process of the same rule."""
+    import dataclasses
+
+    import vespo.train.host as host
+    from vespo.train.config import TrainConfig
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    monkeypatch.setattr(host, "_usable_cores", lambda: 16)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+    monkeypatch.setattr(host, "_policy_bytes", lambda *a: 8 << 30)  # every free core: 12 of 16
+    cfg = TrainConfig(model=str(model))
+    assert host.default_num_threads(cfg) == host.threads_for(str(model)) and host.threads_for(str(model))[0] == 12
+    async_cfg = dataclasses.replace(cfg, mode="async", num_samplers=2)
+    assert host.default_num_threads(async_cfg)[0] == host.threads_for(str(model), 3)[0] == 4

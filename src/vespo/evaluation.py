@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from vespo.cli import ArgumentParser
+from vespo.argv import ArgumentParser
 from vespo.data import BENCHMARKS, Benchmark, format_prompts, record_kind, resolve_benchmark
 from vespo.data.reasoning_gym import PREFIX, is_reasoning_gym
 from vespo.outputs import OutputError, OwnedDir, claim, open_regular, write_atomic
@@ -301,6 +301,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:<index> (hf backend)")
     p.add_argument(
+        "--num-threads",
+        type=_positive_int,
+        default=None,
+        help="torch CPU threads (default: as `vespo train` chooses them, from the model and the free cores)",
+    )
+    p.add_argument(
         "--out",
         default="eval_results",
         help="directory for results.md, results.json and samples.jsonl: new, empty, or an earlier `vespo eval`'s",
@@ -354,6 +360,10 @@ def cli(argv: list[str]) -> int:
         parser.error(f"--top-k must be an integer >= 0 (0: off), got {args.top_k}")
     from vespo.models import check_model_source, resolve_device  # torch, transformers
     from vespo.rollout.vllm import vllm_available
+    from vespo.train.host import THREADS_PER_CORE, THREADS_REASON
+
+    if args.num_threads is not None and args.num_threads > THREADS_PER_CORE * (os.cpu_count() or 1):
+        parser.error(f"--num-threads must be in [1, {THREADS_PER_CORE * (os.cpu_count() or 1)}] ({THREADS_REASON})")
 
     try:
         try:
@@ -374,7 +384,7 @@ def cli(argv: list[str]) -> int:
         out = claim_out(args.out, args.overwrite_output_dir)  # last: a refused command leaves no --out behind
     except ValueError as exc:
         parser.error(str(exc))
-    with out, _sigint_in_this_process_only():
+    with out, _sigint_in_this_process_only(), _torch_threads(args.model, args.num_threads):
         try:
             return _evaluate(args, device, benchmarks, out.path)
         except KeyboardInterrupt:
@@ -416,6 +426,27 @@ def _sigint_in_this_process_only():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _torch_threads(model: str, threads: int | None):
+    """torch's CPU threads while evaluating: `threads`, or the count `vespo train` would choose for `model`
+    (`vespo.train.host.threads_for`, said once on stderr), so generation runs as it does in training (torch's
+    default, every core, made it ~10x slower per sample on a loaded 2-core box: thread oversubscription); the
+    caller's count is restored after."""
+    import torch
+
+    from vespo.train.host import threads_for
+
+    if threads is None:
+        threads, why = threads_for(model)
+        print(f"vespo eval: {why}; --num-threads N to change", file=sys.stderr, flush=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _loaded(bench: Benchmark) -> Benchmark:

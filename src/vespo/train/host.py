@@ -219,14 +219,21 @@ SMALL_MODEL_THREADS = 4
 
 
 def default_num_threads(cfg: TrainConfig) -> tuple[int, str]:
-    """torch threads per process when `num_threads` is None, and why (one phrase for the start-up line).
+    """torch threads per process of a run when `num_threads` is None, and why: `threads_for` its model, the learner
+    and its async samplers sharing the free cores."""
+    return threads_for(cfg.model, 1 + (cfg.num_samplers if cfg.mode == "async" else 0))
+
+
+def threads_for(model: str, processes: int = 1) -> tuple[int, str]:
+    """torch threads for each of `processes` processes running `model`, and why (one phrase for the start-up line):
+    `vespo train`'s and `vespo eval`'s default, so evaluation generates at training's speed.
 
     The embedded model (~0.15M parameters) runs fastest on one thread: its matrices are 64 wide, so more threads only
     add synchronisation, and on a busy machine each one waits for a core (`vespo train --total-training-steps 10
     --eval-every 0` on 2 cores at load 5-6: 21-25 s wall on one thread, 63-67 s on torch's default of two). Other
     models get the free cores (usable cores minus the 1-minute load average, at least 1), at most
-    `SMALL_MODEL_THREADS` below `SMALL_MODEL_BYTES` of weights, shared between the learner and the async samplers."""
-    if cfg.model == EMBEDDED:
+    `SMALL_MODEL_THREADS` below `SMALL_MODEL_BYTES` of weights, shared between the processes."""
+    if model == EMBEDDED:
         return 1, "1 torch thread (the embedded model runs fastest on one)"
     usable = _usable_cores()
     try:
@@ -234,8 +241,7 @@ def default_num_threads(cfg: TrainConfig) -> tuple[int, str]:
     except OSError:  # no load average on this platform
         load = 0.0
     free = max(1, usable - round(load))
-    processes = 1 + (cfg.num_samplers if cfg.mode == "async" else 0)
-    size = _policy_bytes(cfg.model, "float32")
+    size = _policy_bytes(model, "float32")
     cap = SMALL_MODEL_THREADS if 0 < size < SMALL_MODEL_BYTES else usable
     threads = max(1, min(free // processes, cap))
     where = f"{free} of {usable} usable cores free at load {load:.1f}" + (f", {processes} processes" * (processes > 1))
