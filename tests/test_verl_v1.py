@@ -143,15 +143,15 @@ def test_v1_separate_async_keeps_pi_old_for_the_whole_sync_cycle(runs, world):
     assert drift[0] == 0 and min(drift[1:]) > 0.1  # without the snapshot, mini-batches 1-3 would see pi_k
 
 
-def _megatron_config(overrides: list[str]):
-    """veRL's ppo_megatron_trainer config with these overrides, composed and resolved as veRL's main_ppo does."""
+def _trainer_config(overrides: list[str]):
+    """veRL's ppo_trainer config with these overrides, composed and resolved as veRL's main_ppo does."""
     import verl
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     cfg_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=cfg_dir, version_base=None):
-        cfg = compose(config_name="ppo_megatron_trainer", overrides=overrides)
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -165,8 +165,8 @@ def _v1_example(**env):
         check=True,
         env={**os.environ, **env, "VESPO_DRY_RUN": "1"},
     ).stdout.splitlines()
-    assert out[0] == "--config-name=ppo_megatron_trainer"
-    return _megatron_config(out[1:]), out[1:]
+    assert out[0] == "--config-name=ppo_trainer"
+    return _trainer_config(out[1:]), out[1:]
 
 
 def test_v1_separate_async_example_composes_with_verls_v1_config():
@@ -194,7 +194,8 @@ def test_v1_separate_async_example_composes_with_verls_v1_config():
     assert (v1.separate_async.parameter_sync_step, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (4, 256)
     assert cfg.actor_rollout_ref.rollout.nnodes == 6 and cfg.actor_rollout_ref.rollout.n_gpus_per_node == 8
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl" and cfg.trainer.nnodes == 2
-    assert cfg.actor_rollout_ref.hybrid_engine is False
+    assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.actor_rollout_ref.actor.strategy == "megatron"
+    assert cfg.actor_rollout_ref.actor.megatron.expert_model_parallel_size == 8  # common.sh's MoE lines landed
     assert omega_conf_to_dataclass(v1.separate_async.hybrid_rollout) == HybridRolloutSwitchConfig()  # no switching
     # the replay buffer separate_async builds accepts the staleness bound (an int > 0) and strategy
     ReplayBufferAsync(
@@ -214,7 +215,7 @@ def test_v1_separate_async_example_composes_with_verls_v1_config():
     assert correction.bypass_mode is False and correction.rollout_is == "sequence"
     assert float(correction.rollout_is_threshold) > math.exp(SAFETY_BOUND)  # never truncates: W = pi / mu exactly
     # bypass mode would let V1 skip the pi_old snapshot and hand old = rollout log-probs: the plugin refuses it
-    bypass = _megatron_config([o.replace("bypass_mode=False", "bypass_mode=True") for o in overrides])
+    bypass = _trainer_config([o.replace("bypass_mode=False", "bypass_mode=True") for o in overrides])
     with pytest.raises(Exception, match="bypass_mode"):
         omega_conf_to_dataclass(bypass.actor_rollout_ref.actor)
 

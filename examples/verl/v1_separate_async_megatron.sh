@@ -24,6 +24,7 @@ source "$(dirname "$0")/common.sh"
 MODEL=${MODEL:-Qwen/Qwen3-30B-A3B-Base}
 SYNC_STEPS=${SYNC_STEPS:-4}
 ARGS=(
+  model_engine=megatron                              # ppo_trainer + Megatron (veRL calls ppo_megatron_trainer legacy)
   "${PAPER_ARGS[@]}" "${MATH_DATA_ARGS[@]}" "${MOE_ARGS[@]}" "${VESPO_ARGS[@]}"
   "actor_rollout_ref.model.path=${MODEL}"
   trainer.use_v1=True
@@ -41,4 +42,4 @@ ARGS=(
   algorithm.rollout_correction.rollout_is_threshold=1e9
   "trainer.experiment_name=${LOSS_MODE}_qwen3-30b-a3b_math_v1_separate_async_sync${SYNC_STEPS}"
 )
-launch ppo_megatron_trainer "${ARGS[@]}" "$@"
+launch ppo_trainer "${ARGS[@]}" "$@"
