@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.cli import warn_renamed
+from vespo.argv import warn_renamed
 from vespo.experiments.sweep import SweepConfig, sweep
 from vespo.experiments.sweep import cells as sweep_cells
 from vespo.train.logs import read_metrics

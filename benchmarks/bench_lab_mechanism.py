@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.cli import warn_renamed
+from vespo.argv import warn_renamed
 from vespo.experiments.lab import LabCell, LabConfig
 from vespo.experiments.lab_model import ChainSpec, run_chain_cell
 from vespo.experiments.stats import TEST_NAMES, compare, fisher_exact, format_ci, holm, paired_t

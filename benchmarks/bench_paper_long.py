@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.cli import warn_renamed
+from vespo.argv import warn_renamed
 from vespo.experiments.compare import load_rows
 from vespo.experiments.stats import (
     TEST_NAMES,

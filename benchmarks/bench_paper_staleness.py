@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.cli import warn_renamed
+from vespo.argv import warn_renamed
 from vespo.experiments.compare import DIAGNOSTICS, comparison_inputs, load_rows, markdown
 from vespo.experiments.stats import TEST_NAMES, compare
 from vespo.experiments.sweep import PAPER_TABLE, SweepConfig, preset_config, resolve, sweep

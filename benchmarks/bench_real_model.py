@@ -400,7 +400,7 @@ def parse(argv=None):
     p.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in seconds")
     p.add_argument("--replot", action="store_true", help="redraw curves.png from --out-dir's summary.json")
     args = p.parse_args(argv)
-    from vespo.cli import warn_renamed
+    from vespo.argv import warn_renamed
 
     warn_renamed(p.prog, sys.argv[1:] if argv is None else argv, {"--staleness": "--num-mini-batches"})
     rule = LONG if args.regime == "long" else SHORT

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vespo.cli import warn_renamed
+from vespo.argv import warn_renamed
 from vespo.train.logs import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "trl_real"

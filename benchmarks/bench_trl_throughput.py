@@ -69,7 +69,7 @@ from pathlib import Path
 
 import torch
 
-from vespo.cli import warn_renamed
+from vespo.argv import warn_renamed
 
 RESULTS = Path(__file__).parent / "results"
 METRICS = (

@@ -329,7 +329,7 @@ def test_the_cached_reasoning_gym_tasks_are_the_installed_registry(monkeypatch):
     ],
 )  # fmt: skip
 def test_unknown_flag_names_the_nearest(accepted, known, message):
-    from vespo.cli import unknown_flag
+    from vespo.argv import unknown_flag
 
     assert unknown_flag(known, accepted) == message
 
@@ -460,7 +460,7 @@ def test_train_prints_its_time_estimate_after_the_first_step(tmp_path, capsys):
 def test_the_flag_check_accepts_every_flag_tyro_does():
     """`parse_flags` refuses unknown flags itself, before tyro: aliases (the old spellings) and `--no-` booleans pass,
     a suppressed field (`tyro.conf.Suppress`) has no flag."""
-    from vespo.cli import UsageError, parse_flags
+    from vespo.argv import UsageError, parse_flags
     from vespo.experiments.lab import LabConfig
     from vespo.experiments.sweep import SweepConfig
 
@@ -475,9 +475,9 @@ def test_the_flag_check_accepts_every_flag_tyro_does():
 
 
 def test_an_old_flag_name_still_works_with_one_deprecation_line(capsys):
-    """A renamed field's old flags (`vespo.cli.RENAMED`) set the field and print one line each, once per flag; the
+    """A renamed field's old flags (`vespo.argv.RENAMED`) set the field and print one line each, once per flag; the
     current names and the other aliases print nothing."""
-    from vespo.cli import parse_flags, renamed_flags, warn_renamed
+    from vespo.argv import parse_flags, renamed_flags, warn_renamed
     from vespo.experiments.lab import LabConfig
     from vespo.experiments.sweep import SweepConfig
 
@@ -503,3 +503,29 @@ def test_an_old_flag_name_still_works_with_one_deprecation_line(capsys):
     assert renamed_flags(SweepConfig) == {"--staleness": "--num-mini-batches"}
     warn_renamed("bench.py", ["--seeds", "1", "--sync-staleness", "4"], {"--sync-staleness": "--sync-n"})
     assert capsys.readouterr().err == "bench.py: --sync-staleness is deprecated; use --sync-n\n"
+
+
+def test_cli_is_the_dispatcher_only_and_the_argv_toolkit_sits_below_every_room():
+    """Issue 52: cli.py was both the `vespo` dispatcher and the argv toolkit lower rooms imported (train, evaluation,
+    experiments, benchmarks, the TRL example), an arrow running back up. Now no package module imports vespo.cli but
+    `__main__`, scripts take only the command itself (`main`) from it, and vespo.argv imports no vespo module."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def from_cli(path: Path) -> set[str]:
+        """The names `path` imports from vespo.cli ("*" for `import vespo.cli`)."""
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "vespo.cli":
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.Import) and any(a.name == "vespo.cli" for a in node.names):
+                names.add("*")
+        return names
+
+    package = [p for p in (root / "src").rglob("*.py") if p.name != "__main__.py" and from_cli(p)]
+    scripts = [p for d in ("benchmarks", "examples") for p in (root / d).rglob("*.py") if from_cli(p) - {"main"}]
+    assert package == [] and scripts == [], f"these import the argv toolkit from the dispatcher: {package + scripts}"
+    argv = ast.parse((root / "src" / "vespo" / "argv.py").read_text())
+    assert not [n for n in ast.walk(argv) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vespo")]

@@ -24,7 +24,7 @@ import argparse
 import importlib.util
 import sys
 
-from vespo.cli import warn_renamed  # argparse only: TRL and torch are imported after the command line is read
+from vespo.argv import warn_renamed  # argparse only: TRL and torch are imported after the command line is read
 
 IS_MODE = "token_truncate"
 """min(pi_old / pi_vLLM, 2) per token, folded into W (not TRL's default `sequence_mask`)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vespo.cli import ArgumentParser
+from vespo.argv import ArgumentParser
 from vespo.experiments.stats import TEST_NAMES, TESTS, compare, format_ci, markdown_grid
 from vespo.outputs import check_output_file, read_regular, write_atomic
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from vespo.cli import parse_flags
+from vespo.argv import parse_flags
 from vespo.outputs import OutputError, OwnedDir, claim, read_regular
 
 C = TypeVar("C")
@@ -60,7 +60,7 @@ def grid_cli(
 ) -> int:
     """Parse `config` from argv (flags override `default`, e.g. a preset's settings), let `plan` refuse bad settings,
     and `run` refuse an output directory it may not write (ValueError -> one line, exit 2), both before any compute;
-    then `run` the grid. A flag that cannot be parsed is one line too (`vespo.cli.parse_flags`)."""
+    then `run` the grid. A flag that cannot be parsed is one line too (`vespo.argv.parse_flags`)."""
     try:
         cfg = parse_flags(config, argv, prog=prog, description=description, default=default)
         plan(cfg)

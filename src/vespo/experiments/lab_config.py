@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import tyro
 
-from vespo.cli import RENAMED
+from vespo.argv import RENAMED
 from vespo.train.config import known_methods
 from vespo.train.host import check_output_dir
 

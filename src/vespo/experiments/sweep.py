@@ -34,7 +34,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from vespo.cli import RENAMED
+from vespo.argv import RENAMED
 from vespo.experiments.grid import GridInterrupted, claim_grid_dir, grid_cli, settings_key
 from vespo.outputs import open_append, read_regular, write_atomic
 from vespo.train.config import FIELD_TYPES, TrainConfig, conforms, describe_type

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from vespo.cli import UsageError, field_flags, given_fields, nearest, parse_flags
+from vespo.argv import UsageError, field_flags, given_fields, nearest, parse_flags
 from vespo.data.limits import short_repr
 from vespo.train.config import FIELD_TYPES, ConfigError, TrainConfig, conforms, describe_type, filled
 from vespo.train.fields import TrainFields

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 import tyro
 
-from vespo.cli import RENAMED
+from vespo.argv import RENAMED
 
 EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]

@@ -124,7 +124,7 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
 
 def export_cli(argv: list[str]) -> int:
     """`vespo export RUN_DIR --out DIR [--checkpoint last|step_K]`."""
-    from vespo.cli import ArgumentParser
+    from vespo.argv import ArgumentParser
 
     parser = ArgumentParser(
         prog="vespo export",
