@@ -474,3 +474,22 @@ def test_compare_refuses_a_row_it_would_misread_naming_the_row_and_field(tmp_pat
         cli([str(results)])
     line = _error_line(capsys.readouterr().err)
     assert exit_.value.code == 2 and f"{results}{message}" in line, line
+
+
+def test_truncate_log_streams_the_log_and_drops_an_overlong_line_as_damaged(tmp_path, monkeypatch, capsys):
+    """Issue 50 (noted): truncate_log read a whole log into memory (a long run's completions.jsonl holds gigabytes).
+    It now streams it line by line with at most MAX_LOG_LINE_BYTES of a line in memory: kept rows are copied byte for
+    byte, rows past the checkpoint go, a longer line is dropped as damaged (one stderr line), a torn last line
+    silently."""
+    from vespo.train import logs
+
+    monkeypatch.setattr(logs, "MAX_LOG_LINE_BYTES", 40)
+    path = tmp_path / "metrics.jsonl"
+    kept = ['{"step": 1, "r": 0.5}', '{"step":2,"r":1e-3}']
+    lines = [kept[0], '{"step": 2, "text": "' + "x" * 100 + '"}', kept[1], '{"step": 3, "r": 0.1}', '{"step": 2, "r']
+    path.write_text("\n".join(lines))
+    assert logs.truncate_log(path, 2) == {"step": 2, "r": 1e-3}
+    assert path.read_text() == "\n".join(kept) + "\n"
+    assert "dropped 1 damaged line(s) (line 2)" in _one_line(capsys.readouterr().err)
+    missing = tmp_path / "completions.jsonl"
+    assert logs.truncate_log(missing, 2) is None and not missing.exists()

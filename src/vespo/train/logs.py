@@ -8,10 +8,10 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vespo.outputs import open_append, read_regular, write_atomic
+from vespo.outputs import open_append, open_regular, read_regular, write_atomic
 from vespo.train.config import TrainConfig
 from vespo.train.config_io import load_yaml
 
@@ -22,9 +22,9 @@ class Logger:
     def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int):
         self.path = Path(run_dir) / "metrics.jsonl"
         # on resume, drop lines logged after the checkpoint by a run that was killed, so history is not duplicated
-        rows = truncate_log(self.path, start_step)
+        last = truncate_log(self.path, start_step)
         truncate_log(self.path.parent / "completions.jsonl", start_step)
-        self.last = {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+        self.last = {k: v for k, v in last.items() if k != "step"} if last else {}
         """The last logged step's metrics kept on resume (empty for a fresh run, or when none survived)."""
         self.sinks: list[Callable[[dict, int], None]] = []
         if cfg.tensorboard:
@@ -76,24 +76,37 @@ def _tb_hparams(tb, path: Path) -> None:
     tb.add_text("config", "```yaml\n" + path.read_text() + "```", 0)
 
 
-def truncate_log(path: Path, step: int) -> list[dict]:
-    """Keep the rows of JSONL log `path` up to rollout step `step` (what the checkpoint continues from) and return
-    them. A missing file, or lines that are not step rows (damaged by a crash or by hand), cost only their history:
-    one stderr line says what was lost, and the run continues from its checkpoint."""
-    rows, bad = [], []
+MAX_LOG_LINE_BYTES = 64 << 20
+"""Longest line of a JSONL log `truncate_log` keeps: a completions row holds a prompt (at most `MAX_PROMPT_CHARS`)
+and a response; a longer line is no row vespo wrote, and is dropped as damaged."""
+
+
+def truncate_log(path: Path, step: int) -> dict | None:
+    """Keep the rows of JSONL log `path` up to rollout step `step` (what the checkpoint continues from) and return the
+    last one kept (None: none). The file is streamed line by line, never read whole (a long run's completions.jsonl
+    holds gigabytes), and kept lines are copied as they are. A missing file, or lines that are not step rows (damaged
+    by a crash or by hand, or longer than `MAX_LOG_LINE_BYTES`), cost only their history: one stderr line says what
+    was lost, and the run continues from its checkpoint."""
+    last, bad = None, []
     if os.path.lexists(path):
-        lines = read_regular(path).decode(errors="replace").splitlines()
-        for i, line in enumerate(lines, 1):
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):
-                row = None
-            if isinstance(row, dict) and type(row.get("step")) is int and row["step"] >= 0:  # bool is no step
-                if row["step"] <= step:
-                    rows.append(row)
-            elif line.strip() and i < len(lines):  # a torn last line is a write the kill interrupted: redone anyway
-                bad.append(i)
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+        with open(open_regular(path), "rb") as src:
+
+            def keep(dst) -> None:
+                nonlocal last
+                lines = _log_lines(src)
+                line, number = next(lines, None), 1
+                while line is not None:
+                    following = next(lines, None)
+                    row = _step_row(line)
+                    if row is not None:
+                        if row["step"] <= step:
+                            dst.write(line if line.endswith(b"\n") else line + b"\n")
+                            last = row
+                    elif line.strip() and following is not None:  # a torn last line: the write a kill cut, redone
+                        bad.append(number)
+                    line, number = following, number + 1
+
+            write_atomic(path, keep)
     elif step > 0 and path.name == "metrics.jsonl":
         print(f"vespo train: resume: {path} is missing; the history of steps 1-{step} is lost, training continues "
               f"from the checkpoint at step {step}", file=sys.stderr)  # fmt: skip
@@ -101,7 +114,27 @@ def truncate_log(path: Path, step: int) -> list[dict]:
         print(f"vespo train: resume: {path}: dropped {len(bad)} damaged line(s) (line {bad[0]}"
               f"{' and later' if len(bad) > 1 else ''}); training continues from the checkpoint at step {step}",
               file=sys.stderr)  # fmt: skip
-    return rows
+    return last
+
+
+def _log_lines(src) -> Iterator[bytes]:
+    """The lines of binary file `src`, each read with at most `MAX_LOG_LINE_BYTES` + 1 bytes in memory; a longer one
+    is skipped to its end and stands as b"\\0" (a damaged line)."""
+    while line := src.readline(MAX_LOG_LINE_BYTES + 1):
+        if len(line) > MAX_LOG_LINE_BYTES and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):
+                line = src.readline(MAX_LOG_LINE_BYTES + 1)
+            line = b"\0"
+        yield line
+
+
+def _step_row(line: bytes) -> dict | None:
+    """A JSONL log line as its row, when it is one: an object with an integer `step` >= 0 (a bool is no step)."""
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return row if isinstance(row, dict) and type(row.get("step")) is int and row["step"] >= 0 else None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
