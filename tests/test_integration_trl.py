@@ -216,6 +216,28 @@ def test_config_refuses_unsupported_options(tmp_path):
         _config(VespoGRPOConfig, tmp_path, vespo_method="ppo")
 
 
+def test_vespo_hparams_settable_from_trls_cli_as_json(tmp_path):
+    """Issue 50: HfArgumentParser rejected the dict field; a JSON string or None raised TypeError. Now TRL's CLI takes a
+    JSON object, None means the defaults, and anything else is one line naming vespo_hparams."""
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--report_to", "none", "--vespo_method", "sapo",
+            "--vespo_hparams", '{"tau_pos": 2, "tau_neg": 1.5}']  # fmt: skip
+    (cfg,) = HfArgumentParser(VespoGRPOConfig).parse_args_into_dataclasses(argv)
+    assert cfg.vespo_method == "sapo" and cfg.vespo_hparams == {"tau_pos": 2, "tau_neg": 1.5}
+    assert _config(VespoGRPOConfig, tmp_path, vespo_hparams=None).vespo_hparams == {}
+    assert _config(VespoGRPOConfig, tmp_path, vespo_hparams='{"c1_pos": 2.5}').vespo_hparams == {"c1_pos": 2.5}
+    for value, message in [
+        ("{c1_pos: 2}", r"^vespo_hparams must be a JSON object, e.g. '\{\"c1_pos\": 2.0\}': "),
+        ("[1, 2]", r"^vespo_hparams must be a mapping .* got list$"),
+        (3, r"^vespo_hparams must be a mapping .* got int$"),
+        ('{"c1_pos": 1e39}', r"^vespo_hparams: vespo hyperparameter c1_pos must be 0 or a float32 number"),
+    ]:
+        with pytest.raises(ValueError, match=message) as err:
+            _config(VespoGRPOConfig, tmp_path, vespo_hparams=value)
+        assert "\n" not in str(err.value)
+
+
 def _accumulated_grad(trainer, micro_batches):
     """The gradient TRL's loop accumulates over `micro_batches` (one optimizer step's), as one flat vector."""
     trainer.model.zero_grad()

@@ -577,13 +577,20 @@ BAD_HPARAMS = [
     ("vespo", {"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": 0.5}, r"is a ratio bound u >= 1 \(\[1/u, u\]\)"),
     ("gspo", {"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "2,3,4"}, r"needs one value or 2"),
     ("gspo", {"clip_ratio_high": -1e-4}, r"clip_ratio_high must be in \[0, inf\)"),
-    ("sapo", {"tau_neg": 0.0}, r"tau_neg must be in \(0, inf\)"),
+    ("sapo", {"tau_neg": 0.0}, r"tau_neg must be in \[1e-6, inf\)"),
     ("topr", {"ratio_level": "arith"}, r"ratio_level must be one of \['product', 'geometric'\]"),
     ("cispo", {"ratio_min": 6.0}, r"cispo hyperparameters: need ratio_min < ratio_max, got 6.0, 5.0"),
     ("cispo", {"ratio_max": None}, r"ratio_max must be a finite real number, got None"),
     ("bapo", {"ratio_lower_start": 0.9}, r"need 0 < ratio_lower_start <= ratio_lower_max < 1, got 0.9, 0.8"),
     ("bapo", {"ratio_upper_max": 1.0}, r"need 1 < ratio_upper_start <= ratio_upper_max, got 1.2, 1.0"),
     ("bapo", {"adv_ratio_target": -1}, r"adv_ratio_target must be in \[0, inf\)"),
+    # issue 50: billions of candidate bounds (MemoryError); at most 100 raises per side
+    ("bapo", {"ratio_upper_max": 1e9}, r"ratio_upper_step must be 0 or >= \(ratio_upper_max - ratio_upper_start\)"),
+    ("bapo", {"ratio_lower_step": 1e-9}, r"ratio_lower_step must be 0 or >= .* got ratio_lower_step=1e-09"),
+    ("vespo", {"c1_pos": 1e39}, r"c1_pos must be 0 or a float32 number, 1.18e-38 <= \|x\| <= 3.403e\+38"),
+    ("sapo", {"tau_pos": 1e-45}, r"^sapo hyperparameter tau_pos must be 0 or a float32 number"),
+    ("sapo", {"tau_pos": 1e-30}, r"^sapo hyperparameter tau_pos must be in \[1e-6, inf\)"),
+    ("vespo", {"c2_neg": 60.0}, r"\(c1_neg, c2_neg\) = \(3.0, 60.0\) gives phi or K phi W"),
 ]
 
 
@@ -644,7 +651,29 @@ BAD_INPUTS = [
     ("int mask 2", lambda lp, o, a, m: {"response_mask": torch.tensor([[1, 2], [1, 1]])},
       r"response_mask must be binary"),
     ("str mask", lambda lp, o, a, m: {"response_mask": "11"}, r"response_mask must be a torch.Tensor, got str"),
+    # issue 50: 1e-30 padding passed the m * m == sum m test (m * m underflows in float32) and counted as valid
+    ("float mask 1e-30 padding", lambda lp, o, a, m: {"response_mask": torch.tensor([[1.0, 1e-30], [1.0, 1.0]])},
+      r"^response_mask must be binary"),
+    ("mask on another device", lambda lp, o, a, m: {"response_mask": m.to("meta")},
+      r"^response_mask is on meta but log_prob is on cpu"),
+    ("old_log_prob on another device", lambda lp, o, a, m: {"old_log_prob": o.to("meta")},
+      r"^old_log_prob is on meta but log_prob is on cpu"),
+    ("batch_context a dict", lambda *_: {"method": "vespo_moment", "batch_context": {"log_w": None}},
+      r"^batch_context must be a vespo.losses.BatchContext .* got dict$"),
+    ("batch_context on another device",
+      lambda *_: {"method": "m2po", "batch_context": vespo.losses.BatchContext(m2=torch.zeros(2, 2, device="meta"))},
+      r"^batch_context.m2 is on meta but log_prob is on cpu$"),
 ]  # fmt: skip
+
+
+def test_float_mask_with_tiny_padding_is_refused_by_the_one_input_check():
+    """Issue 50: M2PO's loss changed sign when 1e-30 padding counted as valid tokens; the trainer's one check
+    (`check_policy_inputs`) refuses it too, and a float 0/1 mask still passes."""
+    lp, old, adv, mask = example(torch.float32)
+    tiny = torch.tensor([[1.0, 1e-30], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="response_mask must be binary"):
+        vespo.check_policy_inputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=tiny)
+    vespo.check_policy_inputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
 
 
 @pytest.mark.parametrize(("case", "make", "message"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])

@@ -37,6 +37,27 @@ def vespo_log_phi(log_w: torch.Tensor, c1: float | torch.Tensor, c2: float | tor
     return c1 * log_w + c2 * (1.0 - w)
 
 
+KERNEL_C_MAX = 1000.0  # c1, c2 <= 1000: c1 log W and c2 W stay far inside float32 for |log W| <= 20
+KERNEL_LOG_MAX = 80.0  # log phi_max and log(K phi W) <= 80: phi, and the logged bound K phi W, stay finite
+
+
+def kernel_range_problem(c1: float, c2: float, sign: str = "", *, bound: bool = False) -> str | None:
+    """Why (c1, c2) would overflow float32 in the loss, or None: phi peaks at phi_max (Prop. C.1), which must stay
+    below e^80; `bound=True` also keeps the logged side of Prop. 3.1, K phi W <= K phi_max(c1 + 1, c2), below it."""
+    if not (0 < c1 <= KERNEL_C_MAX and 0 < c2 <= KERNEL_C_MAX):
+        return f"c1{sign} and c2{sign} must be in (0, {KERNEL_C_MAX:g}], got {c1}, {c2}"
+    log_peak = c1 * math.log(c1 / c2) + c2 - c1
+    if bound and c1 >= 1:
+        log_peak = max(log_peak, log_variance_bound_K(c1, c2) + (c1 + 1) * math.log((c1 + 1) / c2) + c2 - c1 - 1)
+    if log_peak > KERNEL_LOG_MAX:
+        what = "phi" + " or K phi W (Prop. 3.1)" * bound
+        return (
+            f"(c1{sign}, c2{sign}) = ({c1}, {c2}) gives {what} up to exp({log_peak:.4g}) (Prop. C.1: phi_max = "
+            f"(c1/c2)^c1 e^(c2 - c1)), beyond float32; need it <= exp({KERNEL_LOG_MAX:g}): c2 closer to c1"
+        )
+    return None
+
+
 def phi_max(c1: float, c2: float) -> float:
     """sup_W phi(W) = (c1/c2)^c1 * exp(c2 - c1), attained at W = c1/c2 (paper Prop. C.1)."""
     check_c(c1, c2)
@@ -49,15 +70,21 @@ def phi_argmax(c1: float, c2: float) -> float:
     return c1 / c2
 
 
-def variance_bound_K(c1: float, c2: float) -> float:
-    """K = sup_w phi(w)/w from Prop. 3.1: ((c1-1)/c2)^(c1-1) * exp(c2-c1+1) for c1 > 1, e^c2 at c1 = 1, inf below."""
+def log_variance_bound_K(c1: float, c2: float) -> float:
+    """log K, K = sup_w phi(w)/w (Prop. 3.1): (c1-1) log((c1-1)/c2) + c2 - c1 + 1 for c1 > 1, c2 at c1 = 1, inf
+    below."""
     check_c(c1, c2)
     if c1 < 1.0:
         return math.inf
     if c1 == 1.0:
-        return math.exp(c2)
-    w_star = (c1 - 1.0) / c2
-    return math.exp((c1 - 1.0) * math.log(w_star) + c2 * (1.0 - w_star))
+        return c2
+    return (c1 - 1.0) * math.log((c1 - 1.0) / c2) + c2 - c1 + 1.0
+
+
+def variance_bound_K(c1: float, c2: float) -> float:
+    """K = sup_w phi(w)/w from Prop. 3.1: ((c1-1)/c2)^(c1-1) * exp(c2-c1+1) for c1 > 1, e^c2 at c1 = 1, inf below."""
+    log_k = log_variance_bound_K(c1, c2)
+    return math.inf if log_k > 709.0 else math.exp(log_k)
 
 
 def variance_bound_argmax(c1: float, c2: float) -> float:

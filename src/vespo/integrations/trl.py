@@ -7,6 +7,7 @@ normalised so that the micro-batches of one optimizer step add up to the loss of
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,9 @@ class VespoGRPOConfig(GRPOConfig):
     Parameters:
         vespo_method (`str`, *optional*, defaults to `"vespo"`):
             Any of `vespo.available_methods()`. TRL's `loss_type`, `epsilon*`, `vespo_k_*` and `sapo_*` are not read.
-        vespo_hparams (`dict`, *optional*):
+        vespo_hparams (`dict` or `str`, *optional*):
             Keyword hyperparameters of the method (`vespo.method_hparams(vespo_method)`); unset ones keep the paper
-            defaults.
+            defaults. From TRL's CLI a JSON object: `--vespo_hparams '{"c1_pos": 2.0}'`.
         vespo_loss_agg_mode (`str`, *optional*):
             One of `vespo.aggregation.LOSS_AGG_MODES`; defaults to the method's own (token-mean; seq-mean-token-mean
             for GSPO). "seq-mean-token-sum-norm" divides by `max_completion_length`, like TRL's "dr_grpo".
@@ -78,10 +79,16 @@ class VespoGRPOConfig(GRPOConfig):
     vespo_method: str = field(
         default="vespo", metadata={"help": "vespo policy-loss method (vespo.available_methods())."}
     )
-    vespo_hparams: dict = field(default_factory=dict, metadata={"help": "Hyperparameters of vespo_method."})
+    vespo_hparams: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Hyperparameters of vespo_method: a dict, or a JSON object from the CLI ('{\"c1_pos\": 2.0}')."
+        },
+    )
     vespo_loss_agg_mode: str | None = field(default=None, metadata={"help": "Loss aggregation; None = method default."})
 
     def __post_init__(self) -> None:
+        self.vespo_hparams = _hparams_dict(self.vespo_hparams)
         super().__post_init__()
         unsupported = {
             "importance_sampling_level": self.importance_sampling_level != "token",
@@ -117,7 +124,10 @@ class VespoGRPOConfig(GRPOConfig):
                 "vllm_importance_sampling_correction=False (vespo then corrects from TRL's sampling log-probs), or "
                 "drop them and use vllm_importance_sampling_mode / vllm_importance_sampling_clip_max"
             )
-        validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
+        try:
+            validate_hparams(self.vespo_method, **self.vespo_hparams)  # the core's one check of names and values
+        except ValueError as exc:
+            raise ValueError(f"vespo_hparams: {exc}") from None
         trl_ratio = self.use_vllm and self.vllm_importance_sampling_correction
         mode = self.vllm_importance_sampling_mode
         if trl_ratio and mode == "token_mask" and rollout_correction(self.vespo_method) == "fold":
@@ -134,6 +144,24 @@ class VespoGRPOConfig(GRPOConfig):
                 "vllm_importance_sampling_correction=False (add vespo_hparams rollout_is/rollout_is_threshold to "
                 "correct from the sampling log-probs)"
             )
+
+
+def _hparams_dict(value: object) -> dict[str, Any]:
+    """`vespo_hparams` as a dict: a dict as given, None as {}, a JSON object string (TRL's CLI) parsed; else a one-line
+    ValueError naming the field."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"vespo_hparams must be a JSON object, e.g. '{{\"c1_pos\": 2.0}}': {exc}") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(
+            f"vespo_hparams must be a mapping of hyperparameter names to values (or a JSON object string), got "
+            f"{type(value).__name__}"
+        )
+    return dict(value)
 
 
 def _check_hub_model(model: object) -> None:
@@ -180,7 +208,9 @@ class VespoGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         model = kwargs["model"] if "model" in kwargs else args[0] if args else None
-        if isinstance(model, str):  # a .gguf file (or a dir holding one): its dequantised checkpoint, docs/guides/models.md
+        if isinstance(
+            model, str
+        ):  # a .gguf file (or a dir holding one): its dequantised checkpoint, docs/guides/models.md
             from vespo.models import model_path
 
             model = model_path(model)

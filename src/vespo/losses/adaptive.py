@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 
-from vespo.kernels import effective_sample_size, vespo_log_phi
+from vespo.kernels import effective_sample_size, kernel_range_problem, vespo_log_phi
 from vespo.losses.core import (
     LOG_W_MAX,
     LOG_W_MIN,
+    BatchContext,
     PolicyBatch,
     compact_advantages,
     row_sum,
@@ -47,24 +48,6 @@ from vespo.losses.registry import register_method
 
 Tensor = torch.Tensor
 _BISECT_ITERS = 40  # bisection halves the bracket 40 times: ~1e-12 of its width, far below float32 resolution
-
-
-@dataclass(frozen=True)
-class BatchContext:
-    """Statistics of the whole mini-batch that a micro-batch call decides with (built by `batch_context`).
-
-    `log_w` (M,) sequence log W of every sequence of the mini-batch (rollout fold included, as the method computes
-    it), `advantages` (M,) their sequence advantages, `valid` (M,) which have at least one valid token;
-    `mini_batch_index` k in 0..N-1 and `num_mini_batches` N (mini-batches per rollout step) for `vespo_schedule`;
-    `m2` the mini-batch's per-token M2 of M2PO's trust-region tokens, -1 for every other token, any shape (`m2po`).
-    """
-
-    log_w: Tensor | None = None
-    advantages: Tensor | None = None
-    valid: Tensor | None = None
-    mini_batch_index: int | None = None
-    num_mini_batches: int | None = None
-    m2: Tensor | None = None
 
 
 def batch_context(
@@ -285,10 +268,28 @@ _PAPER = dict(c1_pos=2.0, c2_pos=3.0, c1_neg=3.0, c2_neg=2.0)
 _C_BOUNDS = {name: ("[1, inf)" if name.startswith("c1") else "(0, inf)", "Prop. 3.1") for name in _PAPER}
 
 
+def _kernel_check(largest_c2: Callable[[dict[str, object], float], float], field: str | None = None):
+    """A `check` keeping every kernel the controller can reach finite in float32 (`kernels.kernel_range_problem`):
+    (c1, c2) and (c1, largest_c2(hp, c2)) per sign, the ends of the c2 range it moves in (tempering only shrinks)."""
+
+    def check(hp: dict[str, object]) -> str | None:
+        for sign in ("_pos", "_neg"):
+            c1, c2 = hp[f"c1{sign}"], hp[f"c2{sign}"]
+            problem = kernel_range_problem(c1, c2, sign)
+            top = largest_c2(hp, c2)
+            if problem is None and top != c2 and kernel_range_problem(c1, top, sign) is not None:
+                problem = f"{field} = {hp[field]} takes c2{sign} to {top:g}, where " + kernel_range_problem(c1, top)
+            if problem:
+                return problem
+        return None
+
+    return check
+
+
 def _moment_check(hp: dict[str, object]) -> str | None:
     if not hp["c2_max"] >= max(hp["c2_pos"], hp["c2_neg"]):
         return f"need c2_max >= c2_pos and c2_neg, got c2_max={hp['c2_max']}"
-    return None
+    return _kernel_check(lambda hp, c2: hp["c2_max"], "c2_max")(hp)
 
 
 def _register_adaptive(name: str, kind: str, extra: dict[str, tuple[object, object]], doc: str, **registry) -> None:
@@ -346,6 +347,7 @@ _register_adaptive(
     [1/c1, 1] that reaches it (bisection; ESS of phi^tau decreases in tau), tau = 1/c1 if none does.
     """,
     bounds=_C_BOUNDS | {"ess_target": ("(0, 1]", "normalised Kish ESS")},
+    check=_kernel_check(lambda hp, c2: c2),
 )
 _register_adaptive(
     "vespo_selfnorm",
@@ -358,6 +360,7 @@ _register_adaptive(
     group average 1); the price is that one sequence can carry up to the whole group's weight.
     """,
     bounds=_C_BOUNDS | {"max_gain": ("[1, inf]", "1 = paper VESPO")},
+    check=_kernel_check(lambda hp, c2: c2),
 )
 _register_adaptive(
     "vespo_schedule",
@@ -369,6 +372,7 @@ _register_adaptive(
     moment constraint (larger lambda) where the weights are stalest. Needs `batch_context` with k and N.
     """,
     bounds=_C_BOUNDS | {"c2_scale_max": ("[1, inf)", "1 = paper VESPO")},
+    check=_kernel_check(lambda hp, c2: c2 * hp["c2_scale_max"], "c2_scale_max"),
 )
 
 ADAPTIVE_METHODS = ("vespo_ess", "vespo_moment", "vespo_schedule", "vespo_selfnorm")

@@ -46,7 +46,7 @@ from typing import Literal
 import torch
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss
-from vespo.losses.core import LOG_PROB_MAX, PolicyBatch, ratio_metrics, row_sum, token_log_ratio
+from vespo.losses.core import LOG_PROB_MAX, BatchContext, PolicyBatch, ratio_metrics, row_sum, token_log_ratio
 from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
 from vespo.losses.registry import default_loss_agg_mode, get_method, validate_hparams
 
@@ -59,7 +59,7 @@ def policy_loss_terms(
     *,
     allow_empty_rows: bool = False,
     validate: bool = True,
-    batch_context: object | None = None,
+    batch_context: BatchContext | None = None,
     **hparams: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`method`'s per-token loss matrix (B, T) on `batch`, rollout correction applied, and its 0-dim detached metric
@@ -78,6 +78,13 @@ def policy_loss_terms(
     options = parse_rollout_correction(*(hp.pop(k) for k in CORRECTION_OPTIONS))
     if batch_context is not None and "batch_context" not in spec.inputs:
         raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
+    if batch_context is not None:
+        if not isinstance(batch_context, BatchContext):
+            raise ValueError(
+                "batch_context must be a vespo.losses.BatchContext (vespo.losses.batch_context builds one) or None, "
+                f"got {type(batch_context).__name__}"
+            )
+        batch_context.check(batch.log_prob.device)
     fold = spec.rollout_correction == "fold"
     if fold and batch.rollout_is_weights is not None and batch.rollout_is_level is None:
         raise ValueError(
@@ -241,10 +248,11 @@ def _check_values(
         flags.append((lo >= 0) & (hi < math.inf))
         if sequence_weights and rollout_is_weights.shape == mask.shape:
             flags.append(_row_spread(rollout_is_weights, mask) <= 1e-6)
-    lo, hi = torch.aminmax(mask)
-    flags.append((lo >= 0) & (hi <= 1))
-    if not binary:  # within [0, 1], m * m == m exactly when m is 0 or 1; row sums of 0/1 are exact
-        flags.append((torch.linalg.vecdot(mask, mask) == lengths).all())
+    if binary:  # bool or integer: binary exactly when within [0, 1]
+        lo, hi = torch.aminmax(mask)
+        flags.append((lo >= 0) & (hi <= 1))
+    else:  # a float mask is compared exactly: 1e-30 padding is not 0 (m * m underflows, so a sum test misses it)
+        flags.append(((mask == 0) | (mask == 1)).all())
     if not allow_empty_rows:
         flags.append((lengths > 0).all())
     if bool(torch.stack(flags).all()):  # the one host sync

@@ -76,6 +76,34 @@ class PolicyBatch:
         return adv.reshape(-1, 1).expand(self.log_prob.shape) if adv.dim() == 1 or adv.shape[-1] == 1 else adv
 
 
+@dataclass(frozen=True)
+class BatchContext:
+    """Statistics of the whole mini-batch that a micro-batch call decides with (built by
+    `vespo.losses.adaptive.batch_context`).
+
+    `log_w` (M,) sequence log W of every sequence of the mini-batch (rollout fold included, as the method computes
+    it), `advantages` (M,) their sequence advantages, `valid` (M,) which have at least one valid token;
+    `mini_batch_index` k in 0..N-1 and `num_mini_batches` N (mini-batches per rollout step) for `vespo_schedule`;
+    `m2` the mini-batch's per-token M2 of M2PO's trust-region tokens, -1 for every other token, any shape (`m2po`).
+    """
+
+    log_w: Tensor | None = None
+    advantages: Tensor | None = None
+    valid: Tensor | None = None
+    mini_batch_index: int | None = None
+    num_mini_batches: int | None = None
+    m2: Tensor | None = None
+
+    def check(self, device: torch.device) -> None:
+        """Its tensors are on `device` (the loss inputs'); one line naming the field otherwise (no data is read)."""
+        for name in ("log_w", "advantages", "valid", "m2"):
+            t = getattr(self, name)
+            if t is not None and not isinstance(t, Tensor):
+                raise ValueError(f"batch_context.{name} must be a torch.Tensor or None, got {type(t).__name__}")
+            if t is not None and t.device != device:
+                raise ValueError(f"batch_context.{name} is on {t.device} but log_prob is on {device}")
+
+
 def _check_structure(batch: PolicyBatch) -> None:
     """Types, dtypes and shapes of a `PolicyBatch` (no data is read): one line naming the input that is off."""
     named = vars(batch)
@@ -86,6 +114,8 @@ def _check_structure(batch: PolicyBatch) -> None:
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if name != "response_mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.device != batch.log_prob.device:
+            raise ValueError(f"{name} is on {t.device} but log_prob is on {batch.log_prob.device}: use one device")
     mask, log_prob, weights = batch.response_mask, batch.log_prob, batch.rollout_is_weights
     if mask.is_floating_point() is False and mask.dtype not in (
         torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64

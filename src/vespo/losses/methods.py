@@ -13,11 +13,12 @@ from typing import Literal
 import torch
 
 from vespo.aggregation import masked_mean
-from vespo.kernels import variance_bound_K, vespo_log_phi
-from vespo.losses.adaptive import BatchContext
+from vespo.kernels import kernel_range_problem, log_variance_bound_K, vespo_log_phi
+from vespo.losses import core
 from vespo.losses.core import (
     LOG_W_MAX,
     LOG_W_MIN,
+    BatchContext,
     compact_advantages,
     row_sum,
     select_by,
@@ -48,10 +49,20 @@ def reinforce(
 _PROP_31 = ("(0, inf)", "Prop. 3.1")
 
 
+def _vespo_check(hp: dict[str, object]) -> str | None:
+    """Both signs' kernels keep phi and the logged K phi W finite in float32 (`kernels.kernel_range_problem`)."""
+    for sign in ("_pos", "_neg"):
+        problem = kernel_range_problem(hp[f"c1{sign}"], hp[f"c2{sign}"], sign, bound=True)
+        if problem:
+            return problem
+    return None
+
+
 @register_method(
     "vespo",
     rollout_correction="fold",
     bounds={"c1_pos": _PROP_31, "c2_pos": _PROP_31, "c1_neg": _PROP_31, "c2_neg": _PROP_31},
+    check=_vespo_check,
 )
 def vespo(
     log_prob: Tensor,
@@ -78,8 +89,8 @@ def vespo(
     Guards (as the official code and TRL): token log-ratios clamped to [-20, 20]; log W clamped to [log 1e-8, 20].
     """
     log_w = seq_log_ratio  # (B,) log prod_t pi/mu, computed by the core (or here when called directly)
-    if log_w is None:
-        log_w = seq_log_ratio(log_prob.detach(), old_log_prob, mask)
+    if log_w is None:  # the keyword shadows the function: reach it through its module
+        log_w = core.seq_log_ratio(log_prob.detach(), old_log_prob, mask)
     if rollout_log_w is not None:
         log_w = log_w + rollout_log_w  # now log pi/pi_rollout, with the sampler part truncated
     if length_norm != "none":
@@ -100,10 +111,12 @@ def vespo(
     seq_valid = mask.sum(-1) > 0
     metrics = weight_metrics("weight", phi, a_seq, seq_valid)
     # Prop. 3.1 on the batch: E_mu[phi^2] = Z E_Q[phi] <= Z K E_Q[W] = E_mu[K phi W]; the two sides are logged.
-    k_seq = select_by(pos, variance_bound_K(c1_pos, c2_pos), variance_bound_K(c1_neg, c2_neg), log_w)
+    # K = inf for c1 < 1 (the bound is vacuous): the logged side then saturates at the float32 maximum
+    log_k = select_by(pos, log_variance_bound_K(c1_pos, c2_pos), log_variance_bound_K(c1_neg, c2_neg), log_w)
     n = seq_valid.sum().clamp(min=1)
     metrics["vespo/phi_sq_mean"] = (phi.square() * seq_valid).sum() / n
-    metrics["vespo/bound_K_phi_w_mean"] = (k_seq * torch.exp(log_phi + log_w) * seq_valid).sum() / n
+    bound = torch.where(seq_valid, torch.exp(log_k + log_phi + log_w), 0.0).sum() / n
+    metrics["vespo/bound_K_phi_w_mean"] = torch.nan_to_num(bound, posinf=torch.finfo(bound.dtype).max)
     metrics["vespo/Z"] = (phi * seq_valid).sum() / n
     return loss, metrics
 
@@ -162,6 +175,14 @@ def _token_clip_metrics(
     return metrics
 
 
+_BAPO_MAX_STEPS = 100  # BAPO: at most this many raises of each bound (the authors' config takes 4 and 16)
+
+
+def _bapo_steps(start: float, stop: float, step: float) -> float:
+    """How many raises of `step` take a BAPO bound from `start` to `stop` (0 when step = 0: the bound stays)."""
+    return 0.0 if step <= 0 or stop <= start else math.ceil((stop - start) / step - 1e-9)
+
+
 def _bapo_check(hp: dict[str, object]) -> str | None:
     if not 0 < hp["ratio_lower_start"] <= hp["ratio_lower_max"] < 1:
         return (
@@ -169,6 +190,16 @@ def _bapo_check(hp: dict[str, object]) -> str | None:
         )
     if not 1 < hp["ratio_upper_start"] <= hp["ratio_upper_max"]:
         return f"need 1 < ratio_upper_start <= ratio_upper_max, got {hp['ratio_upper_start']}, {hp['ratio_upper_max']}"
+    for side in ("lower", "upper"):  # each candidate costs a pass over the tokens: the search is bounded
+        start, stop, step = (hp[f"ratio_{side}_{k}"] for k in ("start", "max", "step"))
+        if _bapo_steps(start, stop, step) > _BAPO_MAX_STEPS:
+            return (
+                f"ratio_{side}_step must be 0 or >= (ratio_{side}_max - ratio_{side}_start) / {_BAPO_MAX_STEPS} = "
+                f"{(stop - start) / _BAPO_MAX_STEPS:.4g} (at most {_BAPO_MAX_STEPS} candidate bounds per side; "
+                f"ratio_{side}_max <= {start + _BAPO_MAX_STEPS * step:.6g} at this step), "
+                f"got ratio_{side}_step={step}, "
+                f"ratio_{side}_max={stop}"
+            )
     return None
 
 
@@ -215,7 +246,8 @@ def bapo(
     pos_a, neg_a = a.clamp(min=0.0), a.clamp(max=0.0).neg_()  # A > 0 and |A| for A < 0
     dev, dt = r.device, r.dtype
     lows_t, highs_t = torch.tensor(lows, dtype=dt, device=dev), torch.tensor(highs, dtype=dt, device=dev)
-    # One masked dot product per distinct bound (<= ~20), no host sync: sum min(r, c_high) A, sum max(r, c_low) |A|.
+    # One masked dot product per distinct bound (<= _BAPO_MAX_STEPS + 1 per side), no host sync:
+    # sum min(r, c_high) A, sum max(r, c_low) |A|.
     buf = torch.empty_like(r)
     pos_by = {h: torch.dot(torch.clamp(r, max=h, out=buf), pos_a) for h in sorted(set(highs))}
     neg_by = {lo: torch.dot(torch.clamp(r, min=lo, out=buf), neg_a) for lo in sorted(set(lows))}
@@ -236,13 +268,18 @@ def bapo(
 def _bapo_candidates(
     low: float, low_max: float, low_step: float, high: float, high_max: float, high_step: float
 ) -> tuple[list[float], list[float]]:
-    """The (c_low, c_high) pairs BAPO's search visits in order: c_low up to its maximum first, then c_high."""
+    """The (c_low, c_high) pairs BAPO's search visits in order: c_low up to its maximum first, then c_high; at most
+    `_BAPO_MAX_STEPS` raises per bound by construction (`_bapo_check` refuses settings that would need more)."""
     lows, highs = [low], [high]
-    while low < low_max and low_step > 0:
+    for _ in range(_BAPO_MAX_STEPS):
+        if not (low < low_max and low_step > 0):
+            break
         low = min(low + low_step, low_max)
         lows.append(low)
         highs.append(high)
-    while high < high_max and high_step > 0:
+    for _ in range(_BAPO_MAX_STEPS):
+        if not (high < high_max and high_step > 0):
+            break
         high = min(high + high_step, high_max)
         lows.append(low)
         highs.append(high)
@@ -278,8 +315,11 @@ def gspo(
     return loss, metrics
 
 
+_SAPO_TAU = ("[1e-6, inf)", "the loss is scaled by 4 / tau")
+
+
 @register_method(
-    "sapo", default_loss_agg_mode="seq-mean-token-mean", bounds={"tau_pos": "(0, inf)", "tau_neg": "(0, inf)"}
+    "sapo", default_loss_agg_mode="seq-mean-token-mean", bounds={"tau_pos": _SAPO_TAU, "tau_neg": _SAPO_TAU}
 )
 def sapo(
     log_prob: Tensor,

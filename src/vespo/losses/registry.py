@@ -21,6 +21,8 @@ from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction
 Tensor = torch.Tensor
 LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 ROLLOUT_CORRECTIONS = ("token", "sequence", "fold")
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # a float hyperparameter reaches float32 tensors: bounded by it
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)  # smallest normal float32; below it precision is lost
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,8 @@ def method_hparams(method: str) -> dict[str, object]:
 
 
 def default_loss_agg_mode(method: str) -> str:
-    """The aggregation `method`'s primary source uses (used when `loss_agg_mode=None`); docs/methods/index.md cites each."""
+    """The aggregation `method`'s primary source uses (used when `loss_agg_mode=None`); docs/methods/index.md cites
+    each."""
     return get_method(method).default_loss_agg_mode
 
 
@@ -131,7 +134,7 @@ def validate_hparams(method: str, **hparams: object) -> dict[str, object]:
         raise ValueError(f"{method!r} got unknown hyperparameter(s) {unknown}; it accepts {sorted(spec.hparams)}")
     out = dict(spec.hparams)
     for name, value in hparams.items():
-        out[name] = _check_type(method, name, value, spec.kinds[name])
+        out[name] = _check_type(method, name, value, spec.kinds[name], spec.bounds.get(name))
     for name, interval in spec.bounds.items():
         value = out[name]
         if value is not None and not interval.contains(value):
@@ -159,8 +162,9 @@ def _is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _check_type(method: str, name: str, value: object, kind: object) -> object:
-    """`value` if it has the annotated type (ints are accepted for floats), else ValueError."""
+def _check_type(method: str, name: str, value: object, kind: object, interval: Interval | None = None) -> object:
+    """`value` if it has the annotated type (ints are accepted for floats), else ValueError. A float must be what it
+    will be in the float32 tensors it reaches (0 or a normal float32; inf only where its interval is closed at inf)."""
     where = f"{method} hyperparameter {name}"
     args = typing.get_args(kind)
     if typing.get_origin(kind) is typing.Literal:
@@ -172,8 +176,16 @@ def _check_type(method: str, name: str, value: object, kind: object) -> object:
             return None
         kind = next(a for a in args if a is not type(None))
     if kind is float:
+        if _is_real(value) and math.isinf(value) and interval is not None and interval.contains(value):
+            return float(value)  # an interval closed at inf accepts it (vespo_selfnorm's max_gain: no cap)
         if not _is_real(value) or not math.isfinite(value):
             raise ValueError(f"{where} must be a finite real number, got {value!r}")
+        if value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+            raise ValueError(
+                f"{where} must be 0 or a float32 number, {FLOAT32_TINY:.3g} <= |x| <= {FLOAT32_MAX:.4g} (it reaches "
+                f"float32 tensors, where it would round to {'inf' if abs(value) > 1 else '0 or lose its precision'}), "
+                f"got {value!r}"
+            )
         return float(value)
     if kind is int:
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
