@@ -466,3 +466,15 @@ def test_a_slice_needs_a_plan_of_this_preset_that_names_its_variants(tmp_path):
     cfg = bench.config(tmp_path, [4, 5, 6, 7], 1, ["vespo", "grpo"], [4, 64], smoke=False)
     rows, text = bench.prepare_merge(table, [_slice_dir(tmp_path / "d", extra, bench.plan_text(cfg).encode())])
     assert len(rows) == 2 * len(extra) and text.count(bench.PLAN_HEAD) == 2
+
+
+def test_the_learner_logs_the_split_half_cosine_beside_the_cross_method_ones():
+    """The probe of a real update (test_diagnostics' tiny one: micro-batches of 3, two mini-batches) logs the trained
+    method's split-half cosine, a cosine of two different gradients (below 1), and the sweep's summary reads it."""
+    from test_diagnostics import _probe_update
+
+    from vespo.experiments.sweep import PROBE_METRICS
+
+    hist, _ = _probe_update("vespo")
+    cos = float(hist[-1]["probe/cos_split_half"])
+    assert -1.0 <= cos < 1.0 and "cos_split_half" in PROBE_METRICS
