@@ -359,6 +359,19 @@ def test_export_refuses_an_out_a_resume_would_replace_and_checks_it_before_anyth
     resume = ["--resume", "--total-training-steps", "3", "--allow-change", "total_training_steps"]
     assert cli(_argv(assets, run, *resume)) == 0
     assert (run / "exported" / "config.json").is_file() and (run / "final" / "config.json").is_file()
+    # a run that diverged: NaN weights in last.pt are refused by export and by resume, in one line, writing nothing
+    from vespo import checkpoints
+
+    state = checkpoints.load(run / CHECKPOINT, checkpoints.RUN, label="test")
+    next(iter(state["model"].values())).view(-1)[0] = float("nan")
+    checkpoints.save(run / CHECKPOINT, checkpoints.RUN, state)
+    capsys.readouterr()
+    assert export_cli([str(run), "--out", str(tmp_path / "nan")]) == 2
+    assert "is damaged: its weights are not finite" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "nan").exists()
+    resume[2] = "4"  # one step more than the run has done
+    assert cli(_argv(assets, run, *resume)) == 2
+    assert "is damaged: its weights are not finite" in _one_line(capsys.readouterr().err)
 
 
 def test_a_full_disk_at_a_checkpoint_save_stops_the_run_in_one_line_keeping_the_last(
