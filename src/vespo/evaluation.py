@@ -2,8 +2,9 @@
 
 avg@k is the mean accuracy over k samples per problem, averaged over problems; pass@k is the unbiased estimator of
 Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", Eq. 1). Generation goes through the training
-loops' own engine (`vespo.rollout.build_engine`: HF or vLLM), scoring through `vespo.rewards`, so training reward and
-evaluation share one verifier.
+loops' own engine (`vespo.rollout.build_engine`: HF or vLLM) with `vespo train`'s thread count, so it costs per sample
+what a training step's generation costs (benchmarks/bench_eval_speed.py), scoring through `vespo.rewards`, so training
+reward and evaluation share one verifier.
 """
 
 from __future__ import annotations
