@@ -4,8 +4,10 @@
 
 A file is a dict of tensors and plain containers (no pickled code): `FORMAT_KEY` and `KIND_KEY` beside the kind's
 fields (`FIELDS`). `load` reads it with ``weights_only=True`` (a crafted pickle cannot run code) and checks every
-field, so a damaged or foreign file is refused with one line before a model loads. Files from before the format
-(format 1: the same fields, no header) load as the kind asked for, so a run started then still resumes.
+field (weights and optimizer state finite), so a damaged, diverged or foreign file is refused with one line before
+a model loads. Files from before the format (format 1: the same fields, no header) load as the kind asked for, so a
+run started then still resumes. A save the file system refuses (a full disk) is one line too, and leaves the
+previous file whole.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ exclusive `flock` on `LOCK` (which records its PID), so a second process on the 
 Every file vespo writes goes through one writer, `write_atomic` (an exclusively created temporary name beside the
 target, fsync, rename, fsync of the directory), or `atomic_dir` for a whole directory; files it appends to or reads
 back are opened by `open_regular`, which never follows a symbolic link and never blocks on a FIFO. So no name in a
-directory can turn a vespo write against a file elsewhere, and a kill leaves the old or the new file, never a torn one.
+directory can turn a vespo write against a file elsewhere, and a kill leaves the old or the new file, never a torn one
+(its temporary is deleted by the next claim of the directory: `sweep_temporaries`).
 """
 
 from __future__ import annotations
