@@ -143,6 +143,23 @@ def test_resume_compares_the_whole_config_so_keys_removed_from_config_yaml_chang
     assert (tmp_path / "run" / "config.yaml").read_text() == text  # nothing rewritten to claim GRPO
 
 
+def test_a_resume_rewrites_config_yaml_only_in_what_it_was_allowed_to_change(tmp_path):
+    """The config.yaml a resume writes is the saved one but for the changes the resume was allowed (a longer run, the
+    thread count, bookkeeping): never another method, lr or seed than the run trained with."""
+    import yaml
+
+    cfg = _saved_run(tmp_path)
+    before = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    longer = dataclasses.replace(cfg, resume=True, total_training_steps=20, allow_change=("total_training_steps",),
+                                 save_every=5, num_threads=2)  # fmt: skip
+    assert check_run(longer)["step"] == 3
+    start_run(longer, claim_run_dir(longer), num_threads=2)
+    after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed == {"total_training_steps", "save_every", "num_threads"} and set(after) == set(before)
+    assert (after["resume"], after["allow_change"]) == (False, [])  # what the run is, not how it was started
+
+
 def test_a_field_added_after_a_run_was_saved_reads_as_its_default(tmp_path):
     """A config.yaml written before a field existed (`ADDED_FIELDS`) ran at the field's default: resuming it at the
     default continues, at another value is a change of the run, named as the default."""
