@@ -869,8 +869,9 @@ def verdicts_markdown(found: list[dict], seeds: list[int], reg: dict | None = No
         lines += [_row_md(r, cls == "confirmatory") for r in chosen]
     counts: dict[str, dict[str, int]] = {}
     for r in found:
-        counts.setdefault(r["rule"], {}).setdefault(r["verdict"], 0)
-        counts[r["rule"]][r["verdict"]] += 1
+        key = f"{reg.get(r['family'], {}).get('class', 'exploratory')}, {r['rule']}"
+        counts.setdefault(key, {}).setdefault(r["verdict"], 0)
+        counts[key][r["verdict"]] += 1
     lines += ["", "Summary: " + "; ".join(f"{md(rule)}: " + ", ".join(f"{md(k)} {v}" for k, v in sorted(c.items()))
                                           for rule, c in counts.items()) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
