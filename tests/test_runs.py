@@ -160,12 +160,15 @@ def test_a_resume_rewrites_config_yaml_only_in_what_it_was_allowed_to_change(tmp
     assert (after["resume"], after["allow_change"]) == (False, [])  # what the run is, not how it was started
 
 
-def test_a_field_added_after_a_run_was_saved_reads_as_its_default(tmp_path):
+def test_a_field_added_after_a_run_was_saved_reads_as_its_default(tmp_path, capsys):
     """A config.yaml written before a field existed (`ADDED_FIELDS`) ran at the field's default: resuming it at the
-    default continues, at another value is a change of the run, named as the default."""
+    default continues (one line says so), at another value is a change of the run, named as the default."""
     cfg = _saved_run(tmp_path)
     _drop_keys(tmp_path / "run" / "config.yaml", "bypass_mode", "eval_top_p", "adv_estimator")
+    capsys.readouterr()
     assert check_run(dataclasses.replace(cfg, resume=True))["step"] == 3
+    assert capsys.readouterr().err.endswith("config.yaml predates 3 field(s), read at their defaults: "
+                                            "adv_estimator='grpo', bypass_mode=False, eval_top_p=None\n")  # fmt: skip
     with pytest.raises(ConfigError, match=r"differs from the saved run in bypass_mode: False \(default: not in "
                                           r"config.yaml\) -> True"):  # fmt: skip
         check_run(dataclasses.replace(cfg, resume=True, bypass_mode=True))

@@ -199,6 +199,11 @@ def check_run(cfg: TrainConfig) -> dict | None:
     if cfg.mode == "async" and LOOP_KEYS[0] not in ckpt:
         raise ConfigError(f"resume: {run_dir / CHECKPOINT} has no async state (it was not saved by an async run)")
     check_resume(cfg, saved, ckpt["step"])
+    added = {k: getattr(TrainFields, k) for k in ADDED_FIELDS if k not in saved}
+    if added:  # a run saved before these fields existed: it ran at their defaults, and resumes at them
+        defaults = ", ".join(f"{k}={v!r}" for k, v in added.items())
+        print(f"vespo train: resume: {existing} predates {len(added)} field(s), read at their defaults: {defaults}",
+              file=sys.stderr)  # fmt: skip
     return ckpt
 
 
