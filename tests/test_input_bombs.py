@@ -286,5 +286,7 @@ def test_the_dev_shm_check_counts_the_weight_store_the_samplers_share(tmp_path, 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and f"({need / 2**20:.3g} MiB) with the samplers through /dev/shm" in err
     assert not run.exists()
+    with pytest.raises(config.ConfigError, match=r"/dev/shm, which has .* MiB free"):  # and again, at the allocation
+        WeightStore(policy, multiprocessing.get_context("spawn"))
     monkeypatch.setattr(os, "statvfs", _shm(need + 4095))  # room for the store, to the page: the check passes
     host.check_host(config.TrainConfig(mode="async", model=name, run_dir=str(run)))

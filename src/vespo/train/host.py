@@ -139,8 +139,14 @@ def _check_sampler_memory(cfg: TrainConfig) -> None:
             f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {cfg.sampler_dtype} copy of the "
             f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
         )
+    check_shared_memory(_shared_weight_bytes(cfg))  # the learner's weights, shared
+
+
+def check_shared_memory(store: int) -> None:
+    """An async weight store of `store` bytes fits in /dev/shm (ConfigError saying how to give it more otherwise):
+    checked before the claim on the policy's meta-device count (`check_host`), and again by `WeightStore` on the
+    loaded policy just before it allocates (a Hub model's size is known only once it is downloaded)."""
     shm = _shared_memory_free()
-    store = _shared_weight_bytes(cfg) if shm is not None else 0  # the learner's weights, shared
     if shm is not None and store > shm:
         size = -(-(store + _SAMPLER_PROCESS_BYTES) // 2**30)  # GiB, rounded up, with room to spare
         raise ConfigError(

@@ -35,6 +35,9 @@ class WeightStore:
     """
 
     def __init__(self, model: torch.nn.Module, ctx):
+        from vespo.train.host import check_shared_memory  # one line, never torch's "unable to allocate shared memory"
+
+        check_shared_memory(self.shared_bytes(model))
         params = list(model.named_parameters())  # tied weights appear once
         self.names = [n for n, _ in params]
         self.shapes = [tuple(p.shape) for _, p in params]
