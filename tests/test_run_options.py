@@ -169,3 +169,19 @@ def test_a_yaml_key_typo_names_the_nearest_keys_as_a_flag_typo_does(tmp_path):
     path.write_text("zzz: 4\n")
     with pytest.raises(ConfigError, match=r"unknown config key\(s\) \['zzz'\]$"):  # nothing near: no hint
         load_yaml(path)
+
+
+def test_a_flag_for_n_overrides_the_config_files_other_spelling_of_it(tmp_path):
+    """Flags override --config: `--num-mini-batches 4` over a file's `train_batch_size: 32` (or `--train-batch-size`
+    over its `staleness`) is the flag's N, not a clash; both spellings in one file or one command line still are."""
+    from vespo.train.config import ConfigError
+    from vespo.train.config_io import parse_args
+
+    (tmp_path / "batch.yaml").write_text("train_batch_size: 32\nppo_mini_batch_size: 4\n")
+    (tmp_path / "n.yaml").write_text("staleness: 2\nppo_mini_batch_size: 4\n")
+    (tmp_path / "both.yaml").write_text("staleness: 2\ntrain_batch_size: 32\nppo_mini_batch_size: 4\n")
+    assert parse_args(["--config", str(tmp_path / "batch.yaml"), "--num-mini-batches", "4"]).train_batch_size == 16
+    assert parse_args(["--config", str(tmp_path / "batch.yaml")]).num_mini_batches == 8
+    assert parse_args(["--config", str(tmp_path / "n.yaml"), "--train-batch-size", "12"]).num_mini_batches == 3
+    with pytest.raises(ConfigError, match="staleness=2 .* train_batch_size=32 was also given"):
+        parse_args(["--config", str(tmp_path / "both.yaml")])

@@ -395,7 +395,11 @@ def parse_fields(argv: list[str]) -> TrainFields:
                           also=_READ_HERE)  # fmt: skip
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
-    given = yaml_keys | given_fields(TrainFields, argv)
+    flags = given_fields(TrainFields, argv)
+    for flag, spelt in (("staleness", "train_batch_size"), ("train_batch_size", "staleness")):  # two spellings of N
+        if flag in flags and spelt in yaml_keys - flags:  # the flag overrides the file's other spelling
+            cfg, yaml_keys = dataclasses.replace(cfg, **{spelt: None}), yaml_keys - {spelt}
+    given = yaml_keys | flags
     cfg = _from_trl(cfg, trl, given)
     return dataclasses.replace(cfg, hparams=cfg.hparams | _typed_hparams(cfg.method, argv))
 
