@@ -406,8 +406,20 @@ def design_equal_steps(table: list[dict]) -> dict:
                    {"optimizer_steps": EQUAL_STEPS, "min_rollout_steps": 1}, why)  # fmt: skip
 
 
-CORRECTIONS_2026 = ("dppo", "luspo", "vespo-penalty")
-"""Issue 54's variants of the paper-long preset: DPPO, LUSPO, VESPO with the squared log-ratio penalty."""
+CORRECTIONS_2026 = {"dppo-tv": ("dppo_tv", {}, {}), "luspo": ("luspo", {}, {}),
+                    "vespo-kltau": ("vespo", {"kl_tau": 1e-3}, {})}  # fmt: skip
+"""Issue 54's variants (variant -> method, hparams, settings, as `PRESETS` holds them), each at its sources' defaults:
+DPPO-Binary-TV (`dppo_tv`: veRL 0.9.1's and prime-rl's default form; TV threshold 0.15, IS cap C = 20), LUSPO
+(`luspo`: TRL's, GSPO's clip bounds 3e-4 / 4e-4, seq-mean-token-sum), and VESPO with Kimi K2.5's squared log-ratio
+penalty (`kl_tau` = 1e-3, prime-rl's name and default)."""
+
+
+def _resolved(method: str, hparams: dict) -> str:
+    """A method's hyperparameters as it resolves them (its defaults under `hparams`), or `hparams` where the method
+    is not registered in this checkout."""
+    from vespo.losses import available_methods, validate_hparams
+
+    return str(validate_hparams(method, **hparams) if method in available_methods() else hparams or "(defaults)")
 
 
 def design_corrections_2026(table: list[dict]) -> dict:
@@ -416,19 +428,24 @@ def design_corrections_2026(table: list[dict]) -> dict:
     their own (the 2025-26 corrections'; the earlier family of issue 40 is left as its plans made it)."""
     ns = [4, 64]
     family = "at one N · 2025-26 corrections (issue 54)"
-    found = [at_n(v, n, family) for v in CORRECTIONS_2026 for n in ns]
+    found = [at_n(v, n, family) for v in CORRECTIONS_2026 for n in ns]  # DPPO, LUSPO, VESPO + penalty vs VESPO
     sds = {}
     for v in LATER:
         sds |= {f"{v} {k}": x for k, x in _measured_sd(table, lambda n, v=v: [[1, v, n], [-1, "vespo", n]],
                                                        ns).items()}  # fmt: skip
     sd = float(np.median(list(sds.values()))) if sds else ASSUMED_SD["at one N"]
     why = ("5 seeds (0-4) on the table's warm start (SFT seed 0), VESPO run again beside them under the same code; "
-           "assumed SD: the median over the table's 2025-26 corrections of the SD of their paired differences with "
-           "VESPO (their runaways make the largest ones uninformative).")  # fmt: skip
-    return _design("corrections-2026", "Does DPPO, LUSPO or VESPO with the squared log-ratio penalty differ from VESPO "
-                   "at N = 4 or 64?", ["vespo", *CORRECTIONS_2026], ns, _seed_plan((0,), 0, 5), found,
-                   {family: sd}, "results.csv at the plan's parent commit: " +
-                   ", ".join(f"{k} {v:.4f}" for k, v in sds.items()), {}, why)  # fmt: skip
+           "the variants at their sources' defaults: " + "; ".join(f"{v} = {m} {_resolved(m, h)}" for v, (m, h, _)
+                                                                   in CORRECTIONS_2026.items()) +
+           ". One Holm family of their 6 comparisons (the 2025-26 corrections' own, as issue 40's were; issue 40's "
+           "family stays as its plans made it, so no earlier family grows after its results). Assumed SD: the median "
+           "over the table's 2025-26 corrections of the SD of their paired differences with VESPO (their runaways "
+           "make the largest uninformative). N = 4 runs first (cheap), N = 64 after.")  # fmt: skip
+    d = _design("corrections-2026", "Does DPPO, LUSPO or VESPO with the squared log-ratio penalty differ from VESPO "
+                "at N = 4 or 64?", ["vespo", *CORRECTIONS_2026], ns, _seed_plan((0,), 0, 5), found,
+                {family: sd}, "results.csv at the plan's parent commit: " +
+                ", ".join(f"{k} {v:.4f}" for k, v in sds.items()), {}, why)  # fmt: skip
+    return d | {"variant_defs": {v: [m, h, s] for v, (m, h, s) in CORRECTIONS_2026.items()}}
 
 
 DESIGNS = {"confirm-n64": design_confirm_n64, "equal-steps": design_equal_steps,
