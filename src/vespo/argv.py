@@ -159,11 +159,10 @@ def parse_flags(
     one deprecation line (`warn_renamed`)."""
     import tyro
 
-    spellings = flag_fields(config)
-    message = unknown_flag(argv, {"-h", "--help", *spellings} | set(also))
+    message = unknown_flag(argv, dataclass_flags(config) | set(also))
     if message is not None:
         raise UsageError(f"{message} ({prog} --help lists every flag)")
-    message = two_spellings(argv, spellings)
+    message = two_spellings(argv, flag_fields(config))
     if message is not None:
         raise UsageError(message)
     warn_renamed(prog, argv, renamed_flags(config))
