@@ -478,3 +478,22 @@ def test_the_learner_logs_the_split_half_cosine_beside_the_cross_method_ones():
     hist, _ = _probe_update("vespo")
     cos = float(hist[-1]["probe/cos_split_half"])
     assert -1.0 <= cos < 1.0 and "cos_split_half" in PROBE_METRICS
+
+
+def test_a_design_runs_only_from_its_committed_unchanged_plan_and_a_plan_is_written_once(tmp_path, monkeypatch):
+    out = tmp_path / "repo"
+    out.mkdir()
+    _git(out, "init", "-q")
+    _slice_dir(out, [_chain(v, 64, s, 0.5 + 0.01 * s) for v in ("vespo", "grpo") for s in range(3)])
+    monkeypatch.setitem(bench.DESIGNS, "toy", lambda table: _toy_design("toy"))
+    path = bench.write_plan(out, "toy")
+    with pytest.raises(ValueError, match="a plan is written once"):
+        bench.write_plan(out, "toy")
+    with pytest.raises(ValueError, match="is not committed: commit it alone"):
+        bench.plan_committed(out, "toy")
+    _git(out, "add", "plans/toy.md")
+    _git(out, "commit", "-q", "-m", "plan")
+    assert len(bench.plan_committed(out, "toy")) == 40
+    path.write_text(path.read_text().replace("q?", "another question?"))
+    with pytest.raises(ValueError, match="differs from the commit that added it"):
+        bench.plan_committed(out, "toy")
