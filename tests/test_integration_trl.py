@@ -129,6 +129,20 @@ def _trainer(cls, cfg_cls, tokenizer, dataset, tmp_path, ga=2, **kw):
     return trainer
 
 
+def _same_loss_and_gradient(ours, theirs, inputs):
+    """Both trainers' loss and gradient on one micro-batch agree (and the gradient is not zero)."""
+    losses, grads = [], []
+    for trainer in (ours, theirs):
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, inputs)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    assert grads[0].abs().max() > 1e-4
+
+
 @pytest.mark.parametrize("with_is", [False, True])
 def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path):
     """Same model, same micro-batch: our `vespo` loss and gradient equal TRL's `loss_type="vespo"`."""
@@ -156,16 +170,7 @@ def test_vespo_equals_trl_loss_type_vespo(with_is, tokenizer, dataset, tmp_path)
         inputs["importance_sampling_ratio"] = torch.where(
             inputs["completion_mask"].bool(), ratio, torch.ones_like(ratio)
         )
-    losses, grads = [], []
-    for trainer in (ours, theirs):
-        trainer.model.zero_grad()
-        loss = trainer._compute_loss(trainer.model, inputs)
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
-    assert grads[0].abs().max() > 1e-4
+    _same_loss_and_gradient(ours, theirs, inputs)
     # the weights are far from 1, so the check is not the on-policy limit in disguise
     ours._flush_vespo_metrics()  # metrics stay tensors until TRL logs
     assert ours._metrics["train"]["weight/min_pos"][-1] < 0.9 or ours._metrics["train"]["weight/min_neg"][-1] < 0.9
@@ -214,6 +219,26 @@ def test_config_refuses_unsupported_options(tmp_path):
         _config(VespoGRPOConfig, tmp_path, vespo_hparams={"c1_pos": "abc"})
     with pytest.raises(ValueError, match="unknown policy-loss method"):
         _config(VespoGRPOConfig, tmp_path, vespo_method="ppo")
+
+
+def test_luspo_equals_trl_loss_type_luspo(tokenizer, dataset, tmp_path):
+    """Issue 54: vespo's luspo (GSPO summed over each sequence, mean over sequences) equals TRL's
+    `loss_type="luspo"` at sequence-level importance sampling and TRL's epsilon: loss and gradient."""
+    ours = _trainer(
+        VespoGRPOTrainer, VespoGRPOConfig, tokenizer, dataset, tmp_path / "a", vespo_method="luspo",
+        vespo_hparams={"clip_ratio_low": 0.2, "clip_ratio_high": 0.2},
+    )  # fmt: skip
+    theirs = _trainer(
+        GRPOTrainer, GRPOConfig, tokenizer, dataset, tmp_path / "b", loss_type="luspo",
+        importance_sampling_level="sequence",
+    )  # fmt: skip
+    inputs = _inputs(tokenizer, 1)
+    with torch.no_grad():
+        lp, _ = ours._log_probs(ours.model, inputs, compute_entropy=False)
+    inputs["old_per_token_logps"] = lp + 0.8 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(4))
+    _same_loss_and_gradient(ours, theirs, inputs)
+    ours._flush_vespo_metrics()
+    assert 0 < ours._metrics["train"]["clip/frac"][-1] < 1  # some sequences clipped, some not
 
 
 def test_vespo_hparams_settable_from_trls_cli_as_json(tmp_path):

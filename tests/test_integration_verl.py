@@ -124,13 +124,23 @@ BUILTIN_PAIRS = [
     ("sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, {"tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean"),
     ("cispo", "cispo", {"ratio_min": 0.8, "ratio_max": 1.28},
      {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, "token-mean"),
+    # issue 54: DPPO at veRL's example thresholds, and with a cap C that binds (veRL reads clip_ratio_c as C)
+    ("dppo_tv", "dppo_tv", {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 20.0},
+     {"clip_ratio_low": 0.15, "clip_ratio_high": 0.15, "clip_ratio_c": 20.0}, "token-mean"),
+    ("dppo_tv", "dppo_tv", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.1, "clip_ratio_c": 1.2},
+     {"clip_ratio_low": 0.05, "clip_ratio_high": 0.1, "clip_ratio_c": 1.2}, "seq-mean-token-sum-norm"),
+    ("dppo_kl", "dppo_kl", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0},
+     {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0}, "token-mean"),
+    ("dppo_kl", "dppo_kl", {"clip_ratio_low": 0.01, "clip_ratio_high": 0.02, "clip_ratio_c": 1.2},
+     {"clip_ratio_low": 0.01, "clip_ratio_high": 0.02, "clip_ratio_c": 1.2}, "seq-mean-token-mean"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("method", "builtin", "hparams", "actor_kw", "mode"), BUILTIN_PAIRS)
 @pytest.mark.parametrize("with_is", [False, True])
 def test_matches_verl_builtin(method, builtin, hparams, actor_kw, mode, with_is):
-    """vespo's grpo/gspo/sapo/cispo equal veRL's vanilla/gspo/sapo/cispo: loss, gradient, clip metrics."""
+    """vespo's grpo/gspo/sapo/cispo/dppo_* equal veRL's vanilla/gspo/sapo/cispo/dppo_*: loss, gradient, clip
+    metrics."""
     old, lp, adv, mask = _batch(2, scale=0.4)
     is_w = None
     if with_is:  # veRL's own token-level truncated IS weights
@@ -155,8 +165,10 @@ def test_matches_verl_builtin(method, builtin, hparams, actor_kw, mode, with_is)
         if method == "sapo" and k == "actor/pg_clipfrac":
             continue  # veRL reports 0 for SAPO (no clipping); vespo's sapo has no clip metric either
         assert m_ours[k] == pytest.approx(m_theirs[k], rel=1e-6, abs=1e-9), k  # veRL counts clips in float32
-    if method in ("grpo", "gspo", "cispo"):
-        assert m_ours["actor/pg_clipfrac"] > 0  # the random ratios do reach the clip range
+    if method in ("grpo", "gspo", "cispo", "dppo_tv", "dppo_kl"):
+        assert m_ours["actor/pg_clipfrac"] > 0  # the random ratios do reach the clip range (DPPO: trust region)
+    if hparams.get("clip_ratio_c") == 1.2:
+        assert m_ours["actor/pg_clipfrac_lower"] > 0  # DPPO's cap C binds
 
 
 def test_intentional_difference_sapo_ignores_loss_agg_mode_in_verl():

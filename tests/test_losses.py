@@ -24,7 +24,8 @@ BATCH_INDEPENDENT = [m for m in METHODS if m != "bapo" and not vespo.losses.uses
 
 def test_registry_names():
     assert vespo.available_methods() == sorted(
-        ["aipo", "bapo", "cispo", "grpo", "gspo", "m2po", "opsm", "reinforce", "sapo", "topr", "vcpo", "vespo"]
+        ["aipo", "bapo", "cispo", "dppo_kl", "dppo_tv", "grpo", "gspo", "luspo", "m2po", "opsm", "reinforce", "sapo",
+         "topr", "vcpo", "vespo"]
         + list(ADAPTIVE_METHODS)
     )
     with pytest.raises(ValueError, match="already registered"):
@@ -42,6 +43,7 @@ def test_registry_names():
         "rollout_is_threshold": 2.0,
         "rollout_rs": None,
         "rollout_rs_threshold": None,
+        "kl_tau": 0.0,
     }
 
 
@@ -63,6 +65,10 @@ def test_default_aggregation_is_each_primary_sources():
         "aipo": "token-mean",
         "opsm": "seq-mean-token-mean",
         "vcpo": "seq-mean-token-mean",
+        # veRL's dppo_* default (prime-rl divides by all tokens too); TRL's luspo sums each sequence, mean over them
+        "dppo_tv": "token-mean",
+        "dppo_kl": "token-mean",
+        "luspo": "seq-mean-token-sum",
     } | {m: "token-mean" for m in ADAPTIVE_METHODS}  # adaptive VESPO keeps VESPO's aggregation
     assert {m: default_loss_agg_mode(m) for m in vespo.available_methods()} == want
     from pathlib import Path

@@ -10,7 +10,13 @@ from vespo.losses import adaptive, methods  # noqa: F401  (registers the methods
 from vespo.losses.adaptive import BatchContext, batch_context
 from vespo.losses.compute import check_policy_inputs, compute_policy_loss, policy_loss_terms
 from vespo.losses.core import ROLLOUT_IS_THRESHOLD, PolicyBatch, kl_k3
-from vespo.losses.correction import CORRECTION_OPTIONS, RolloutCorrection, parse_rollout_correction
+from vespo.losses.correction import (
+    CORRECTION_OPTIONS,
+    ROLLOUT_CORRECTION_PRESETS,
+    RolloutCorrection,
+    parse_rollout_correction,
+    rollout_correction_preset,
+)
 from vespo.losses.registry import (
     available_methods,
     default_loss_agg_mode,
@@ -25,6 +31,7 @@ from vespo.losses.registry import (
 
 __all__ = [
     "CORRECTION_OPTIONS",
+    "ROLLOUT_CORRECTION_PRESETS",
     "PolicyBatch",
     "ROLLOUT_IS_THRESHOLD",
     "RolloutCorrection",
@@ -40,6 +47,7 @@ __all__ = [
     "parse_rollout_correction",
     "policy_loss_terms",
     "register_method",
+    "rollout_correction_preset",
     "rollout_correction",
     "uses_batch_context",
     "uses_rollout_log_prob",

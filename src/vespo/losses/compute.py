@@ -26,6 +26,9 @@ registered `rollout_correction` says how the weight applies: "token" multiplies 
 prod_t min(r, C), as the official code), with r = mu/pi_rollout and C = `rollout_is_threshold` (default 2, veRL's,
 which the official VESPO code receives). Rejected tokens are removed from the mask the method sees and contribute 0.
 
+Every method also takes `kl_tau` (default 0, off): Kimi K2.5's squared log-ratio penalty kl_tau * (log pi/mu)^2,
+added by the core to each valid token's loss (log pi/mu clamped to +-20; prime-rl's name and default loss, 1e-3).
+
 The public entry points are `compute_policy_loss` (scalar loss and 0-dim metric tensors, from keyword tensors) and
 `policy_loss_terms` (loss matrix of a `PolicyBatch`, for engines that aggregate themselves). The batch checks its
 structure when built; both check values with one fused test (one host synchronisation); `validate=False` skips it
@@ -76,6 +79,7 @@ def policy_loss_terms(
     spec = get_method(method)
     hp = validate_hparams(method, **hparams)
     options = parse_rollout_correction(*(hp.pop(k) for k in CORRECTION_OPTIONS))
+    kl_tau = hp.pop("kl_tau")
     if batch_context is not None and "batch_context" not in spec.inputs:
         raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
     if batch_context is not None:
@@ -123,6 +127,10 @@ def policy_loss_terms(
     loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
     if not fold and correction is not None:
         loss_mat = loss_mat * correction  # (B, T) or (B, 1), detached
+    if kl_tau > 0:  # Kimi K2.5's squared log-ratio penalty on every valid token (prime-rl: the DPPO-masked ones too)
+        sq = token_log_ratio(lp, old).square()  # (B, T), gradient 2 kl_tau log(pi/mu) grad log pi
+        loss_mat = loss_mat + kl_tau * sq
+        metrics["kl_tau/log_ratio_sq"] = (row_sum(sq.detach(), mask).sum() / mask.sum().clamp(min=1.0)).detach()
     if keep is not None:
         loss_mat = loss_mat * keep  # rejected tokens contribute exactly 0 (the caller's normaliser is unchanged)
     metrics.update(ro_metrics)

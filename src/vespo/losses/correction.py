@@ -13,6 +13,8 @@ every method (`CORRECTION_OPTIONS`), parsed once by `parse_rollout_correction`:
 - `rollout_rs_threshold`: one threshold per criterion (comma-separated) or one shared; k1 takes ratio bounds
   "lower_upper" (one number u means [1/u, u]), k2/k3 an upper bound.
 
+veRL's decoupled presets are `ROLLOUT_CORRECTION_PRESETS` by veRL's names (IcePop is `decoupled_token_icepop`:
+`rollout_is="token"`, `rollout_is_threshold="0.5_5.0"`); `rollout_correction_preset(name)` gives their options.
 `rollout_correction` turns them into the detached weight the loss uses, the rejection mask and 0-dim metrics.
 Everything is log space; no host synchronisation.
 """
@@ -44,6 +46,40 @@ CORRECTION_OPTIONS = {  # name -> vespo default (veRL's, except rollout_is: "aut
     "rollout_rs": None,
     "rollout_rs_threshold": None,
 }
+# veRL's decoupled-mode presets (`RolloutCorrectionConfig.<name>()`, verl/trainer/config/algorithm.py, veRL 0.9.1)
+# as the options above, so each is findable by veRL's name; bypass-mode presets replace the policy loss (refused).
+ROLLOUT_CORRECTION_PRESETS: dict[str, dict[str, object]] = {
+    "decoupled_token_is": {"rollout_is": "token", "rollout_is_threshold": 2.0},
+    "decoupled_seq_is": {"rollout_is": "sequence", "rollout_is_threshold": 2.0},
+    # IcePop: token weights set to 0 outside [0.5, 5] (the response mask is unchanged)
+    "decoupled_token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+    "decoupled_seq_is_rs": {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_sum_k1",
+                            "rollout_rs_threshold": "0.5_2.0"},
+    "decoupled_geo_rs": {"rollout_is": None, "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
+    "decoupled_geo_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k1",
+                                 "rollout_rs_threshold": "0.999_1.001"},
+    "decoupled_geo_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k1",
+                                   "rollout_rs_threshold": "0.999_1.001"},
+    "decoupled_k3_rs": {"rollout_is": None, "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01},
+    "decoupled_k3_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3",
+                                "rollout_rs_threshold": 0.01},
+    "decoupled_k3_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3",
+                                  "rollout_rs_threshold": 0.01},
+    "disabled": {"rollout_is": None},
+}  # fmt: skip
+
+
+def rollout_correction_preset(name: str) -> dict[str, object]:
+    """The four rollout-correction options of veRL's preset `name` (e.g. "decoupled_token_icepop"), ready to pass as
+    hyperparameters of any method; one-line ValueError naming the known presets otherwise."""
+    if name not in ROLLOUT_CORRECTION_PRESETS:
+        raise ValueError(
+            f"unknown rollout-correction preset {name!r}; veRL's decoupled presets are "
+            f"{sorted(ROLLOUT_CORRECTION_PRESETS)} (bypass-mode presets replace the policy loss: not available)"
+        )
+    return {**CORRECTION_OPTIONS, "rollout_is_threshold": None, **ROLLOUT_CORRECTION_PRESETS[name]}
+
+
 IS_LEVELS = ("auto", "token", "sequence", None)
 RS_OPTIONS = (
     "token_k1", "token_k2", "token_k3",

@@ -29,7 +29,7 @@ from vespo.losses.core import (
     trust_region_m2,
     weight_metrics,
 )
-from vespo.losses.registry import register_method
+from vespo.losses.registry import LossFn, register_method
 
 Tensor = torch.Tensor
 _GSPO_LOG_RATIO_MAX = 10.0  # GSPO: token-level log s_i,t capped at 10 (veRL)
@@ -547,3 +547,107 @@ def vcpo(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tenso
     """
     ratio = torch.exp(token_log_ratio(log_prob, old_log_prob))  # (B, T)
     return ratio * -compact_advantages(advantages), token_weight_metrics(ratio.detach(), advantages, mask)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The trust-region and length corrections of 2026: DPPO and LUSPO (/work/team/methods has each one's sources)
+
+
+def _binary_kl(log_prob: Tensor, old_log_prob: Tensor) -> Tensor:
+    """DPPO's binary KL per token, KL(Bern(mu_t) || Bern(pi_t)) of the sampled token's probability, as veRL's
+    `dppo_kl` computes it (1e-8 inside the log of the complements); probabilities capped at 1 (log-probs may exceed 0
+    by LOG_PROB_MAX)."""
+    p, q = torch.exp(log_prob).clamp(max=1.0), torch.exp(old_log_prob).clamp(max=1.0)
+    return q * (old_log_prob - log_prob) + (1.0 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
+
+
+def _dppo(
+    divergence: Literal["tv", "kl"],
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    low: float,
+    high: float,
+    clip_ratio_c: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary (Qi et al. 2026, arXiv 2602.04879, Eq. of the binary trust region) as veRL 0.9.1's `dppo_tv` /
+    `dppo_kl`: loss = -A * sg(min(r, C)) * log pi * M per token, M = 0 where the token left the trust region in the
+    direction its advantage rewards, r = pi/mu (log r clamped to +-20)."""
+    lp = log_prob.detach()
+    ratio = torch.exp(token_log_ratio(lp, old_log_prob))  # (B, T), detached
+    weight = ratio if clip_ratio_c is None else ratio.clamp(max=clip_ratio_c)
+    adv = compact_advantages(advantages)
+    if divergence == "tv":  # p - p_old <= high for A > 0, >= -low otherwise
+        diff = torch.exp(lp) - torch.exp(old_log_prob)
+        valid = torch.where(adv > 0, diff <= high, diff >= -low)
+    else:  # binary KL within its bound, or the probability moved against the advantage's direction
+        kl, p, q = _binary_kl(lp, old_log_prob), torch.exp(lp), torch.exp(old_log_prob)
+        valid = torch.where(adv > 0, (kl <= high) | (p <= q), (kl <= low) | (p >= q))
+    coef = weight * valid  # (B, T) detached
+    loss = log_prob * (-adv * coef)
+    metrics = token_weight_metrics(coef, advantages, mask)
+    metrics["clip/frac"] = masked_mean(~valid, mask)  # veRL's pg_clipfrac: tokens outside the trust region
+    truncated = (ratio > clip_ratio_c) & valid if clip_ratio_c is not None else torch.zeros_like(valid)
+    metrics["clip/frac_lower"] = masked_mean(truncated, mask)  # veRL's pg_clipfrac_lower: r truncated at C
+    return loss, metrics
+
+
+_DPPO_C = ("(0, inf)", "DPPO's truncated IS cap C; None: no cap")
+
+
+def _dppo_method(name: str, divergence: Literal["tv", "kl"], threshold: float, doc: str) -> LossFn:
+    """The registered DPPO-Binary function of one divergence: thresholds (clip_ratio_low, clip_ratio_high) and the
+    cap `clip_ratio_c` are its keyword hyperparameters (veRL's names and `ActorConfig` fields)."""
+
+    def method(
+        log_prob: Tensor,
+        old_log_prob: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        clip_ratio_low: float = threshold,
+        clip_ratio_high: float = threshold,
+        clip_ratio_c: float | None = 20.0,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        return _dppo(
+            divergence, log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
+        )
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = doc
+    kind = ("[0, 1]", "a probability difference") if divergence == "tv" else ("[0, inf)", "a binary KL")
+    bounds = {"clip_ratio_low": kind, "clip_ratio_high": kind, "clip_ratio_c": _DPPO_C}
+    return register_method(name, bounds=bounds)(method)
+
+
+dppo_tv = _dppo_method(
+    "dppo_tv",
+    "tv",
+    0.15,
+    """DPPO-Binary-TV (arXiv 2602.04879; veRL's `dppo_tv`): a token is masked when pi_t - mu_t > `clip_ratio_high`
+    (A > 0) or < -`clip_ratio_low` (A <= 0); loss = -A * sg(min(r, C)) * log pi on the rest, r = pi/mu.
+
+    Defaults: TV threshold 0.15 (veRL's examples/dppo_trainer), C = 20 (veRL's fallback for `clip_ratio_c`;
+    prime-rl's default loss has no cap: C = None, thresholds 0.2, with `kl_tau=1e-3`).
+    """,
+)
+dppo_kl = _dppo_method(
+    "dppo_kl",
+    "kl",
+    0.05,
+    """DPPO-Binary-KL (arXiv 2602.04879; veRL's `dppo_kl`): a token is masked when its binary KL
+    mu log(mu/pi) + (1 - mu) log((1 - mu)/(1 - pi)) exceeds `clip_ratio_high` with pi > mu (A > 0), or
+    `clip_ratio_low` with pi < mu (A <= 0); loss = -A * sg(min(r, C)) * log pi on the rest.
+
+    Defaults: KL threshold 0.05 (veRL's examples/dppo_trainer), C = 20 (veRL's fallback for `clip_ratio_c`).
+    """,
+)
+
+
+# LUSPO (Liu et al. 2026, arXiv 2602.05261; TRL's `loss_type="luspo"`) is GSPO with each sequence's loss scaled by
+# its length |y|: GSPO's loss matrix aggregated seq-mean-token-sum (TRL: sum over the tokens, mean over sequences),
+# so a long sequence is no longer weighted by 1/|y|. GSPO's bounds (TRL applies its generic epsilon 0.2 unless set).
+luspo = register_method(
+    "luspo", default_loss_agg_mode="seq-mean-token-sum", rollout_correction="sequence", bounds=_PPO_BOUNDS
+)(gspo)

@@ -51,6 +51,11 @@ _OPTIONAL_INPUTS = (
 # Hyperparameters every method has, applied by the core (not passed to the method function).
 # The rollout-correction options (veRL's names, `vespo.losses.correction`) are checked by their parser.
 _COMMON_HPARAMS: dict[str, object] = dict(CORRECTION_OPTIONS)
+# The squared log-ratio penalty any method carries, added by the core: kl_tau * (log pi/mu)^2 per token (Kimi K2.5,
+# arXiv 2602.02276; prime-rl's `kl_tau`, 1e-3 in its default loss). 0 = off.
+PENALTY_HPARAMS: dict[str, tuple[float, Interval]] = {
+    "kl_tau": (0.0, Interval("[0, 1e6]", "Kimi K2.5's tau, 1e-3; (log pi/mu)^2 <= 400 keeps the term finite")),
+}
 
 
 def register_method(
@@ -84,7 +89,7 @@ def register_method(
         hints = typing.get_type_hints(fn)
         inputs = frozenset(_OPTIONAL_INPUTS) & set(params)
         hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in _OPTIONAL_INPUTS}
-        clash = sorted(set(hp) & set(_COMMON_HPARAMS))
+        clash = sorted(set(hp) & (set(_COMMON_HPARAMS) | set(PENALTY_HPARAMS)))
         if clash:
             raise ValueError(f"{name!r}: {clash} are applied by the core for every method; do not declare them")
         kinds = {k: hints.get(k, object) for k in hp}
@@ -94,6 +99,8 @@ def register_method(
             raise ValueError(f"bounds given for {stray}, which are not hyperparameters of {name!r}")
         for k, default in _COMMON_HPARAMS.items():
             hp[k], kinds[k] = default, object
+        for k, (default, interval) in PENALTY_HPARAMS.items():
+            hp[k], kinds[k], parsed[k] = default, float, interval
         _REGISTRY[name] = MethodSpec(fn, default_loss_agg_mode, rollout_correction, inputs, hp, kinds, parsed, check)
         return fn
 
