@@ -6,7 +6,8 @@ Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python _verl_v1_job.p
 What runs is veRL's own code: `PPOTrainerSeparateAsync.step` (its `parameter_sync_step` loop, the decoupled-mode
 `_compute_old_log_prob` that snapshots pi_old through `DetachActorWorker.save_model_to_cpu` / `restore_model_from_cpu`,
 the base trainer's `_balance_batch`, `_compute_advantage` (GRPO, veRL's rollout-correction weights) and
-`_update_actor`), on a `DetachActorWorker` (FSDP2 engine) built from veRL's `ppo_trainer` config with the V1 lines.
+`_update_actor`), on a `DetachActorWorker` (FSDP2 engine, role "actor" as separate_async builds it with
+`hybrid_engine=False`) from veRL's `ppo_trainer` config with the example's V1 lines.
 Three things V1 needs a cluster for are stood in for here, each as small as the step allows:
 - TransferQueue (Ray actors): `_LocalKV` keeps each sample's fields in this process and assembles a batch with
   veRL's own `list_of_dict_to_tensordict` (how the agent loop builds what it puts), a field jagged in the
@@ -21,7 +22,6 @@ The optimizer is SGD with lr 1 and no clipping, so rank 0 can replay the step wi
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from types import SimpleNamespace
@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _verl_cpu import copy_snapshots_to_host, use_cpu  # noqa: E402
+from _verl_cpu import copy_snapshots_to_host  # noqa: E402
+from _verl_ranks import run_ranks  # noqa: E402
 from _verl_worker_job import P, R, compose, make_batch, reference_log_probs  # noqa: E402
 
 SYNC_STEPS = 4  # trainer.v1.separate_async.parameter_sync_step: mini-batches per weight version
@@ -46,11 +47,15 @@ SCENARIOS = [
     ("vespo_is_sequence", "vespo", {}, "token-mean", "sequence"),
 ]
 
-V1_LINES = [  # the V1 lines of examples/verl/v1_separate_async_megatron.sh, at this test's sizes
+# the V1 lines of examples/verl/v1_separate_async_megatron.sh at this test's sizes, less the weight-sync backend: the
+# worker builds its checkpoint engine in init_model, and nccl's needs cupy and a GPU (no weight sync runs here)
+V1_LINES = [
     "trainer.use_v1=True",
     "trainer.v1.trainer_mode=separate_async",
     f"trainer.v1.separate_async.parameter_sync_step={SYNC_STEPS}",
-    "trainer.v1.sampler.max_off_policy_threshold=1",
+    "trainer.v1.sampler.max_off_policy_threshold=2",
+    "trainer.v1.sampler.max_off_policy_strategy=wait",
+    "actor_rollout_ref.hybrid_engine=False",  # separate_async then builds a pure actor: DetachActorWorker, "actor"
     "algorithm.rollout_correction.bypass_mode=False",
     "algorithm.adv_estimator=grpo",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
@@ -175,6 +180,8 @@ class _ReplayBuffer:
 def put_rollouts(kv: _LocalKV, batch: dict, rollout: torch.Tensor, rewards: torch.Tensor) -> list[str]:
     """Each sequence's fields as veRL's agent loop puts them (`AgentLoopOutput.as_dict` plus its ids and
     positions); rm_scores as the reward loop writes them (the score on the last response token)."""
+    from verl.utils import tensordict_utils as tu
+
     keys, rows = [], []
     for i in range(SEQS):
         p_mask, r_mask = batch["attention_mask"][i, :P].bool(), batch["response_mask"][i].bool()
@@ -197,8 +204,6 @@ def put_rollouts(kv: _LocalKV, batch: dict, rollout: torch.Tensor, rewards: torc
                 "uid": f"p{i // N}",
             }
         )
-    from verl.utils import tensordict_utils as tu
-
     tags = [{"status": "success", "seq_len": len(r["input_ids"]), "global_steps": 1} for r in rows]
     kv.kv_batch_put(keys, "train", fields=tu.list_of_dict_to_tensordict(rows), tags=tags)
     return keys
@@ -344,20 +349,5 @@ def run_scenario(model_dir, name, loss_mode, hparams, agg, level, rank, world):
     return result
 
 
-def main(model_dir: str, out_path: str) -> None:
-    torch.set_num_threads(1)  # one process per rank on a small shared CPU; more threads only contend
-    use_cpu()
-    copy_snapshots_to_host()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = {name: run_scenario(model_dir, name, *spec, rank, world) for name, *spec in SCENARIOS}
-    gathered = [None] * world
-    dist.all_gather_object(gathered, results)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(gathered, f, indent=1, default=str)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    run_ranks(run_scenario, SCENARIOS, *sys.argv[1:3], setup=(copy_snapshots_to_host,))

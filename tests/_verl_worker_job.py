@@ -12,15 +12,13 @@ minus the gradient veRL's engine accumulated.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _verl_cpu import use_cpu  # noqa: E402
+from _verl_ranks import run_ranks  # noqa: E402
 
 B, P, R = 8, 5, 6  # sequences, max prompt length, max response length
 MICRO = 2  # ppo_micro_batch_size_per_gpu: 4 micro-batches on 1 rank, 2 per rank on 2 ranks
@@ -252,19 +250,5 @@ def run_scenario(model_dir, name, loss_mode, hparams, agg, level, rank, world):
     return result
 
 
-def main(model_dir: str, out_path: str) -> None:
-    torch.set_num_threads(1)  # one process per rank on a small shared CPU; more threads only contend
-    use_cpu()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = {name: run_scenario(model_dir, name, *spec, rank, world) for name, *spec in SCENARIOS}
-    gathered = [None] * world
-    dist.all_gather_object(gathered, results)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(gathered, f, indent=1, default=str)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    run_ranks(run_scenario, SCENARIOS, *sys.argv[1:3])

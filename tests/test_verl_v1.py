@@ -10,10 +10,8 @@
    trainer asserts before it starts.
 """
 
-import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -28,56 +26,17 @@ require("cachetools")  # imported by veRL's rollout router, which the V1 trainer
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "examples", "verl")
 sys.path.insert(0, HERE)
+from _verl_ranks import run_world_sizes  # noqa: E402
 from _verl_v1_job import MICRO, MINI, SCENARIOS, SEQS, SYNC_STEPS  # noqa: E402
 
 WORLD_SIZES = (1, 2)
 TIMEOUT = 900  # seconds, for both world sizes running side by side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{world_size: [per-rank results]}: both world sizes at once, every scenario in one process group each."""
-    from vespo.embedded.task import build_tiny_model, build_tokenizer
-
-    tmp = tmp_path_factory.mktemp("verl_v1")
-    model_dir = tmp / "model"
-    tokenizer = build_tokenizer()
-    build_tiny_model(tokenizer).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    src = os.path.join(HERE, "..", "src")
-    base_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    procs = []
-    for world in WORLD_SIZES:
-        port = str(_free_port())
-        for rank in range(world):
-            env = {**base_env, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_PORT": port}
-            log = open(tmp / f"w{world}_r{rank}.log", "w")
-            cmd = [sys.executable, os.path.join(HERE, "_verl_v1_job.py"), str(model_dir), str(tmp / f"w{world}.json")]
-            procs.append((world, rank, log, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)))
-    failed = []
-    for world, rank, log, proc in procs:
-        try:
-            code = proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = "timeout"
-        log.close()
-        if code != 0:
-            failed.append(f"world {world} rank {rank} exited {code}:\n" + open(log.name).read()[-4000:])
-    assert not failed, "\n\n".join(failed)
-    return {world: json.load(open(tmp / f"w{world}.json")) for world in WORLD_SIZES}
+    return run_world_sizes("_verl_v1_job.py", tmp_path_factory.mktemp("verl_v1"), WORLD_SIZES, TIMEOUT)
 
 
 CASES = [(world, s[0]) for world in WORLD_SIZES for s in SCENARIOS]
