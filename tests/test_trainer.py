@@ -361,11 +361,8 @@ def test_run_on_local_model_and_jsonl_then_resume_after_kill_matches(local_model
     with (run_dir / "metrics.jsonl").open("a") as f:  # as if the kill had landed mid-write: a torn last line
         f.write('{"step": 99, "reward/me')
 
-    train(
-        dataclasses.replace(
-            _cfg(root, run_dir, total_training_steps=steps, eval_every=10, sampler_dtype="bfloat16"), resume=True
-        )
-    )
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_GUARD_S)  # the same command continues
+    assert again.returncode == 0 and "continuing it (as --resume)" in again.stderr, again.stderr[-2000:]
     assert _strip_time(read_metrics(run_dir)) == _strip_time(rows)
     p_ref, p_res = _params(ref_dir / "final"), _params(run_dir / "final")
     assert all(torch.equal(p_ref[k], p_res[k]) for k in p_ref)
