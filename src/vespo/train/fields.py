@@ -233,12 +233,13 @@ class TrainFields:
     overwrite_output_dir: bool = False
     """Replace the run already in run_dir (TRL's name): its config, metrics, events, checkpoints and final model are
     deleted when the new run starts; other files in run_dir are kept. Without it, a run dir with a checkpoint is
-    refused (continue it with --resume, or choose another run_dir)."""
+    continued when its config.yaml is this run's (the same command continues it) and refused otherwise."""
     cache_dir: str = "~/.cache/vespo"
     """Where warm-started embedded models are cached."""
     resume: bool = False
-    """Continue from run_dir's last checkpoint (same result as an uninterrupted run); the config must match the saved
-    run_dir/config.yaml except for bookkeeping fields (logging, progress, threads, save/eval frequency)."""
+    """Continue from run_dir's last checkpoint (same result as an uninterrupted run); the whole config must match the
+    saved run_dir/config.yaml except for bookkeeping fields (logging, progress, threads, save/eval frequency). Running
+    the same command again does this too."""
     allow_change: tuple[Literal["total_training_steps"], ...] = ()
     """On --resume, fields allowed to differ from the saved config; only total_training_steps (to train longer)."""
     save_every: int = 25
