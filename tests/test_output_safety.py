@@ -354,6 +354,10 @@ def test_export_refuses_an_out_a_resume_would_replace_and_checks_it_before_anyth
         line = _one_line(capsys.readouterr().err)
         assert line.startswith(f"vespo export: error: --out {out}") and message in line, line
     assert _snapshot(run) == before and not (tmp_path / "elsewhere").exists()
+    (run / MARKER).rename(tmp_path / "marker")  # a run of a vespo before the marker: its next run adopts final/ too
+    assert export_cli([str(run), "--out", str(run / "final" / "model")]) == 2
+    assert f"is inside {run / 'final'}, {owned}" in _one_line(capsys.readouterr().err)
+    (tmp_path / "marker").rename(run / MARKER)
     monkeypatch.undo()
     assert export_cli([str(run), "--out", str(run / "exported")]) == 0  # beside the run's entries: not the run's
     resume = ["--resume", "--total-training-steps", "3", "--allow-change", "total_training_steps"]

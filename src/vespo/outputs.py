@@ -424,11 +424,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def check_new_dir(path: str | Path, *, label: str) -> Path:
+def check_new_dir(path: str | Path, *, label: str, owned: tuple[str | Path, str, Iterable[str]] | None = None) -> Path:
     """A directory a command creates whole (`vespo export --out`), checked before anything loads (OutputError, one
     line, otherwise): not a symbolic link, new or an empty directory, below directories only, the nearest existing
     one writable, and inside no entry a vespo output directory owns (a run's final/, checkpoints/, ...: the names of
-    its marker's manifest, which its next run replaces or deletes)."""
+    its marker's manifest, which its next run replaces or deletes). `owned` = (directory, kind, names): one more the
+    caller knows, marked or not (a run of a vespo before the marker, which its next run marks and then owns)."""
     path = Path(path).expanduser()
     if path.is_symlink():
         raise OutputError(f"{label} {path} is a symbolic link (vespo never writes through one); give a new directory")
@@ -444,8 +445,11 @@ def check_new_dir(path: str | Path, *, label: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{label} {path}: {parent} is not writable")
     real = Path(os.path.realpath(path))  # links and .. above it resolved: where it really is
+    known = Path(os.path.realpath(owned[0])) if owned is not None else None
     for owner in real.parents:
         marker = read_marker(owner) if owner.is_dir() else None
+        if marker is None and owner == known:
+            marker = {"kind": owned[1], "manifest": list(owned[2])}
         entry = real.relative_to(owner).parts[0]
         if marker is not None and entry in marker["manifest"]:
             raise OutputError(

@@ -88,12 +88,12 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
     from vespo.outputs import OutputError, check_new_dir
     from vespo.train.config_io import load_yaml
     from vespo.train.resume import load_checkpoint
-    from vespo.train.runs import save_policy
+    from vespo.train.runs import RUN_OUTPUTS, save_policy
     from vespo.train.setup import add_lora
 
     run_dir = Path(run_dir).expanduser()
     try:  # first: a link, a file on its way, a read-only parent or a run's own final/ is refused before anything loads
-        out = check_new_dir(out, label="--out")
+        out = check_new_dir(out, label="--out", owned=(run_dir, "train", RUN_OUTPUTS))  # marked or not
     except OutputError as exc:
         raise ConfigError(str(exc)) from None
     if not (run_dir / "config.yaml").is_file():
