@@ -53,6 +53,12 @@ NAMED: dict[str, Variant] = {
     # The threshold is text, as `--hparams rollout_is_threshold 8.0` gives it (a correction option keeps its text:
     # veRL's "lower_upper" form), so the cells run with the command line keep their names (`cell_key`)
     "vcpo": ("vcpo", {"rollout_is_threshold": "8.0"}, {"step_scale": "ess_sqrt", "adv_estimator": "opob"}),
+    # issue 54: VESPO with Kimi K2.5's squared log-ratio penalty at its tau; prime-rl's default loss (DPPO-Binary-TV
+    # at 0.2 with no IS cap, plus the same penalty); dppo_tv, dppo_kl and luspo run under their own names
+    "vespo-kltau": ("vespo", {"kl_tau": 1e-3}, {}),
+    "dppo-primerl": (
+        "dppo_tv", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": None, "kl_tau": 1e-3}, {}
+    ),
 }
 """Variants selectable by name in `methods` besides the registered methods."""
 # preset -> {variant name: (method, hparams, settings)}; the default preset is filled from `methods`

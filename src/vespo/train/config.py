@@ -231,8 +231,9 @@ def _check_values(cfg: TrainFields) -> None:
         check_range(f"betas[{i}]", beta, "[0, 1)")
 
 
-BUILTIN_METHODS = ("aipo", "bapo", "cispo", "grpo", "gspo", "m2po", "opsm", "reinforce", "sapo", "topr", "vcpo",
-                   "vespo", "vespo_ess", "vespo_moment", "vespo_schedule", "vespo_selfnorm")  # fmt: skip
+BUILTIN_METHODS = ("aipo", "bapo", "cispo", "dppo_kl", "dppo_tv", "grpo", "gspo", "luspo", "m2po", "opsm",
+                   "reinforce", "sapo", "topr", "vcpo", "vespo", "vespo_ess", "vespo_moment", "vespo_schedule",
+                   "vespo_selfnorm")  # fmt: skip
 """The methods importing `vespo.losses` registers (tests/test_cli.py holds them equal to the registry's)."""
 
 
