@@ -358,7 +358,7 @@ def test_gradient_matches_closed_form(method):
     torch.testing.assert_close(grad, want, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("method", ["grpo", "sapo", "reinforce", "bapo", "m2po", "opsm", "aipo", "vcpo"])
+@pytest.mark.parametrize("method", ["grpo", "sapo", "reinforce", "bapo", "m2po", "opsm", "aipo", "vcpo", "luspo"])
 def test_gradient_matches_finite_differences(method):
     # methods without a stop-gradient: the loss itself is the objective, so central differences must agree
     lp, old, adv, mask = random_batch(scale=0.15, seed=3)
