@@ -406,9 +406,8 @@ def design_equal_steps(table: list[dict]) -> dict:
                    {"optimizer_steps": EQUAL_STEPS, "min_rollout_steps": 1}, why)  # fmt: skip
 
 
-CORRECTIONS_2026 = {"dppo-tv": ("dppo_tv", {}, {}), "luspo": ("luspo", {}, {}),
-                    "vespo-kltau": ("vespo", {"kl_tau": 1e-3}, {})}  # fmt: skip
-"""Issue 54's variants (variant -> method, hparams, settings, as `PRESETS` holds them), each at its sources' defaults:
+CORRECTIONS_2026 = {v: PRESETS[PRESET][v] for v in ("dppo-tv", "luspo", "vespo-kltau")}
+"""Issue 54's variants of the preset (variant -> method, hparams, settings), each at its sources' defaults:
 DPPO-Binary-TV (`dppo_tv`: veRL 0.9.1's and prime-rl's default form; TV threshold 0.15, IS cap C = 20), LUSPO
 (`luspo`: TRL's, GSPO's clip bounds 3e-4 / 4e-4, seq-mean-token-sum), and VESPO with Kimi K2.5's squared log-ratio
 penalty (`kl_tau` = 1e-3, prime-rl's name and default)."""

@@ -49,7 +49,8 @@ NAMED: dict[str, Variant] = {
     "topr-tokenmean": ("topr", {}, {"loss_agg_mode": "token-mean"}),
     "vespo-unitpos": ("vespo", {"positive_weight": "one"}, {}),  # issue 29: VESPO with TOPR's weight 1 on A >= 0
     # VCPO as its scripts run it: its loss with sequence-level rollout IS at threshold 8, ESS step scaling and the
-    # off-policy optimal baseline (docs/methods/index.md); `vespo train --method vcpo` alone is the loss with GRPO advantages.
+    # off-policy optimal baseline (docs/methods/index.md); `vespo train --method vcpo` alone is the loss with GRPO
+    # advantages.
     # The threshold is text, as `--hparams rollout_is_threshold 8.0` gives it (a correction option keeps its text:
     # veRL's "lower_upper" form), so the cells run with the command line keep their names (`cell_key`)
     "vcpo": ("vcpo", {"rollout_is_threshold": "8.0"}, {"step_scale": "ess_sqrt", "adv_estimator": "opob"}),
@@ -106,6 +107,10 @@ PRESETS: dict[str, dict[str, Variant]] = {
         "opsm": ("opsm", {}, {}),
         "aipo": ("aipo", {}, {}),
         "vcpo": NAMED["vcpo"],
+        # issue 54's corrections of 2026 at their sources' defaults (design corrections-2026's plan names them)
+        "dppo-tv": ("dppo_tv", {}, {}),
+        "luspo": ("luspo", {}, {}),
+        "vespo-kltau": NAMED["vespo-kltau"],
     },
 }
 PAPER_TABLE = ("vespo", "grpo", "gspo", "sapo", "cispo", "topr", "topr-tokenmean")
