@@ -45,6 +45,7 @@ MICRO = 1  # ppo_micro_batch_size_per_gpu
 SCENARIOS = [
     ("vespo", "vespo", {"c1_pos": 1.5, "c2_neg": 4.0}, "token-mean", None),
     ("vespo_is_sequence", "vespo", {}, "token-mean", "sequence"),
+    ("gspo", "vespo_gspo", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08}, "seq-mean-token-mean", None),
 ]
 
 # the V1 lines of examples/verl/v1_separate_async_megatron.sh at this test's sizes, less the weight-sync backend: the
