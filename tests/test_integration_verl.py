@@ -597,3 +597,17 @@ def test_issue_40_methods_through_the_plugin_equal_vespo(method, hparams, with_i
     if method == "m2po":
         with pytest.raises(ValueError, match=r"ppo_micro_batch_size_per_gpu >= ppo_mini_batch_size \* rollout.n"):
             fn(old[:2], lp[:2], adv[:2], mask[:2], loss_agg_mode=mode, config=cfg)
+
+
+def test_rollout_correction_presets_are_verls():
+    """Issue 54: vespo's preset table (IcePop = `decoupled_token_icepop`) holds veRL's own presets' options, read from
+    veRL's `RolloutCorrectionConfig` classmethods."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    for name in vespo.losses.ROLLOUT_CORRECTION_PRESETS:
+        theirs = getattr(RolloutCorrectionConfig, name)()
+        ours = vespo.losses.rollout_correction_preset(name)
+        keys = ["rollout_is", "rollout_rs", "rollout_rs_threshold"] + ["rollout_is_threshold"] * (
+            theirs.rollout_is is not None
+        )
+        assert {k: ours[k] for k in keys} == {k: getattr(theirs, k) for k in keys}, name
