@@ -11,4 +11,4 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install -q torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}  # first, as in .ci/run
 "$venv/bin/pip" install -q -e ".[test,verl]"
 "$venv/bin/pip" check
-"$venv/bin/python" -c "import verl.trainer.ppo.core_algos, vespo.integrations.verl, verl.workers.engine_workers, peft"
+"$venv/bin/python" -c "import verl.trainer.ppo.core_algos, vespo.integrations.verl, verl.workers.engine_workers, verl.trainer.ppo.v1, peft"
