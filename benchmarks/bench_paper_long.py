@@ -1180,6 +1180,7 @@ def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: dat
             break
         summaries = [r for r in summaries if not (r["sft_seed"] == k and r["seed"] == s)]
         summaries += [r | {"sft_seed": k} for r in sweep(cfg_of(k, [s]))]
+        where.mkdir(parents=True, exist_ok=True)
         write_tables(where, summaries, eval_prompts=cfgs[k].eval_size * cfgs[k].eval_n)
         report(out)
 

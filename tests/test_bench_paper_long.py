@@ -497,3 +497,44 @@ def test_a_design_runs_only_from_its_committed_unchanged_plan_and_a_plan_is_writ
     path.write_text(path.read_text().replace("q?", "another question?"))
     with pytest.raises(ValueError, match="differs from the commit that added it"):
         bench.plan_committed(out, "toy")
+
+
+def test_a_design_runs_seed_by_seed_across_its_warm_starts(tmp_path, monkeypatch):
+    """`run_design` (the sweep faked): seeds interleaved over the warm starts (pairs finish together), each seed's
+    sweep in designs/<name>/sft<k> with that SFT seed, the summaries with their sft_seed in designs/<name>/results.csv,
+    and no seed started after --until."""
+    import datetime
+
+    out = tmp_path / "repo"
+    out.mkdir()
+    _git(out, "init", "-q")
+    found = [bench.at_n("grpo", 64, "toy2: VESPO vs GRPO at N=64")]
+    design = bench._design("toy2", "q?", ["vespo", "grpo"], [64], bench._seed_plan((0, 100), 100, 4), found,
+                           {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
+    monkeypatch.setitem(bench.DESIGNS, "toy2", lambda table: design)
+    _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
+    bench.write_plan(out, "toy2")
+    _git(out, "add", "plans/toy2.md")
+    _git(out, "commit", "-q", "-m", "plan")
+    ran = []
+
+    def fake_sweep(cfg):
+        ran.append((Path(cfg.out_dir).name, cfg.extra["sft_seed"], cfg.seeds))
+        summary = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "False", "final_train_reward": "0.5",
+                   "initial_length": "128", "final_length": "128"}  # fmt: skip
+        return [bench._typed(_chain(v, 64, s, 0.5 - 0.05 * (v == "grpo") + 0.01 * s) | summary) for v in cfg.variants
+                for s in cfg.seeds]  # fmt: skip
+
+    monkeypatch.setattr(bench, "sweep", fake_sweep)
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=1)
+    bench.run_design(out, "toy2", 2, None, past)
+    assert ran == []  # --until reached: nothing starts
+    bench.run_design(out, "toy2", 2, None, None)
+    assert ran == [("sft0", "0", (100,)), ("sft100", "100", (102,)), ("sft0", "0", (101,)), ("sft100", "100", (103,))]
+    rows = bench.load_rows(out / "designs" / "toy2" / "results.csv", "best_eval_acc")
+    assert sorted((r["sft_seed"], r["seed"]) for r in rows if r["variant"] == "grpo") == [
+        ("0", "100"), ("0", "101"), ("100", "102"), ("100", "103")]  # fmt: skip
+    found = json.loads((out / "verdicts.json").read_text())["verdicts"]
+    verdict = next(r for r in found if r.get("design") == "toy2")
+    assert verdict["seeds"] == 4 and verdict["by_warm_start"] == pytest.approx({"0": -0.05, "100": -0.05})
+    assert verdict["seeds"] == 4 and verdict["registration"] == "confirmatory"
