@@ -594,7 +594,8 @@ BAD_HPARAMS = [
     ("bapo", {"ratio_upper_max": 1e9}, r"ratio_upper_step must be 0 or >= \(ratio_upper_max - ratio_upper_start\)"),
     ("bapo", {"ratio_lower_step": 1e-9}, r"ratio_lower_step must be 0 or >= .* got ratio_lower_step=1e-09"),
     ("vespo", {"c1_pos": 1e39}, r"c1_pos must be 0 or a float32 number, 1.18e-38 <= \|x\| <= 3.403e\+38"),
-    ("sapo", {"tau_pos": 1e-45}, r"^sapo hyperparameter tau_pos must be 0 or a float32 number"),
+    ("sapo", {"tau_pos": 1e-45}, r"^sapo hyperparameter tau_pos must be in \[1e-6, inf\)"),
+    ("vespo", {"c2_pos": 1e-45}, r"^vespo hyperparameter c2_pos must be 0 or a float32 number"),
     ("sapo", {"tau_pos": 1e-30}, r"^sapo hyperparameter tau_pos must be in \[1e-6, inf\)"),
     ("vespo", {"c2_neg": 60.0}, r"\(c1_neg, c2_neg\) = \(3.0, 60.0\) gives phi or K phi W"),
 ]

@@ -187,7 +187,8 @@ def _check_type(method: str, name: str, value: object, kind: object, interval: I
             return float(value)  # an interval closed at inf accepts it (vespo_selfnorm's max_gain: no cap)
         if not _is_real(value) or not math.isfinite(value):
             raise ValueError(f"{where} must be a finite real number, got {value!r}")
-        if value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+        outside = interval is not None and not interval.contains(value)  # the range's own message is more precise
+        if value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX and not outside:
             raise ValueError(
                 f"{where} must be 0 or a float32 number, {FLOAT32_TINY:.3g} <= |x| <= {FLOAT32_MAX:.4g} (it reaches "
                 f"float32 tensors, where it would round to {'inf' if abs(value) > 1 else '0 or lose its precision'}), "
