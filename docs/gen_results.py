@@ -221,6 +221,7 @@ def section_speed() -> str:
         ("One long cell", "long_cell.md"),
         ("Log-probs without the logits tensor", "logprob_memory.md"),
         ("The update's kernels", "update_kernels.md"),
+        ("Evaluation against a training step's generation", "eval_speed.md"),
     ]:
         if rel.endswith(".json"):
             d = _json(rel)
