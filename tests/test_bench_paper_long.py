@@ -1,6 +1,7 @@
-"""benchmarks/bench_paper_long.py: the design fixed before the cells run (comparisons, families, seeds chosen by
-power), the regime gate deciding which seeds a comparison uses, Holm over the fixed family, and the MDD under every
-unresolved verdict."""
+"""benchmarks/bench_paper_long.py: a slice's plan (comparisons, families, seeds chosen by power), designs written once
+and dated by git (a plan that does not precede its results is exploratory), the regime gate deciding which seeds a
+comparison uses, Holm over the planned family, the MDD under every unresolved verdict, a slice merge that cannot
+forge the table, and the probe's split-half ceiling."""
 
 import importlib.util
 import json
@@ -18,7 +19,7 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
-def test_the_design_is_fixed_and_powered_before_any_cell():
+def test_a_slice_plan_is_powered_before_any_cell():
     variants = list(PRESETS["paper-long"])
     found = bench.comparisons(variants, (4, 16, 64, 128))
     later = len(bench.LATER)  # the 2025-26 corrections: families of their own, the paper's claims' Holm unchanged
@@ -53,7 +54,7 @@ def _row(v, n, s, acc, gate_text="ok"):
             "probe_cos_reinforce": "0.6"}  # fmt: skip
 
 
-def test_gate_decides_the_seeds_and_holm_runs_over_the_fixed_family():
+def test_gate_decides_the_seeds_and_holm_runs_over_the_planned_family():
     """GRPO is 0.05 below VESPO in 4 seeds at N = 64, but seed 3's GRPO cell misses the gate: 3 seeds are tested.
     At N = 4 the two tie (noise): unresolved, with the MDD of the measured SD under it."""
     vespo = [0.40, 0.45, 0.50, 0.42]
@@ -169,7 +170,7 @@ def test_collapsed_seeds_are_counted_and_fishers_exact_test_is_reported_beside_t
     assert math.isnan(quiet["fisher_p"])  # no collapse, no exact test
 
 
-def test_a_report_alone_keeps_the_designs_fixed_before_the_cells(tmp_path):
+def test_a_report_alone_keeps_the_slices_plans_as_they_are(tmp_path):
     """`--report-only` rebuilds the verdicts from results.csv and leaves plan.md (the slices' designs, fixed before
     their cells ran) as it was, whatever --variants / --seeds the report command carries; the verdicts name the
     seeds results.csv holds, not the command's."""
