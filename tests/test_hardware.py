@@ -178,7 +178,8 @@ peft = pytest.importorskip("peft")
 def test_lora_trains_only_the_adapters_and_the_reference_is_the_base():
     """use_peft: the optimizer holds only LoRA weights, an update moves them and nothing else, and the reference
     (adapters disabled) equals the untouched base model's log-probs while the policy has moved away."""
-    from vespo.train.setup import add_lora, build_optimizer
+    from vespo.models import add_lora
+    from vespo.train.setup import build_optimizer
 
     model, _, rollout, adv, old = _setup()
     base = copy.deepcopy(model)

@@ -131,7 +131,8 @@ def test_cell_learns_and_reports_per_mini_batch_metrics():
 
 
 def test_adam_gives_back_the_step_size_vespo_takes_away():
-    """The mechanism of docs/results/index.md: phi shrinks stale gradients, but Adam's update barely shrinks with them."""
+    """The mechanism of docs/results/index.md: phi shrinks stale gradients, but Adam's update barely shrinks with
+    them."""
     cell = dict(length=1024, num_mini_batches=16, lr_scale=3.0, seed=0)
     out = {}
     for opt, lr in (("adamw_torch", 0.005), ("sgd", 3.0)):

@@ -142,8 +142,8 @@ def test_cli_rejects_bad_v2_settings_in_one_line(capsys):
 
 
 COLLAPSE = {"length": (256,), "lr": 0.03, "lr_scale": (1.0,), "optimizer_steps": 512, "eval_points": 1}
-"""The lab's collapse setting (docs/guides/lab.md, benchmarks/bench_lab_v2.py): lab v2's chain (threshold reward), T = 256,
-512 Adam steps."""
+"""The lab's collapse setting (docs/guides/lab.md, benchmarks/bench_lab_v2.py): lab v2's chain (threshold reward),
+T = 256, 512 Adam steps."""
 
 
 @pytest.mark.slow

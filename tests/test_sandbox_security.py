@@ -322,7 +322,7 @@ def test_containment_probe():
     facts = json.loads(run.outputs[0])
     assert facts["no_new_privs"] == 1 and facts["seccomp"] == 2  # seccomp mode 2 = filter
     assert facts["sockets"] == []  # socket.SocketType is the same class: no bypass
-    if not run.isolated:  # the kernel refused namespaces: rlimits, no_new_privs and seccomp only (docs/guides/rewards.md)
+    if not run.isolated:  # namespaces refused: rlimits, no_new_privs and seccomp only (docs/guides/rewards.md)
         return
     assert facts["pids"] <= 2  # a fresh PID namespace: no host process, no command line to read
     assert set(facts["root"]) <= {

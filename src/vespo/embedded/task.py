@@ -1,7 +1,8 @@
 """The embedded default: a locally built character tokenizer, a tiny causal LM and a synthetic arithmetic task.
 
 Everything here runs without the Hugging Face Hub, so `vespo train` with no arguments works on a fresh CPU box.
-The task's answers are written as `\\boxed{...}` and graded by the same math reward as real math (docs/guides/trainer.md).
+The task's answers are written as `\\boxed{...}` and graded by the same math reward as real math
+(docs/guides/trainer.md).
 """
 
 from __future__ import annotations

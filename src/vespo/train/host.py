@@ -18,6 +18,7 @@ from pathlib import Path
 from vespo.data.reasoning_gym import is_reasoning_gym
 from vespo.intervals import Interval
 from vespo.train.config import EMBEDDED, SAMPLERS_REASON, ConfigError, TrainConfig, check_range
+from vespo.train.shm import SAMPLER_PROCESS_BYTES, check_shared_memory
 
 
 def check_host(cfg: TrainConfig) -> TrainConfig:
@@ -131,7 +132,7 @@ def _check_sampler_memory(cfg: TrainConfig) -> None:
     """The async samplers fit: each a process with torch and its own copy of the policy in memory (RAM, or the GPU
     for vLLM), and the learner's float32 weights, shared with them, in /dev/shm."""
     weights = _policy_bytes(cfg.model, cfg.sampler_dtype) if cfg.sampler_engine == "hf" else 0  # vLLM: on the GPU
-    per_sampler, free = _SAMPLER_PROCESS_BYTES + weights, _available_memory()
+    per_sampler, free = SAMPLER_PROCESS_BYTES + weights, _available_memory()
     if free is not None and cfg.num_samplers * per_sampler > free:
         fit = f"at most {free // per_sampler} sampler(s) fit" if free >= per_sampler else "not even one sampler fits"
         raise ConfigError(
@@ -140,20 +141,6 @@ def _check_sampler_memory(cfg: TrainConfig) -> None:
             f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
         )
     check_shared_memory(_shared_weight_bytes(cfg))  # the learner's weights, shared
-
-
-def check_shared_memory(store: int) -> None:
-    """An async weight store of `store` bytes fits in /dev/shm (ConfigError saying how to give it more otherwise):
-    checked before the claim on the policy's meta-device count (`check_host`), and again by `WeightStore` on the
-    loaded policy just before it allocates (a Hub model's size is known only once it is downloaded)."""
-    shm = _shared_memory_free()
-    if shm is not None and store > shm:
-        size = -(-(store + _SAMPLER_PROCESS_BYTES) // 2**30)  # GiB, rounded up, with room to spare
-        raise ConfigError(
-            f"mode=async shares the policy's float32 weights ({store / 2**20:.3g} MiB) with the samplers through "
-            f"{SHARED_MEMORY}, which has {shm / 2**20:.3g} MiB free (Docker's default is 64 MB): give it more (e.g. "
-            f"docker run --shm-size={size}g) or train with mode=sync (no --async)"
-        )
 
 
 def _shared_weight_bytes(cfg: TrainConfig) -> int:
@@ -201,7 +188,7 @@ def _meta_policy(cfg: TrainConfig):
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if cfg.use_peft:
-        from vespo.train.setup import add_lora
+        from vespo.models import add_lora
 
         model = add_lora(model, cfg)
     return model
@@ -253,20 +240,6 @@ def threads_for(model: str, processes: int = 1) -> tuple[int, str]:
     where = f"{free} of {usable} usable cores free at load {load:.1f}" + (f", {processes} processes" * (processes > 1))
     small = f", a {size / 2**20:.0f} MB model" if cap == SMALL_MODEL_THREADS else ""
     return threads, f"{threads} torch thread{'s' * (threads > 1)} per process ({where}{small})"
-
-
-_SAMPLER_PROCESS_BYTES = 300 << 20  # measured: peak RSS of a sampler's imports (torch, transformers), no policy yet
-SHARED_MEMORY = "/dev/shm"
-"""Where torch puts the async weight store (`vespo.train.sampler.WeightStore`, `share_memory_`) on Linux."""
-
-
-def _shared_memory_free() -> int | None:
-    """Bytes free in `SHARED_MEMORY` for this user (statvfs); None where it does not exist (not Linux)."""
-    try:
-        st = os.statvfs(SHARED_MEMORY)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}  # safetensors dtype names

@@ -84,12 +84,11 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
 
     from vespo.checkpoints import MODEL
     from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
-    from vespo.models import load_policy
+    from vespo.models import add_lora, load_policy
     from vespo.outputs import OutputError, check_new_dir
     from vespo.train.config_io import load_yaml
     from vespo.train.resume import load_checkpoint
     from vespo.train.runs import RUN_OUTPUTS, save_policy
-    from vespo.train.setup import add_lora
 
     run_dir = Path(run_dir).expanduser()
     try:  # first: a link, a file on its way, a read-only parent or a run's own final/ is refused before anything loads

@@ -51,10 +51,10 @@ PER_INDEX = (
     "actor/step_ess",
     "clip/frac",
 )
-"""Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results/index.md, mechanism); the
-last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z`, `actor/momentum_share` and `clip/frac` (the share of
-tokens a clipping method clipped) are the regime diagnostics at the stalest mini-batch (`vespo.diagnostics`);
-`actor/step_ess` is VCPO's ESS (with `step_scale="ess_sqrt"`)."""
+"""Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results/index.md,
+mechanism); the last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z`, `actor/momentum_share` and `clip/frac`
+(the share of tokens a clipping method clipped) are the regime diagnostics at the stalest mini-batch
+(`vespo.diagnostics`); `actor/step_ess` is VCPO's ESS (with `step_scale="ess_sqrt"`)."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vespo.train.shm import check_shared_memory  # one line, never torch's "unable to allocate shared memory"
+
 Tensor = torch.Tensor
 _POLL_S = 0.005  # admission / stop polling interval of an idle sampler
 POOL_SHARED_BYTES = 1 << 20
@@ -35,8 +37,6 @@ class WeightStore:
     """
 
     def __init__(self, model: torch.nn.Module, ctx):
-        from vespo.train.host import check_shared_memory  # one line, never torch's "unable to allocate shared memory"
-
         check_shared_memory(self.shared_bytes(model))
         params = list(model.named_parameters())  # tied weights appear once
         self.names = [n for n, _ in params]

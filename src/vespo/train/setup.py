@@ -19,7 +19,7 @@ from vespo.data.reasoning_gym import is_reasoning_gym
 from vespo.embedded.task import embedded_split
 from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.evaluation import evaluate_records
-from vespo.models import load_policy, model_path, resolve_device
+from vespo.models import add_lora, load_policy, model_path, resolve_device
 from vespo.outputs import OwnedDir
 from vespo.rewards.batch import check_reward_columns, load_reward_fn, reward_columns
 from vespo.rollout import Rollout, decode_responses
@@ -99,24 +99,6 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
     held_out = (lambda: evaluate(model, tokenizer, eval_set, cfg)) if eval_set else None
     run = Run(cfg, out, start, held_out)
     return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn, threads)
-
-
-def add_lora(model: transformers.PreTrainedModel, cfg: TrainConfig):
-    """The policy with LoRA adapters (peft, TRL's option names); only the adapters train."""
-    import peft
-
-    targets = cfg.lora_target_modules
-    lora = peft.LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=(targets[0] if targets == ("all-linear",) else list(targets)) if targets else None,
-        task_type="CAUSAL_LM",
-    )
-    model = peft.get_peft_model(model, lora)
-    if cfg.gradient_checkpointing:
-        model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
-    return model
 
 
 def build_reference(model, cfg: TrainConfig) -> Callable[..., torch.Tensor] | None:

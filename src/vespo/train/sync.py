@@ -5,7 +5,8 @@ One rollout step reads top to bottom in `train_sync`:
   -> old log-probs under the current weights (the sampler's in bypass mode) -> N = train_batch_size /
   ppo_mini_batch_size sequential optimizer steps (later mini-batches are increasingly stale, paper Sec. 4.3)
   -> logging, evaluation, checkpoint.
-The update is the learner's (`vespo.train.learner`); setup and resume are `vespo.train.setup`'s; see docs/guides/trainer.md.
+The update is the learner's (`vespo.train.learner`); setup and resume are `vespo.train.setup`'s; see
+docs/guides/trainer.md.
 """
 
 from __future__ import annotations
