@@ -16,7 +16,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-SCRIPTS = sorted(p.name for p in [*BENCHMARKS.glob("bench_*.py"), *BENCHMARKS.glob("robustness_*.py")])
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
 SCRIPTS += ["gpu_check.py"] if (BENCHMARKS / "gpu_check.py").is_file() else []
 SUMMARY = {  # script -> the files its smoke run must write under --out-dir (a script not listed: at least one file)
     "bench_adaptive_goal.py": ["lab_grid/goal.md", "lab_grid/goal.csv"],
@@ -36,14 +36,12 @@ SUMMARY = {  # script -> the files its smoke run must write under --out-dir (a s
     "bench_sandbox.py": ["sandbox.json", "sandbox.md"],
     "bench_step_controls.py": ["results.md", "controls.csv"],
     "bench_step_profile.py": ["profile.md", "profile.json", "profile.csv", "profile.png"],
-    "bench_topr_discriminator.py": ["results.md", "results.csv", "comparisons.json"],
     "bench_torch_compile.py": ["torch_compile.json", "torch_compile.md", "torch_compile.png"],
     "bench_trl_real.py": ["summary.md", "summary.json", "runs.csv", "summary.png"],
     "bench_trl_throughput.py": ["trl_throughput.json", "trl_throughput.csv"],
     "bench_update_kernels.py": ["update_kernels.json", "update_kernels.md"],
     "bench_workbench_speed.py": ["workbench_speed.json", "workbench_speed.md"],
     "gpu_check.py": ["results.md"] if torch.cuda.is_available() else [],  # CPU: "skipped: no CUDA", exit 0
-    "robustness_mechanism.py": ["sweep/mechanism.md", "sweep/mechanism.csv"],
 }
 FAST = {"gpu_check.py"} if not torch.cuda.is_available() else set()
 """Under ~5 s on a quiet 2-core box; every other smoke run starts torch (and often `vespo train` processes)."""
