@@ -185,3 +185,16 @@ def test_a_flag_for_n_overrides_the_config_files_other_spelling_of_it(tmp_path):
     assert parse_args(["--config", str(tmp_path / "n.yaml"), "--train-batch-size", "12"]).num_mini_batches == 3
     with pytest.raises(ConfigError, match="staleness=2 .* train_batch_size=32 was also given"):
         parse_args(["--config", str(tmp_path / "both.yaml")])
+
+
+def test_a_bools_on_and_off_forms_are_one_name_and_the_last_wins():
+    """`--no-tensorboard ... --tensorboard` overrides a default as argparse does (one flag, on and off); two names
+    of one setting (`--staleness` beside `--num-mini-batches`) stay refused."""
+    from vespo.argv import flag_fields, two_spellings
+    from vespo.train.fields import TrainFields
+
+    spellings = flag_fields(TrainFields)
+    assert two_spellings(["--no-tensorboard", "--tensorboard"], spellings) is None
+    assert two_spellings(["--tensorboard", "--no_tensorboard"], spellings) is None
+    message = two_spellings(["--staleness", "4", "--num-mini-batches", "8"], spellings)
+    assert message == "--staleness and --num-mini-batches are two names of one setting: give one of them"

@@ -145,9 +145,16 @@ def two_spellings(argv: Iterable[str], spellings: dict[str, str]) -> str | None:
         if not _looks_like_flag(token) or key not in spellings:
             continue
         first = seen.setdefault(spellings[key], token.split("=", 1)[0])
-        if _flag_key(first) != key:
+        if _positive(_flag_key(first), spellings) != _positive(key, spellings):
             return f"{first} and {token.split('=', 1)[0]} are two names of one setting: give one of them"
     return None
+
+
+def _positive(key: str, spellings: dict[str, str]) -> str:
+    """`--no-field` of a bool as `--field`: one name, on and off, where the last given wins (as in argparse)."""
+    head, dot, tail = key[2:].rpartition(".")
+    positive = f"--{head}{dot}{tail[3:]}"
+    return positive if tail.startswith("no-") and spellings.get(positive) == spellings[key] else key
 
 
 def parse_flags(
