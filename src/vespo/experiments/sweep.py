@@ -410,12 +410,11 @@ def cells(cfg: SweepConfig) -> list[Cell]:
     def label(variant: str, lr: float, task: str) -> str:  # lr and task axes are extra rows: tables stay 2-D
         return variant + ("" if len(cfg.lr) == 1 else f"@lr{lr:g}") + ("" if len(cfg.task) == 1 else f"@{task}")
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key in cfg.extra:
         name = key.replace("-", "_")
         if name in SWEEP_OWNED:
             raise ValueError(f"extra: {key} is set by the sweep for every cell; use {SWEEP_OWNED[name]}")
-        if name not in fields:
+        if name not in FIELD_TYPES:
             raise ValueError(f"extra: {key} is not a `vespo train` field")
     grid = [
         Cell(label(v, lr, task), m, h, n, s, lr, task, settings)
@@ -431,7 +430,7 @@ def cells(cfg: SweepConfig) -> list[Cell]:
 def cell_key(tc: TrainConfig) -> str:
     """Identity of a cell: a hash of its resolved `vespo train` config, all but `NOT_IDENTITY` (and `LATER_FIELDS`
     at their earlier value)."""
-    config = dataclasses.asdict(tc)
+    config = tc.flat()
     later = {k for k, v in LATER_FIELDS.items() if config[k] == v}
     return settings_key({k: v for k, v in config.items() if k not in NOT_IDENTITY and k not in later})
 

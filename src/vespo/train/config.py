@@ -8,6 +8,7 @@ once. What the machine must provide (files, packages, devices, memory) is checke
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 import typing
@@ -39,6 +40,11 @@ class TrainConfig(TrainFields):
         for name, value in filled(self).items():
             object.__setattr__(self, name, value)  # frozen: set once, while it is built
         _check_consistency(self)
+
+    def flat(self) -> dict[str, object]:
+        """The settings by their flat names (the command line's and YAML's), in field order: what config.yaml holds
+        and what a sweep cell's identity hashes."""
+        return dataclasses.asdict(self)
 
     @property
     def num_mini_batches(self) -> int:

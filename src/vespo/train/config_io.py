@@ -23,7 +23,7 @@ from vespo.train.fields import TrainFields
 def to_yaml(cfg: TrainConfig, **changes: object) -> str:
     """The config as YAML (the run dir's config.yaml; loadable with `--config`), with `changes` to fields of it (what
     a run saves of itself: the thread count it chose, not the flags that only started it)."""
-    data = dataclasses.asdict(cfg) | changes
+    data = cfg.flat() | changes
     data["betas"], data["allow_change"] = list(data["betas"]), list(data["allow_change"])
     return yaml.safe_dump(data, sort_keys=False)
 
