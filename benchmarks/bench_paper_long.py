@@ -252,10 +252,10 @@ def estimate_seconds(cfg: SweepConfig) -> float:
 
 def cell_seconds(cfg: SweepConfig, n: int) -> float:
     """Estimated seconds of one cell at N = n on one core (`COST`)."""
-    from vespo.experiments.sweep import _optimizer_steps
+    from vespo.experiments.sweep import optimizer_steps
 
     cfg = resolve(cfg)
-    steps = _optimizer_steps(cfg, n)
+    steps = optimizer_steps(cfg, n)
     rollout_steps = steps // n
     seqs = steps * cfg.ppo_mini_batch_size * cfg.rollout_n  # every sequence is generated once
     evals = (1 + min(cfg.eval_points, rollout_steps)) * cfg.eval_size * cfg.eval_n

@@ -4,6 +4,7 @@ import csv
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,12 +22,19 @@ from vespo.experiments.sweep import (
 from vespo.train.config import TrainConfig
 
 
+def flat(cfg: SweepConfig, cell: Cell) -> SimpleNamespace:
+    """A cell's `vespo train` settings by their flat names (`TrainConfig.flat`, how a cell's identity reads them), and
+    its N."""
+    tc = train_config(cfg, cell).flat()
+    return SimpleNamespace(**tc, num_mini_batches=tc["train_batch_size"] // tc["ppo_mini_batch_size"])
+
+
 def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
     cfg = SweepConfig(methods=("vespo", "grpo"), num_mini_batches=(1, 4, 8), seeds=(0, 1), optimizer_steps=16)
     grid = cells(cfg)
     assert len(grid) == 2 * 3 * 2
     for c in grid:
-        tc = train_config(cfg, c)
+        tc = flat(cfg, c)
         assert tc.num_mini_batches == c.num_mini_batches and tc.ppo_mini_batch_size == cfg.ppo_mini_batch_size
         # at N = 8, 16 steps would be 2 rollout steps: scaled up to 4 rollout steps
         steps = max(16, 4 * c.num_mini_batches)
@@ -37,10 +45,10 @@ def test_cells_keep_mini_batch_and_optimizer_steps_fixed_across_n():
 def test_topr_both_ways_and_controls_reach_the_cells():
     """`topr` is TOPR's own token-sum form, `topr-tokenmean` the length-normalised one the VESPO paper compared."""
     cfg = SweepConfig(methods=("topr", "topr-tokenmean"), num_mini_batches=(1,), seeds=(0,))
-    modes = {c.variant: train_config(cfg, c).loss_agg_mode for c in cells(cfg)}
+    modes = {c.variant: flat(cfg, c).loss_agg_mode for c in cells(cfg)}
     assert modes == {"topr": None, "topr-tokenmean": "token-mean"}  # None: the method's own, seq-mean-token-sum
     controls = {
-        c.variant: train_config(cfg, c) for c in cells(SweepConfig(preset="step_controls", num_mini_batches=(1,)))
+        c.variant: flat(cfg, c) for c in cells(SweepConfig(preset="step_controls", num_mini_batches=(1,)))
     }
     assert controls["vespo-meanphi"].step_scale == "mean_phi" and controls["vespo-targetkl"].target_kl == 0.02
 
@@ -52,10 +60,10 @@ def test_lr_axis_adds_rows_and_reaches_each_cell():
     grid = cells(cfg)
     assert sorted({c.variant for c in grid}) == ["topr@lr0.0001", "topr@lr0.0009", "vespo@lr0.0001", "vespo@lr0.0009"]
     for c in grid:
-        assert train_config(cfg, c).lr == c.lr and c.variant.endswith(f"@lr{c.lr:g}")
+        assert flat(cfg, c).lr == c.lr and c.variant.endswith(f"@lr{c.lr:g}")
     assert len({c.name for c in grid}) == len(grid)  # every cell has its own run dir
     single = cells(SweepConfig(methods=("vespo",), num_mini_batches=(1,), seeds=(0,), lr=(5e-4,)))
-    assert [(c.variant, train_config(SweepConfig(lr=(5e-4,)), c).lr) for c in single] == [("vespo", 5e-4)]
+    assert [(c.variant, flat(SweepConfig(lr=(5e-4,)), c).lr) for c in single] == [("vespo", 5e-4)]
     with pytest.raises(ValueError, match="lr must be"):
         cells(SweepConfig(lr=(float("nan"),)))
 
@@ -89,7 +97,7 @@ def test_paper_preset_resolves_to_the_documented_regime():
                                                                     "topr-tokenmean", "m2po", "opsm", "aipo",
                                                                     "vcpo"]  # fmt: skip
     for c in grid:
-        tc = train_config(SweepConfig(preset="paper", num_mini_batches=(1, 64), seeds=(0,)), c)
+        tc = flat(SweepConfig(preset="paper", num_mini_batches=(1, 64), seeds=(0,)), c)
         assert (tc.betas, tc.weight_decay, tc.grad_clip) == ((0.9, 0.999), 0.01, 1.0)
         assert (tc.task, tc.num_operands, tc.lr, tc.ppo_mini_batch_size) == ("scratchpad", 4, PAPER_LR, 8)
         assert tc.total_training_steps >= 8  # rollout steps, also at N = 64
@@ -100,7 +108,7 @@ def test_paper_preset_resolves_to_the_documented_regime():
         if c.variant.startswith("topr"):
             assert tc.loss_agg_mode == ("token-mean" if c.variant == "topr-tokenmean" else None)
     mine = SweepConfig(preset="paper", lr=(3e-5,), num_mini_batches=(4,), seeds=(0,), extra={"weight_decay": "0"})
-    tc = train_config(mine, cells(mine)[0])
+    tc = flat(mine, cells(mine)[0])
     assert (tc.lr, tc.weight_decay, tc.betas) == (3e-5, 0.0, (0.9, 0.999))
     assert resolve(resolve(mine)) == resolve(mine)
     subset = cells(SweepConfig(preset="paper", variants=("sapo", "vespo"), num_mini_batches=(4,), seeds=(0,)))
@@ -109,7 +117,7 @@ def test_paper_preset_resolves_to_the_documented_regime():
         cells(SweepConfig(preset="paper", variants=("ppo",)))
     with pytest.raises(ValueError, match="without --preset"):
         cells(SweepConfig(variants=("vespo",)))
-    plain = train_config(
+    plain = flat(
         SweepConfig(num_mini_batches=(1,), seeds=(0,)), cells(SweepConfig(num_mini_batches=(1,), seeds=(0,)))[0]
     )
     assert (plain.betas, plain.weight_decay) == ((0.9, 0.99), 0.0)  # no preset: the trainer's own defaults
@@ -118,7 +126,7 @@ def test_paper_preset_resolves_to_the_documented_regime():
 def test_paper_preset_on_the_command_line_lets_every_flag_win(tmp_path, monkeypatch):
     """`vespo sweep --preset paper` starts from the preset's settings; a flag wins even when it names SweepConfig's own
     default (mini-batch 4), and `--extra` adds to the preset's AdamW settings instead of replacing them."""
-    import vespo.experiments.sweep as sweep_module
+    import vespo.experiments.sweep.command as sweep_module
 
     seen = []
 
@@ -131,7 +139,7 @@ def test_paper_preset_on_the_command_line_lets_every_flag_win(tmp_path, monkeypa
             "--extra", "tensorboard", "False"]  # fmt: skip
     assert sweep_module.cli(argv) == 0
     (cfg,) = seen
-    tc = train_config(cfg, cells(cfg)[0])
+    tc = flat(cfg, cells(cfg)[0])
     assert (tc.ppo_mini_batch_size, tc.betas, tc.weight_decay, tc.tensorboard) == (4, (0.9, 0.999), 0.01, False)
     assert cfg.seeds == (0, 1, 2, 3, 4) and cfg.task == ("scratchpad",)
 
@@ -219,7 +227,7 @@ def test_lr_and_task_are_grid_axes():
     grid = cells(cfg)
     assert len(grid) == 2 * 2 * 2 and len({c.name for c in grid}) == len(grid)
     for c in grid:
-        tc = train_config(cfg, c)
+        tc = flat(cfg, c)
         assert (tc.lr, tc.task) == (c.lr, c.task)
         assert tc.max_response_length == (257 if c.task == "chain" else 16)
         assert tc.num_operands == (84 if c.task == "chain" else 3)
@@ -264,7 +272,7 @@ def test_changed_settings_never_reuse_a_cell(tmp_path, monkeypatch):
     base = SweepConfig(out_dir=str(tmp_path), methods=("vespo",), num_mini_batches=(1,), seeds=(0,), optimizer_steps=4)
 
     def run_dirs(cfg):
-        return [train_config(cfg, c).run_dir for c in cells(cfg)]
+        return [flat(cfg, c).run_dir for c in cells(cfg)]
 
     first = run_dirs(base)
     assert run_dirs(base) == first and run_dirs(dataclasses.replace(base, jobs=4)) == first
@@ -332,25 +340,24 @@ def test_issue_40_variants_reach_their_cells_and_earlier_cells_keep_their_names(
     """The four corrections of issue 40 are variants of the paper preset (and `vcpo` a named method): VCPO as its
     scripts run it (loss, threshold 8, ESS step scaling, optimal baseline). The fields added with them, at their
     defaults, leave every earlier cell's identity as it was."""
-    import dataclasses
 
     from vespo.experiments.grid import settings_key
     from vespo.experiments.sweep import LATER_FIELDS, NOT_IDENTITY, cell_key
 
     cfg = SweepConfig(preset="paper", variants=("m2po", "opsm", "aipo", "vcpo"), num_mini_batches=(64,), seeds=(0,))
-    tcs = {c.variant: train_config(cfg, c) for c in cells(cfg)}
+    tcs = {c.variant: flat(cfg, c) for c in cells(cfg)}
     assert {v: tc.method for v, tc in tcs.items()} == {v: v for v in ("m2po", "opsm", "aipo", "vcpo")}
     vcpo = tcs["vcpo"]
     assert (vcpo.step_scale, vcpo.adv_estimator) == ("ess_sqrt", "opob")
     assert float(vcpo.hparams["rollout_is_threshold"]) == 8.0  # a correction option keeps its command-line text
     assert tcs["m2po"].adv_estimator == "grpo" and tcs["m2po"].step_scale == "none"
     named = cells(SweepConfig(methods=("vcpo", "aipo"), num_mini_batches=(1,), seeds=(0,)))
-    assert [train_config(SweepConfig(), c).adv_estimator for c in named] == ["opob", "grpo"]
+    assert [flat(SweepConfig(), c).adv_estimator for c in named] == ["opob", "grpo"]
     tc = train_config(SweepConfig(methods=("vespo",), num_mini_batches=(4,), seeds=(0,)), cells(SweepConfig(
         methods=("vespo",), num_mini_batches=(4,), seeds=(0,)))[0])  # fmt: skip
-    before = {k: v for k, v in dataclasses.asdict(tc).items() if k not in NOT_IDENTITY and k not in LATER_FIELDS}
+    before = {k: v for k, v in tc.flat().items() if k not in NOT_IDENTITY and k not in LATER_FIELDS}
     assert cell_key(tc) == settings_key(before)  # the hash a cell had before the fields existed
-    assert cell_key(dataclasses.replace(tc, eval_top_p=0.7)) != cell_key(tc)
+    assert cell_key(TrainConfig(**(tc.flat() | {"eval_top_p": 0.7}))) != cell_key(tc)
 
 
 def test_cell_configs_are_built_from_the_settings_with_typed_extra():
@@ -358,14 +365,13 @@ def test_cell_configs_are_built_from_the_settings_with_typed_extra():
     flag-parsed configs before that path went (presets, hparams, tasks, typed `extra`: every field and type equal);
     pinned here by hand: rollout steps = max(optimizer_steps, min_rollout_steps x N) / N, evaluations, checkpoints and
     probes at equal strides of them, and the cell keys the flag-parsed configs had (finished cells are reused)."""
-    import dataclasses
 
     from vespo.experiments.sweep import preset_config
 
     def changed(cfg):  # (cell name, the fields that differ from TrainConfig's defaults)
         (c,) = cells(cfg)
-        tc = train_config(cfg, c)
-        return c.name, {k: v for k, v in dataclasses.asdict(tc).items() if v != getattr(TrainConfig(), k)}
+        default = TrainConfig().flat()
+        return c.name, {k: v for k, v in train_config(cfg, c).flat().items() if v != default[k]}
 
     common = {"eval_size": 500, "eval_n": 2, "num_threads": 1, "progress": False}  # reward_fn: math, as TrainConfig()
     # paper-long, N = 64: max(64, 8 x 64) / 64 = 8 rollout steps of 8 x 64 prompts; 4 evaluations and probes

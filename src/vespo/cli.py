@@ -23,7 +23,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "write a run's checkpoint as a Hugging Face model directory (LoRA merged), for `vespo eval --model`",
     ),
     "sweep": (
-        "vespo.experiments.sweep",
+        "vespo.experiments.sweep.command",
         "cli",
         "grid of methods x N mini-batches per rollout step x seeds, with tables and paper-style plots",
     ),
