@@ -47,6 +47,38 @@ def test_registry_names():
     }
 
 
+def test_optional_inputs_are_declared_in_the_registry_not_matched_by_name():
+    """A method gets the core's optional inputs it declared (`register_method(inputs=...)`), nothing by its
+    parameter names: an undeclared one, a declared one missing from the signature or an unknown name raise."""
+    from vespo.losses.registry import OPTIONAL_INPUTS, get_method
+
+    declared = {m: get_method(m).inputs for m in vespo.available_methods() if get_method(m).inputs}
+    assert declared == {
+        "vespo": {"rollout_log_w", "seq_log_ratio"},
+        "cispo": {"log_ratio"},
+        "m2po": {"log_ratio", "batch_context"},
+        "opsm": {"rollout_log_prob"},
+        **dict.fromkeys(ADAPTIVE_METHODS, {"rollout_log_w", "seq_log_ratio", "batch_context"}),
+    }
+    assert set(OPTIONAL_INPUTS) == {"rollout_log_w", "log_ratio", "seq_log_ratio", "batch_context", "rollout_log_prob"}
+
+    def takes_log_ratio(log_prob, old_log_prob, advantages, mask, *, log_ratio=None):
+        return log_prob, {}
+
+    def takes_nothing(log_prob, old_log_prob, advantages, mask, *, scale: float = 1.0):
+        return log_prob, {}
+
+    with pytest.raises(ValueError, match=r"'t1': \['log_ratio'\] are the core's optional inputs; declare them"):
+        register_method("t1")(takes_log_ratio)
+    with pytest.raises(ValueError, match=r"'t2': declared inputs \['log_ratio'\] must be keyword-only"):
+        register_method("t2", inputs=("log_ratio",))(takes_nothing)
+    with pytest.raises(ValueError, match=r"'t3': unknown inputs \['log_w'\]"):
+        register_method("t3", inputs=("log_w",))(takes_nothing)
+    with pytest.raises(ValueError, match="rollout_log_w"):
+        register_method("t4", rollout_correction="fold")(takes_nothing)
+    assert "t1" not in vespo.available_methods()
+
+
 def test_default_aggregation_is_each_primary_sources():
     # VESPO official code, DAPO, MiniMax-M1, BAPO's recipe: token-mean; GSPO paper, veRL's and TRL's SAPO:
     # seq-mean-token-mean; TOPR's gradient sums over the whole sequence: seq-mean-token-sum.

@@ -13,7 +13,7 @@ import vespo
 from vespo import PolicyBatch, compute_policy_loss, policy_loss_terms
 from vespo.advantages import group_advantages, opob_advantages
 from vespo.losses.adaptive import BatchContext, batch_context
-from vespo.losses.methods import m2po_cutoff, off_policy_sequence_mask
+from vespo.losses.offpolicy import m2po_cutoff, off_policy_sequence_mask
 from vespo.step_control import sampler_log_w, step_scale
 
 
@@ -168,7 +168,8 @@ def test_trainer_micro_batches_decide_m2po_like_one_pass(monkeypatch):
     assert float(hist[-1]["m2po/masked_frac"]) > 0  # stale mini-batch: the mask acted
     import vespo.train.learner as learner
 
-    monkeypatch.setattr(learner, "_batch_context", lambda *a: BatchContext(mini_batch_index=a[7], num_mini_batches=4))
+    monkeypatch.setattr(learner, "_batch_context", lambda *a, index, **kw: BatchContext(mini_batch_index=index,
+                                                                                         num_mini_batches=4))
     local, _ = update(3)
     assert not torch.allclose(local, one, rtol=1e-5, atol=1e-6)
 
@@ -308,7 +309,7 @@ def _learner_setup(seed=0):
 def test_ess_sqrt_moves_the_weights_like_adamw_at_the_scaled_lr():
     """VCPO scales AdamW's lr by s = sqrt(ESS/B) for the step; the learner's step path (theta_old + s (theta_adam -
     theta_old), shared with mean_phi) gives the same weights, and s is the ESS of pi/pi_sampler."""
-    from vespo.train.learner import UpdateSettings, ppo_update
+    from vespo.train.learner import Learner, UpdateBatch, UpdateSettings, ppo_update
 
     model, rollout, rewards, old = _learner_setup()
     adv = group_advantages(rewards, 4)
@@ -316,8 +317,8 @@ def test_ess_sqrt_moves_the_weights_like_adamw_at_the_scaled_lr():
     sampler = stale - 0.2 * rollout.response_mask
     settings = UpdateSettings(method="vcpo", seqs_per_mini_batch=16, micro_batch_size=8, step_scale="ess_sqrt")
     scaled = copy.deepcopy(model)
-    hist = ppo_update(scaled, torch.optim.AdamW(scaled.parameters(), lr=1e-2), rollout, adv, stale, settings,
-                      rollout_log_prob=sampler)  # fmt: skip
+    hist, _ = ppo_update(Learner(scaled, torch.optim.AdamW(scaled.parameters(), lr=1e-2), settings),
+                         UpdateBatch(rollout, adv, stale, rollout_log_prob=sampler))  # fmt: skip
     s = float(hist[0]["actor/step_scale"])
     assert 0.05 < s < 0.95  # the test can fail: the step is far from unscaled
     with torch.no_grad():
@@ -327,15 +328,9 @@ def test_ess_sqrt_moves_the_weights_like_adamw_at_the_scaled_lr():
     rho = vespo.kernels.effective_sample_size(sampler_log_w(lp, stale, sampler, rollout.response_mask.float()))
     assert float(hist[0]["actor/step_ess"]) == pytest.approx(float(rho), rel=1e-5) and s == pytest.approx(rho**0.5)
     plain = copy.deepcopy(model)
-    ppo_update(
-        plain,
-        torch.optim.AdamW(plain.parameters(), lr=1e-2 * s),
-        rollout,
-        adv,
-        stale,
-        UpdateSettings(method="vcpo", seqs_per_mini_batch=16, micro_batch_size=8),
-        rollout_log_prob=sampler,
-    )
+    plain_settings = UpdateSettings(method="vcpo", seqs_per_mini_batch=16, micro_batch_size=8)
+    ppo_update(Learner(plain, torch.optim.AdamW(plain.parameters(), lr=1e-2 * s), plain_settings),
+               UpdateBatch(rollout, adv, stale, rollout_log_prob=sampler))  # fmt: skip
     for a, b in zip(scaled.parameters(), plain.parameters(), strict=True):  # fmt: skip
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
@@ -387,15 +382,18 @@ def test_opob_extreme_weights_are_finite():
 def test_opob_weights_are_per_sequence_gradient_norms_and_train_any_method():
     """`opob_log_weights` = log ||grad sum_t r_t||^2 + 2 log w per sequence (checked with one backward per row by
     hand), and the opob update equals a plain update on the advantages they give, for VESPO as for VCPO's loss."""
-    from vespo.train.learner import UpdateSettings, opob_log_weights, policy_log_probs, ppo_update
+    from vespo.train.learner import Learner, UpdateBatch, UpdateSettings, policy_log_probs, ppo_update
+    from vespo.train.opob import opob_log_weights
 
     model, rollout, rewards, old = _learner_setup(1)
     sampler = old - 0.1 * rollout.response_mask
     s = UpdateSettings(method="vespo", seqs_per_mini_batch=16, micro_batch_size=16, adv_estimator="opob", group_size=4)
     rows = torch.arange(16)
     model.train()
-    log_v = opob_log_weights(model, rollout, rows, old, sampler, s, on_policy=False)
     params = [p for p in model.parameters() if p.requires_grad]
+    log_probs = lambda row: policy_log_probs(model, rollout, row, micro_batch_size=1, temperature=1.0)[0]  # noqa: E731
+    log_v = opob_log_weights(log_probs, params, rows, old_log_prob=old, rollout_log_prob=sampler,
+                             response_mask=rollout.response_mask)  # fmt: skip
     for i in (0, 7):
         lp, _ = policy_log_probs(model, rollout, rows[i : i + 1], micro_batch_size=1, temperature=1.0)
         m = rollout.response_mask[i : i + 1]
@@ -408,16 +406,17 @@ def test_opob_weights_are_per_sequence_gradient_norms_and_train_any_method():
         a, b = copy.deepcopy(model), copy.deepcopy(model)
         opob = UpdateSettings(method=method, seqs_per_mini_batch=16, micro_batch_size=16, adv_estimator="opob",
                               group_size=4)  # fmt: skip
-        hist = ppo_update(a, torch.optim.SGD(a.parameters(), lr=0.05), rollout, group_advantages(rewards, 4), old,
-                          opob, rollout_log_prob=sampler, rewards=rewards)  # fmt: skip
-        ppo_update(b, torch.optim.SGD(b.parameters(), lr=0.05), rollout, adv, old,
-                   UpdateSettings(method=method, seqs_per_mini_batch=16, micro_batch_size=16),
-                   rollout_log_prob=sampler)  # fmt: skip
+        hist, _ = ppo_update(Learner(a, torch.optim.SGD(a.parameters(), lr=0.05), opob),
+                             UpdateBatch(rollout, group_advantages(rewards, 4), old, rollout_log_prob=sampler,
+                                         rewards=rewards))  # fmt: skip
+        plain = UpdateSettings(method=method, seqs_per_mini_batch=16, micro_batch_size=16)
+        ppo_update(Learner(b, torch.optim.SGD(b.parameters(), lr=0.05), plain),
+                   UpdateBatch(rollout, adv, old, rollout_log_prob=sampler))  # fmt: skip
         for x, y in zip(a.parameters(), b.parameters(), strict=True):
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
         assert float(hist[0]["opob/baseline_gap"]) > 1e-3  # the baseline moved off the group mean
     with pytest.raises(ValueError, match="needs the rewards"):
-        ppo_update(model, torch.optim.SGD(model.parameters(), lr=0.05), rollout, adv, old, s)
+        ppo_update(Learner(model, torch.optim.SGD(model.parameters(), lr=0.05), s), UpdateBatch(rollout, adv, old))
 
 
 def test_config_checks_for_the_new_controls():

@@ -2,11 +2,11 @@
 
 `registry` (register, look up, validate hyperparameters), `core` (log ratios, sequence log W, weight metrics: the
 public helpers every method uses), `correction` (train-inference correction, veRL's catalogue), `compute` (the entry
-points), `methods` (the paper's methods) and `adaptive` (batch-adaptive VESPO). Importing this package registers
-every method.
+points), `methods` (the paper's methods), `offpolicy` (the off-policy corrections of 2025-26) and `adaptive`
+(batch-adaptive VESPO). Importing this package registers every method.
 """
 
-from vespo.losses import adaptive, methods  # noqa: F401  (registers the methods)
+from vespo.losses import adaptive, methods, offpolicy  # noqa: F401  (registers the methods)
 from vespo.losses.adaptive import BatchContext, batch_context
 from vespo.losses.compute import check_policy_inputs, compute_policy_loss, policy_loss_terms
 from vespo.losses.core import ROLLOUT_IS_THRESHOLD, PolicyBatch, kl_k3

@@ -211,9 +211,38 @@ def _adaptive_loss(
         g_log_w, g_pos, g_valid = log_w, a_seq >= 0, seq_valid
     c1 = torch.tensor([c[0], c[2]], dtype=log_w.dtype, device=log_w.device)  # (2,) [A >= 0, A < 0]
     c2 = torch.tensor([c[1], c[3]], dtype=log_w.dtype, device=log_w.device)
+    before = _log_phi_2(g_log_w, c1, c2, _group_masks(g_pos, g_valid)).logsumexp(0)  # (M,) paper kernel, log phi
+    c1, c2, log_gain, metrics = _control(kind, g_log_w, g_pos, g_valid, c1, c2, ctx, hp)
+    metrics |= _per_sign("adaptive/c1", c1) | _per_sign("adaptive/c2", c2)
+
+    idx = (a_seq < 0).long()  # (B,) 0 for A >= 0, 1 for A < 0
+    log_phi = vespo_log_phi(log_w, c1[idx], c2[idx]) + log_gain[idx]  # (B,)
+    phi = torch.exp(log_phi)  # detached: log_w came from log_prob.detach()
+    loss = log_prob * (-phi.unsqueeze(-1) * compact_advantages(advantages))  # (B, T)
+
+    g_idx = (~g_pos).long()
+    after = vespo_log_phi(g_log_w, c1[g_idx], c2[g_idx]) + log_gain[g_idx]  # (M,) the controlled kernel, log phi
+    metrics["adaptive/ess_before"] = effective_sample_size(before, g_valid)
+    metrics["adaptive/ess"] = effective_sample_size(after, g_valid)
+    metrics["adaptive/top1_share"] = top_share(after, g_valid)
+    metrics |= weight_metrics("weight", phi, a_seq, seq_valid)
+    metrics["vespo/Z"] = (phi * seq_valid).sum() / seq_valid.sum().clamp(min=1)
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def _control(
+    kind: str,
+    g_log_w: Tensor,
+    g_pos: Tensor,
+    g_valid: Tensor,
+    c1: Tensor,
+    c2: Tensor,
+    ctx: BatchContext | None,
+    hp: dict[str, object],
+) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    """The controller `kind` on the decision's statistics: (c1, c2, log gain) per sign (2,) and its metrics."""
     log_gain = torch.zeros_like(c1)
     metrics: dict[str, Tensor] = {}
-    before = _log_phi_2(g_log_w, c1, c2, _group_masks(g_pos, g_valid)).logsumexp(0)  # (M,) paper kernel, log phi
     if kind == "moment":
         target = torch.tensor([hp["moment_target_pos"], hp["moment_target_neg"]], dtype=c1.dtype, device=c1.device)
         c2, active, moment = moment_control(g_log_w, g_pos, g_valid, c1, c2, target, hp["c2_max"])
@@ -230,21 +259,7 @@ def _adaptive_loss(
         k, n = _mini_batch_index(ctx)
         c2 = c2 * (1.0 + (hp["c2_scale_max"] - 1.0) * k / max(n - 1, 1))
         metrics["adaptive/mini_batch_index"] = torch.tensor(float(k))
-    metrics |= _per_sign("adaptive/c1", c1) | _per_sign("adaptive/c2", c2)
-
-    idx = (a_seq < 0).long()  # (B,) 0 for A >= 0, 1 for A < 0
-    log_phi = vespo_log_phi(log_w, c1[idx], c2[idx]) + log_gain[idx]  # (B,)
-    phi = torch.exp(log_phi)  # detached: log_w came from log_prob.detach()
-    loss = log_prob * (-phi.unsqueeze(-1) * compact_advantages(advantages))  # (B, T)
-
-    g_idx = (~g_pos).long()
-    after = vespo_log_phi(g_log_w, c1[g_idx], c2[g_idx]) + log_gain[g_idx]  # (M,) the controlled kernel, log phi
-    metrics["adaptive/ess_before"] = effective_sample_size(before, g_valid)
-    metrics["adaptive/ess"] = effective_sample_size(after, g_valid)
-    metrics["adaptive/top1_share"] = top_share(after, g_valid)
-    metrics |= weight_metrics("weight", phi, a_seq, seq_valid)
-    metrics["vespo/Z"] = (phi * seq_valid).sum() / seq_valid.sum().clamp(min=1)
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return c1, c2, log_gain, metrics
 
 
 def _per_sign(name: str, x: Tensor) -> dict[str, Tensor]:
@@ -320,7 +335,8 @@ def _register_adaptive(name: str, kind: str, extra: dict[str, tuple[object, obje
     method.__annotations__ = {p.name: p.annotation for p in inputs + optional + hparams}
     method.__name__ = method.__qualname__ = name
     method.__doc__ = doc
-    globals()[name] = register_method(name, rollout_correction="fold", **registry)(method)
+    register = register_method(name, rollout_correction="fold", inputs=tuple(optional_inputs), **registry)
+    globals()[name] = register(method)
 
 
 _register_adaptive(

@@ -8,11 +8,12 @@ Every method is a pure function registered with `register_method`:
 of float tensors of shape (B, T) (`advantages` is a (B, T) view, constant along a row, stride 0, when the caller
 gave one advantage per sequence; `mask` is float 0/1), returning the per-token loss matrix and a dict of 0-dim
 detached metric tensors. A method registered with `rollout_correction="fold"` also takes the keyword
-`rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W. Any
-method may also declare the keywords `log_ratio` (B, T) (detached log(pi/mu), clamped to [-20, 20]) and
-`seq_log_ratio` (B,) (its masked row sum, log W): the core computes them once per call and passes them (default
-None: compute them yourself when called directly). Methods whose weights depend on statistics of the whole
-mini-batch (`vespo.adaptive`) declare `batch_context`, which the caller passes through unchanged.
+`rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W. A
+method names the other optional inputs it takes in `register_method(inputs=...)` (`registry.OPTIONAL_INPUTS`), each
+a keyword of its signature defaulting to None (a direct call computes its own): `log_ratio` (B, T) (detached
+log(pi/mu), clamped to [-20, 20]) and `seq_log_ratio` (B,) (its masked row sum, log W), computed once per call;
+`rollout_log_prob`, the sampler's log-probs as given; `batch_context`, the statistics of the whole mini-batch the
+batch-adaptive methods (`vespo.losses.adaptive`) decide from, passed through unchanged.
 Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments with the paper defaults; they are
 checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
 `vespo.aggregation`.
@@ -50,8 +51,13 @@ import torch
 
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss
 from vespo.losses.core import LOG_PROB_MAX, BatchContext, PolicyBatch, ratio_metrics, row_sum, token_log_ratio
-from vespo.losses.correction import CORRECTION_OPTIONS, parse_rollout_correction, rollout_correction
-from vespo.losses.registry import default_loss_agg_mode, get_method, validate_hparams
+from vespo.losses.correction import (
+    CORRECTION_OPTIONS,
+    RolloutCorrection,
+    parse_rollout_correction,
+    rollout_correction,
+)
+from vespo.losses.registry import MethodSpec, default_loss_agg_mode, get_method, validate_hparams
 
 Tensor = torch.Tensor
 
@@ -80,6 +86,53 @@ def policy_loss_terms(
     hp = validate_hparams(method, **hparams)
     options = parse_rollout_correction(*(hp.pop(k) for k in CORRECTION_OPTIONS))
     kl_tau = hp.pop("kl_tau")
+    _check_call(method, spec, batch, batch_context)
+    fold = spec.rollout_correction == "fold"
+    b = batch.cast()
+    if validate:
+        b = _checked(b, not batch.response_mask.is_floating_point(), allow_empty_rows, fold)
+    lp, old, mask = b.log_prob, b.old_log_prob, b.response_mask
+    adv = b.token_advantages()
+
+    level = _correction_level(spec, b, options)
+    correction, keep, ro_metrics = rollout_correction(
+        old, b.rollout_log_prob, b.rollout_is_weights, mask, options, level, fold=fold
+    )
+    if keep is not None:  # rejection sampling: rejected tokens leave W, the loss and the metrics
+        mask = mask * keep
+    log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
+    inputs = {  # the optional inputs (`registry.OPTIONAL_INPUTS`); each method gets those it declared
+        "rollout_log_w": correction,  # declared by "fold" methods only
+        "log_ratio": log_ratio,
+        "seq_log_ratio": row_sum(log_ratio, mask),
+        "batch_context": batch_context,
+        "rollout_log_prob": b.rollout_log_prob,
+    }
+    loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: inputs[k] for k in spec.inputs}, **hp)
+    if not fold and correction is not None:
+        loss_mat = loss_mat * correction  # (B, T) or (B, 1), detached
+    if kl_tau > 0:
+        loss_mat, metrics["kl_tau/log_ratio_sq"] = _kl_tau_penalty(loss_mat, lp, old, mask, kl_tau)
+    if keep is not None:
+        loss_mat = loss_mat * keep  # rejected tokens contribute exactly 0 (the caller's normaliser is unchanged)
+    metrics.update(ro_metrics)
+    metrics.update(ratio_metrics(inputs["seq_log_ratio"], adv, mask))
+    return loss_mat, metrics
+
+
+def _checked(b: PolicyBatch, binary: bool, allow_empty_rows: bool, fold: bool) -> PolicyBatch:
+    """`b` after the fused value test (`_check_values`), its padding zeroed where it holds NaN/inf."""
+    if _check_values(
+        b.log_prob, b.old_log_prob, b.advantages, b.response_mask, b.rollout_log_prob, b.rollout_is_weights,
+        binary=binary, allow_empty_rows=allow_empty_rows, sequence_weights=fold and b.rollout_is_level == "sequence",
+    ):  # fmt: skip
+        return _zero_padding(b)
+    return b
+
+
+def _check_call(method: str, spec: MethodSpec, batch: PolicyBatch, batch_context: BatchContext | None) -> None:
+    """The call's inputs fit the method: `batch_context` only for a method that declared it (and built by
+    `batch_context`), ready rollout IS weights of a "fold" method with their level."""
     if batch_context is not None and "batch_context" not in spec.inputs:
         raise ValueError(f"{method!r} does not use mini-batch statistics; pass batch_context=None")
     if batch_context is not None:
@@ -95,47 +148,29 @@ def policy_loss_terms(
             f"{method!r} folds the rollout IS weight into its sequence weight W and must know whether the weights "
             "are per 'token' or per 'sequence': set rollout_is_level"
         )
-    b = batch.cast()
-    if validate and _check_values(
-        b.log_prob, b.old_log_prob, b.advantages, b.response_mask, b.rollout_log_prob, b.rollout_is_weights,
-        binary=not batch.response_mask.is_floating_point(), allow_empty_rows=allow_empty_rows,
-        sequence_weights=fold and b.rollout_is_level == "sequence",
-    ):  # fmt: skip
-        b = _zero_padding(b)
-    lp, old, mask, weights = b.log_prob, b.old_log_prob, b.response_mask, b.rollout_is_weights
-    adv = b.token_advantages()
 
-    if weights is not None:
+
+def _correction_level(spec: MethodSpec, b: PolicyBatch, options: RolloutCorrection) -> str:
+    """Whether the train-inference weight applies per "token" or per "sequence": ready weights at their own level,
+    else the options' level, else ("auto") the method's registered one."""
+    if b.rollout_is_weights is not None:
         if not options.is_default:
             raise ValueError(
                 "rollout-correction options (rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold) "
                 "apply to rollout_log_prob; rollout_is_weights come corrected by the engine: configure it there"
             )
-        level = b.rollout_is_level or "token"
-    elif options.level in ("token", "sequence"):
-        level = options.level
-    else:  # "auto" (and None, which applies no weight): the method's registered level
-        level = "sequence" if spec.rollout_correction == "sequence" else "token"
-    correction, keep, ro_metrics = rollout_correction(old, b.rollout_log_prob, weights, mask, options, level, fold=fold)
-    if keep is not None:  # rejection sampling: rejected tokens leave W, the loss and the metrics
-        mask = mask * keep
-    log_ratio = token_log_ratio(lp.detach(), old)  # (B, T), shared by the metrics and the methods that take it
-    shared = {"log_ratio": log_ratio, "seq_log_ratio": row_sum(log_ratio, mask), "batch_context": batch_context,
-              "rollout_log_prob": b.rollout_log_prob}  # fmt: skip
-    if fold:
-        shared["rollout_log_w"] = correction
-    loss_mat, metrics = spec.fn(lp, old, adv, mask, **{k: shared[k] for k in spec.inputs}, **hp)
-    if not fold and correction is not None:
-        loss_mat = loss_mat * correction  # (B, T) or (B, 1), detached
-    if kl_tau > 0:  # Kimi K2.5's squared log-ratio penalty on every valid token (prime-rl: the DPPO-masked ones too)
-        sq = token_log_ratio(lp, old).square()  # (B, T), gradient 2 kl_tau log(pi/mu) grad log pi
-        loss_mat = loss_mat + kl_tau * sq
-        metrics["kl_tau/log_ratio_sq"] = (row_sum(sq.detach(), mask).sum() / mask.sum().clamp(min=1.0)).detach()
-    if keep is not None:
-        loss_mat = loss_mat * keep  # rejected tokens contribute exactly 0 (the caller's normaliser is unchanged)
-    metrics.update(ro_metrics)
-    metrics.update(ratio_metrics(shared["seq_log_ratio"], adv, mask))
-    return loss_mat, metrics
+        return b.rollout_is_level or "token"
+    if options.level in ("token", "sequence"):
+        return options.level
+    return "sequence" if spec.rollout_correction == "sequence" else "token"  # "auto" (and None: no weight)
+
+
+def _kl_tau_penalty(loss_mat: Tensor, lp: Tensor, old: Tensor, mask: Tensor, kl_tau: float) -> tuple[Tensor, Tensor]:
+    """Kimi K2.5's squared log-ratio penalty kl_tau * (log pi/mu)^2 added to every valid token's loss (prime-rl:
+    the DPPO-masked ones too), and its mean over the valid tokens (detached)."""
+    sq = token_log_ratio(lp, old).square()  # (B, T), gradient 2 kl_tau log(pi/mu) grad log pi
+    mean = (row_sum(sq.detach(), mask).sum() / mask.sum().clamp(min=1.0)).detach()
+    return loss_mat + kl_tau * sq, mean
 
 
 def compute_policy_loss(
@@ -243,31 +278,58 @@ def _check_values(
     test looks at all positions with cheap reductions; only if it fails are valid and padding positions told apart
     (a bad valid value raises a one-line ValueError naming the input; NaN/inf only in the padding returns True).
     """
-    lengths = mask.sum(-1)  # (B,)
     logps = {"log_prob": log_prob, "old_log_prob": old_log_prob, "rollout_log_prob": rollout_log_prob}
+    shape = (binary, allow_empty_rows, sequence_weights)
+    if _values_pass(logps, advantages, mask, rollout_is_weights, *shape):  # the one host sync
+        return False
+    _raise_at_valid_positions(logps, advantages, mask, rollout_is_weights, allow_empty_rows, sequence_weights)
+    full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
+    return any(not bool(torch.isfinite(t.detach()).all()) for t in full)
+
+
+def _values_pass(
+    logps: dict[str, Tensor | None],
+    advantages: Tensor,
+    mask: Tensor,
+    weights: Tensor | None,
+    binary: bool,
+    allow_empty_rows: bool,
+    sequence_weights: bool,
+) -> bool:
+    """The fast test: every condition over all positions with cheap reductions, fused into one host sync."""
     flags = []
     for t in logps.values():
         if t is not None:
             lo, hi = torch.aminmax(t.detach())
             flags.append((lo > -math.inf) & (hi <= LOG_PROB_MAX))  # NaN fails both comparisons
     flags.append(torch.isfinite(advantages.sum()))  # overflow of a finite sum only sends us to the exact check
-    if rollout_is_weights is not None:
-        lo, hi = torch.aminmax(rollout_is_weights)
+    if weights is not None:
+        lo, hi = torch.aminmax(weights)
         flags.append((lo >= 0) & (hi < math.inf))
-        if sequence_weights and rollout_is_weights.shape == mask.shape:
-            flags.append(_row_spread(rollout_is_weights, mask) <= 1e-6)
+        if sequence_weights and weights.shape == mask.shape:
+            flags.append(_row_spread(weights, mask) <= 1e-6)
     if binary:  # bool or integer: binary exactly when within [0, 1]
         lo, hi = torch.aminmax(mask)
         flags.append((lo >= 0) & (hi <= 1))
     else:  # a float mask is compared exactly: 1e-30 padding is not 0 (m * m underflows, so a sum test misses it)
         flags.append(((mask == 0) | (mask == 1)).all())
     if not allow_empty_rows:
-        flags.append((lengths > 0).all())
-    if bool(torch.stack(flags).all()):  # the one host sync
-        return False
+        flags.append((mask.sum(-1) > 0).all())
+    return bool(torch.stack(flags).all())
 
-    # Slow path (something is off somewhere): find it, or conclude that only the padding is non-finite.
+
+def _raise_at_valid_positions(
+    logps: dict[str, Tensor | None],
+    advantages: Tensor,
+    mask: Tensor,
+    weights: Tensor | None,
+    allow_empty_rows: bool,
+    sequence_weights: bool,
+) -> None:
+    """The slow path (the fast test failed): a one-line ValueError naming the first input bad at a valid position;
+    returns when only the padding is off."""
     valid = mask > 0
+    lengths = mask.sum(-1)  # (B,)
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("response_mask must be binary (0/1 or bool)")
     if not allow_empty_rows and not bool((lengths > 0).all()):
@@ -285,20 +347,17 @@ def _check_values(
     a = advantages if advantages.shape == mask.shape else advantages.reshape(-1, 1).expand(mask.shape)
     if not bool(torch.isfinite(a[valid]).all()):
         raise ValueError("advantages contain NaN or inf at valid (masked-in) positions")
-    if rollout_is_weights is not None:
-        w = rollout_is_weights if rollout_is_weights.shape == mask.shape else rollout_is_weights.expand(mask.shape)
-        w = w[valid]
-        if not bool((torch.isfinite(w) & (w >= 0)).all()):
-            raise ValueError("rollout_is_weights must be finite and >= 0 at valid positions")
-        if sequence_weights and rollout_is_weights.shape == mask.shape:
-            clean = torch.where(valid, rollout_is_weights, 0.0)
-            if not bool(_row_spread(clean, mask) <= 1e-6):
-                raise ValueError(
-                    "rollout_is_level is 'sequence' but rollout_is_weights vary along a sequence: they are "
-                    "token-level weights, set rollout_is_level='token'"
-                )
-    full = [t for t in (log_prob, old_log_prob, rollout_log_prob, advantages, rollout_is_weights) if t is not None]
-    return any(not bool(torch.isfinite(t.detach()).all()) for t in full)
+    if weights is None:
+        return
+    w = (weights if weights.shape == mask.shape else weights.expand(mask.shape))[valid]
+    if not bool((torch.isfinite(w) & (w >= 0)).all()):
+        raise ValueError("rollout_is_weights must be finite and >= 0 at valid positions")
+    if sequence_weights and weights.shape == mask.shape:
+        if not bool(_row_spread(torch.where(valid, weights, 0.0), mask) <= 1e-6):
+            raise ValueError(
+                "rollout_is_level is 'sequence' but rollout_is_weights vary along a sequence: they are "
+                "token-level weights, set rollout_is_level='token'"
+            )
 
 
 def _zero_padding(b: PolicyBatch) -> PolicyBatch:

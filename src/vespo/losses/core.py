@@ -1,5 +1,6 @@
 """The shared pieces of every policy loss: log ratios and sequence log W with one guard convention, the
-train-inference correction, and the weight diagnostics. Pure tensor functions, no registry, no I/O.
+train-inference correction, PPO's clipped surrogate (the token-clipping methods) and the weight diagnostics. Pure
+tensor functions, no registry, no I/O.
 
 Guards shared with veRL, the official VESPO code and TRL (docs/methods/index.md): per-token log(pi/mu) clamped to
 [-20, 20] before any exp or sum; VESPO's sequence log W clamped to [log 1e-8, 20].
@@ -13,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from vespo.aggregation import masked_mean
 from vespo.kernels import effective_sample_size
 
 Tensor = torch.Tensor
@@ -262,6 +264,36 @@ def token_weight_metrics(weight: Tensor, adv: Tensor, mask: Tensor) -> dict[str,
     return out
 
 
+def ppo_clip_loss(
+    ratio: Tensor, advantages: Tensor, low: Tensor | float, high: Tensor | float, clip_ratio_c: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate with optional dual clip (Ye et al. 2020), written like veRL's `vanilla` loss.
+
+    Returns (loss (B, T), active: where the gradient flows through the ratio, clipped, dual-clipped) masks.
+    `low` / `high` are the ratio bounds themselves (1 - eps_low, 1 + eps_high); `advantages` (B, T) or (B, 1).
+    """
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, low, high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = loss_clipped > loss_unclipped
+    if clip_ratio_c is None:
+        return loss, ~clipped, clipped, torch.zeros_like(clipped)
+    loss_dual = -advantages * clip_ratio_c
+    dual = (advantages < 0) & (loss > loss_dual)
+    loss = torch.where(dual, loss_dual, loss)
+    return loss, ~(clipped | dual), clipped, dual
+
+
+def token_clip_metrics(
+    ratio: Tensor, active: Tensor, clipped: Tensor, dual: Tensor, advantages: Tensor, mask: Tensor
+) -> dict[str, Tensor]:
+    """Weight and clip metrics of a clipped token-level loss: the weight is r where the gradient flows, else 0."""
+    metrics = token_weight_metrics(ratio.detach() * active, advantages, mask)
+    metrics["clip/frac"] = masked_mean(clipped, mask)
+    metrics["clip/frac_lower"] = masked_mean(dual, mask)
+    return metrics
+
+
 def ratio_metrics(log_w: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Diagnostics of W = pi/mu common to all methods, from log W = sum_t log(pi/mu) (tokens clamped at +-20), (B,)."""
     lengths = mask.sum(-1)
@@ -279,7 +311,3 @@ def ratio_metrics(log_w: Tensor, adv: Tensor, mask: Tensor) -> dict[str, Tensor]
         "is/ess": torch.nan_to_num(effective_sample_size(log_w, seq_valid), nan=0.0),
         "is/n_w_gt_100_neg_adv": ((log_w > W_LARGE) & (a_seq < 0) & seq_valid).sum().float(),
     }
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Methods

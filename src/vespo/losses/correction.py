@@ -240,38 +240,52 @@ def rollout_correction(
         metrics["rollout_rs/masked_frac"] = 1.0 - masked_mean(keep, mask)
     if options.level is None:
         return None, keep, metrics
-    truncated = options.log_lower is None
     if level == "token":
-        log_w = _bound(log_r, options)  # (B, T)
-        zero = log_w == -math.inf
-        if truncated:
-            metrics["rollout_is/frac_truncated"] = masked_mean(raw > options.log_upper, mask)
-        else:
-            metrics["rollout_is/masked_frac"] = masked_mean(zero, mask)
-        metrics["rollout_is/ess"] = _ess(log_w.flatten(), (kept > 0).flatten())
-        if fold:
-            out = row_sum(log_w.clamp(min=LOG_W_MIN), kept)  # (B,)
-        else:
-            out = torch.exp(log_w)
-            metrics["rollout_is/mean"] = masked_mean(out, mask)
+        out = _token_weight(raw, log_r, mask, kept, options, fold, metrics)
     else:
-        log_s = row_sum(raw, mask).clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # (B,)
-        log_w = _bound(log_s, options)
-        seq_valid = mask.sum(-1) > 0
-        n = seq_valid.sum().clamp(min=1)
-        if truncated:
-            metrics["rollout_is/frac_truncated"] = ((log_s > options.log_upper) & seq_valid).sum() / n
-        else:
-            metrics["rollout_is/masked_frac"] = ((log_w == -math.inf) & seq_valid).sum() / n
-        metrics["rollout_is/ess"] = _ess(log_w, kept.sum(-1) > 0)
-        if fold:
-            out = log_w.clamp(min=LOG_W_MIN)  # (B,), once per sequence
-        else:
-            out = torch.exp(log_w).unsqueeze(-1)  # (B, 1)
-            metrics["rollout_is/mean"] = (out[:, 0] * seq_valid).sum() / n
+        out = _sequence_weight(raw, mask, kept, options, fold, metrics)
     if fold:
         metrics["rollout_is/log_w_mean"] = seq_mean(out, kept)
     return out, keep, metrics
+
+
+def _token_weight(
+    raw: Tensor, log_r: Tensor, mask: Tensor, kept: Tensor, options: RolloutCorrection, fold: bool, metrics: dict
+) -> Tensor:
+    """Per-token IS weight min(r, C) (or IcePop-masked r) from log r: the loss factor (B, T), or folded, the
+    sequence's sum of per-token log-weights floored at log 1e-8 (B,); its metrics added to `metrics`."""
+    log_w = _bound(log_r, options)  # (B, T)
+    if options.log_lower is None:  # truncated
+        metrics["rollout_is/frac_truncated"] = masked_mean(raw > options.log_upper, mask)
+    else:
+        metrics["rollout_is/masked_frac"] = masked_mean(log_w == -math.inf, mask)
+    metrics["rollout_is/ess"] = _ess(log_w.flatten(), (kept > 0).flatten())
+    if fold:
+        return row_sum(log_w.clamp(min=LOG_W_MIN), kept)  # (B,)
+    out = torch.exp(log_w)
+    metrics["rollout_is/mean"] = masked_mean(out, mask)
+    return out
+
+
+def _sequence_weight(
+    raw: Tensor, mask: Tensor, kept: Tensor, options: RolloutCorrection, fold: bool, metrics: dict
+) -> Tensor:
+    """Sequence IS weight min(prod_t r, C) (or IcePop-masked): the loss factor (B, 1), or folded, its log floored at
+    log 1e-8, once per sequence (B,); its metrics added to `metrics`."""
+    log_s = row_sum(raw, mask).clamp(-TOKEN_LOG_RATIO_CLAMP, TOKEN_LOG_RATIO_CLAMP)  # (B,)
+    log_w = _bound(log_s, options)
+    seq_valid = mask.sum(-1) > 0
+    n = seq_valid.sum().clamp(min=1)
+    if options.log_lower is None:  # truncated
+        metrics["rollout_is/frac_truncated"] = ((log_s > options.log_upper) & seq_valid).sum() / n
+    else:
+        metrics["rollout_is/masked_frac"] = ((log_w == -math.inf) & seq_valid).sum() / n
+    metrics["rollout_is/ess"] = _ess(log_w, kept.sum(-1) > 0)
+    if fold:
+        return log_w.clamp(min=LOG_W_MIN)  # (B,), once per sequence
+    out = torch.exp(log_w).unsqueeze(-1)  # (B, 1)
+    metrics["rollout_is/mean"] = (out[:, 0] * seq_valid).sum() / n
+    return out
 
 
 def _ess(log_w: Tensor, valid: Tensor) -> Tensor:

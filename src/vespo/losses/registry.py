@@ -32,7 +32,7 @@ class MethodSpec:
     fn: LossFn
     default_loss_agg_mode: str
     rollout_correction: str  # "token" | "sequence" | "fold"
-    inputs: frozenset[str]  # which of the core's precomputed `_OPTIONAL_INPUTS` the function takes
+    inputs: frozenset[str]  # the core's optional inputs (`OPTIONAL_INPUTS`) the method declared it takes
     hparams: dict[str, object]  # name -> default
     kinds: dict[str, object]  # name -> type annotation (float, int, str, bool, Literal[...], float | None)
     bounds: dict[str, Interval]
@@ -40,8 +40,9 @@ class MethodSpec:
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
-# Keyword inputs (not hyperparameters) the core passes to a method that declares them, computed once per call:
-_OPTIONAL_INPUTS = (
+# Keyword inputs (not hyperparameters) the core passes to a method that declares them in `register_method(inputs=)`,
+# computed once per call; each defaults to None in the method's signature (a direct call computes its own):
+OPTIONAL_INPUTS = (
     "rollout_log_w",  # (B,) or None: log of the train-inference weight to fold into W ("fold" methods only)
     "log_ratio",  # (B, T) detached log(pi/mu) per token, clamped to [-20, 20]
     "seq_log_ratio",  # (B,) masked row sum of `log_ratio`: log W with the per-token guard
@@ -63,6 +64,7 @@ def register_method(
     *,
     default_loss_agg_mode: str = "token-mean",
     rollout_correction: Literal["token", "sequence", "fold"] = "token",
+    inputs: tuple[str, ...] = (),
     bounds: dict[str, str | tuple[str, str]] | None = None,
     check: Callable[[dict[str, object]], str | None] | None = None,
 ) -> Callable[[LossFn], LossFn]:
@@ -73,7 +75,8 @@ def register_method(
     hyperparameter to its allowed interval, "(0, inf)" or ("[0, 1)", "why"); `check(hparams)` returns a message for
     constraints between hyperparameters (or None). `validate_hparams` applies all of them. `default_loss_agg_mode`
     is the aggregation of the method's primary source; `rollout_correction` how the sampler ratio applies (see the
-    module docstring); "fold" methods take the keyword `rollout_log_w`.
+    module docstring). `inputs` names the optional inputs (`OPTIONAL_INPUTS`) the core passes the method, each a
+    keyword of its signature defaulting to None; "fold" methods declare `rollout_log_w`.
     """
     if default_loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown default_loss_agg_mode {default_loss_agg_mode!r}")
@@ -84,11 +87,9 @@ def register_method(
         if name in _REGISTRY:
             raise ValueError(f"policy loss {name!r} is already registered")
         params = inspect.signature(fn).parameters
-        if ("rollout_log_w" in params) != (rollout_correction == "fold"):
-            raise ValueError(f"{name!r}: a method takes `rollout_log_w` exactly when rollout_correction='fold'")
+        _check_inputs(name, inputs, params, rollout_correction)
         hints = typing.get_type_hints(fn)
-        inputs = frozenset(_OPTIONAL_INPUTS) & set(params)
-        hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in _OPTIONAL_INPUTS}
+        hp = {k: p.default for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in inputs}
         clash = sorted(set(hp) & (set(_COMMON_HPARAMS) | set(PENALTY_HPARAMS)))
         if clash:
             raise ValueError(f"{name!r}: {clash} are applied by the core for every method; do not declare them")
@@ -101,10 +102,30 @@ def register_method(
             hp[k], kinds[k] = default, object
         for k, (default, interval) in PENALTY_HPARAMS.items():
             hp[k], kinds[k], parsed[k] = default, float, interval
-        _REGISTRY[name] = MethodSpec(fn, default_loss_agg_mode, rollout_correction, inputs, hp, kinds, parsed, check)
+        spec = MethodSpec(fn, default_loss_agg_mode, rollout_correction, frozenset(inputs), hp, kinds, parsed, check)
+        _REGISTRY[name] = spec
         return fn
 
     return decorator
+
+
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+def _check_inputs(name: str, inputs: tuple[str, ...], params: dict[str, inspect.Parameter], correction: str) -> None:
+    """The declared optional inputs are known, keywords of the signature defaulting to None, and the only names of
+    `OPTIONAL_INPUTS` there (a keyword that merely shares a name gets no value: declare it or rename it)."""
+    unknown = sorted(set(inputs) - set(OPTIONAL_INPUTS))
+    if unknown:
+        raise ValueError(f"{name!r}: unknown inputs {unknown}; the core passes {list(OPTIONAL_INPUTS)}")
+    missing = [k for k in inputs if k not in params or (params[k].kind, params[k].default) != (_KEYWORD, None)]
+    if missing:
+        raise ValueError(f"{name!r}: declared inputs {missing} must be keyword-only parameters defaulting to None")
+    undeclared = sorted(set(OPTIONAL_INPUTS) & set(params) - set(inputs))
+    if undeclared:
+        raise ValueError(f"{name!r}: {undeclared} are the core's optional inputs; declare them in inputs=")
+    if ("rollout_log_w" in inputs) != (correction == "fold"):
+        raise ValueError(f"{name!r}: a method takes `rollout_log_w` exactly when rollout_correction='fold'")
 
 
 def available_methods() -> list[str]:
