@@ -18,6 +18,7 @@ from _clock import HANG_GUARD_S
 
 from vespo.rewards import SandboxLimits, code_reward, grade_code, run_in_sandbox, score_code
 from vespo.sandbox import UID_BASE, SandboxUnavailable
+from vespo.sandbox import _procs as procs
 from vespo.sandbox import runner as sandbox_mod
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=6.0, test_timeout_s=3.0, memory_mb=256, file_size_mb=4, max_processes=16)
@@ -36,7 +37,7 @@ def _live_sandbox_processes() -> list[str]:
         except (OSError, ValueError):
             continue
         uid = int(status["Uid"].split()[0])
-        if uid >= UID_BASE and not status["State"].strip().startswith("Z") and not sandbox_mod._alive(uid - UID_BASE):
+        if uid >= UID_BASE and not status["State"].strip().startswith("Z") and not procs.alive(uid - UID_BASE):
             found.append(f"{pid} uid={uid} {status['Name'].strip()}")
     return found
 
@@ -262,7 +263,7 @@ def test_forgers_score_zero_and_leave_nothing_behind(tmp_path, capsys):
     assert [g.score for g in grades[-2:]] == [1.0, 1.0]  # honest programs in the same batch still pass
     assert not _lasting(_live_sandbox_processes)
     assert _sysv_shm() == shm_before
-    tag = sandbox_mod._owner()  # this grader's work dirs and cgroups (other graders may share the machine)
+    tag = procs.owner()  # this grader's work dirs and cgroups (other graders may share the machine)
     assert not list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{tag}-*"))
     assert not [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{tag}-*")]
 
@@ -369,7 +370,7 @@ def test_cleanup_survives_a_deep_tree(tmp_path):
     os.close(fd)
     os.mkfifo(root / "fifo")
     (root / "locked").mkdir(mode=0)
-    sandbox_mod._remove_tree(str(root))
+    procs.remove_tree(str(root))
     assert not root.exists()
 
 
@@ -486,7 +487,7 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _running(pids: set[int]) -> set[int]:
-    return {p for p in pids if sandbox_mod._live(p)}
+    return {p for p in pids if procs.live(p)}
 
 
 @pytest.mark.parametrize("mode", ["stdio", "assert"])
@@ -504,7 +505,7 @@ def test_sandbox_dies_with_a_sigkilled_grader_and_leftovers_are_swept(mode):
             os._exit(0)
     try:
         deadline, family = time.monotonic() + HANG_GUARD_S, set()
-        while not any((sandbox_mod._uid_of(p) or 0) >= UID_BASE for p in family) and time.monotonic() < deadline:
+        while not any((procs.uid_of(p) or 0) >= UID_BASE for p in family) and time.monotonic() < deadline:
             time.sleep(0.05)  # until the program runs under its sandbox uid
             family = _descendants(grader)
         assert family, "the sandbox never started"
@@ -521,8 +522,8 @@ def test_sandbox_dies_with_a_sigkilled_grader_and_leftovers_are_swept(mode):
     workdirs = list(Path(tempfile.gettempdir()).glob(f"vespo-sandbox-{tag}-*"))
     groups = [d for parent in _cgroup_parents() for d in parent.glob(f"vespo-{tag}-*")]
     assert workdirs  # a SIGKILLed grader cannot clean up: the next one does
-    sandbox_mod._swept.clear()
-    sandbox_mod._sweep_once()
+    procs._swept.clear()
+    procs.sweep_once()
     assert not [p for p in workdirs + groups if p.exists()]
 
 

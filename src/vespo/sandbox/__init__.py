@@ -1,10 +1,10 @@
 """Run untrusted Python confined (namespaces, seccomp, rlimits, cgroups) and collect its outputs as plain data: the
 code grader's engine (`vespo.rewards.code_reward`), usable on its own. Threat model: docs/guides/rewards.md."""
 
+from vespo.sandbox._procs import UID_BASE
+from vespo.sandbox.limits import SandboxLimits
 from vespo.sandbox.runner import (
-    UID_BASE,
     GraderHostError,
-    SandboxLimits,
     SandboxRun,
     SandboxUnavailable,
     namespaces_work,

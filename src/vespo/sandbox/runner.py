@@ -1,11 +1,12 @@
 """Run untrusted Python in a confined process and collect, as plain data, what it produced on each test case.
 
-The grader (this module) talks to the sandbox only through two pipes it created: requests in, one JSON line per
-response out (`_wire`), read non-blocking with a deadline and a byte cap per message, so a hostile program can make
-its own cases fail but can neither hang, crash nor mislead the grader. The grader never opens a file the sandbox could
-have touched. Assertion tests run in a separate trusted checker (`_checker`) that calls into the sandbox the same way.
-A failure of the host (no disk, file descriptors, memory or processes to start a sandbox or checker, a sandbox that
-dies before the program runs, a checker that cannot start) raises `GraderHostError`: it is never scored as a case.
+The grader (this module; the limits are `limits`, the host's process, cgroup and clean-up work `_procs`) talks to the
+sandbox only through two pipes it created: requests in, one JSON line per response out (`_wire`), read non-blocking
+with a deadline and a byte cap per message, so a hostile program can make its own cases fail but can neither hang,
+crash nor mislead the grader. The grader never opens a file the sandbox could have touched. Assertion tests run in a
+separate trusted checker (`_checker`) that calls into the sandbox the same way. A failure of the host (no disk, file
+descriptors, memory or processes to start a sandbox or checker, a sandbox that dies before the program runs, a checker
+that cannot start) raises `GraderHostError`: it is never scored as a case.
 
 Confinement, strongest available first (`SandboxRun.isolated` says which applied):
 
@@ -25,45 +26,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import importlib.metadata
 import itertools
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
-from vespo.sandbox import _wire
+from vespo.sandbox import _procs, _wire
+from vespo.sandbox._procs import UID_BASE
+from vespo.sandbox.limits import SandboxLimits, package_entries
 
-_HERE = str(Path(__file__).resolve().parent)
-# `python -I` puts no script directory on sys.path: import the helper from this directory, then drop the directory.
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); m = __import__(sys.argv[2]); del sys.path[0]; m.main()"
 _MODES = ("stdio", "call", "assert")
-_SAFE_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "HOME": "/work",
-    "TMPDIR": "/work",
-    # BLAS libraries (numpy's OpenBLAS) start one thread per core at import: each counts against the process cap
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
-_PYTHON = os.path.realpath(sys.executable)  # the base interpreter: inside the sandbox root, a venv is not visible
+
 _serial = itertools.count()
-UID_BASE = 2_000_000_000  # one fresh uid per sandbox: kill() permissions and RLIMIT_NPROC become per-sandbox
 ALLOW_UNCONFINED_ENV = "VESPO_SANDBOX_ALLOW_UNCONFINED"
 """Set to 1 to run programs where the kernel refuses namespaces (weaker confinement, see docs/guides/rewards.md)."""
-_WORKDIR_PREFIX = "vespo-sandbox-"  # + the grader's `_owner()` + "-": a dead grader's dirs are found by the sweep
 
 
 class GraderHostError(RuntimeError):
@@ -99,101 +81,6 @@ def _host(what: str):
         advice = _HOST_ADVICE.get(exc.errno, "check the host")
         name = errno.errorcode.get(exc.errno, type(exc).__name__)
         raise GraderHostError(f"code grader: cannot {what}: {_describe(exc)} ({name}); {advice}") from exc
-
-
-_DISTRIBUTION = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-
-
-@functools.cache
-def _default_packages() -> tuple[str, ...]:
-    """``("numpy",)`` where installed (EvalPlus tests use ``np.allclose``), else ``()``; looked up once."""
-    try:
-        importlib.metadata.distribution("numpy")
-    except importlib.metadata.PackageNotFoundError:
-        return ()
-    return ("numpy",)
-
-
-@functools.cache
-def package_entries(packages: tuple[str, ...]) -> tuple[str, ...]:
-    """The host paths the distributions install at top level (``numpy/``, ``numpy.libs/``, ``six.py``): what the
-    sandbox binds read-only and the checker imports from. Metadata, scripts and other distributions stay out."""
-    entries = {}
-    for name in packages:
-        if not _DISTRIBUTION.fullmatch(name):
-            raise ValueError(
-                f"SandboxLimits.packages: {name!r} is not a distribution name (accepted: names of installed "
-                "distributions, e.g. 'numpy'; () for the standard library only)"
-            )
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            raise ValueError(
-                f"SandboxLimits.packages: distribution {name!r} is not installed in this environment (accepted: "
-                "names of installed distributions, e.g. 'numpy'; () for the standard library only)"
-            ) from None
-        tops = {f.parts[0] for f in dist.files or ()} - {"..", "__pycache__"}
-        home, found = os.path.realpath(dist.locate_file("")), []
-        for top in sorted(tops):
-            path = os.path.realpath(dist.locate_file(top))
-            if top.endswith((".dist-info", ".egg-info", ".pth")) or not os.path.exists(path):
-                continue
-            if os.path.dirname(path) != home:  # a link out of site-packages would bind whatever it points to
-                raise ValueError(
-                    f"SandboxLimits.packages: {name!r} installs {top!r} as a link to {path}; accepted: "
-                    "distributions whose top-level entries are real files and directories in their install directory"
-                )
-            found.append(path)
-        if not found:
-            raise ValueError(
-                f"SandboxLimits.packages: distribution {name!r} installs no top-level package or module (an "
-                "editable or metadata-only install cannot be bound; accepted: regularly installed distributions)"
-            )
-        for path in found:
-            other = entries.setdefault(os.path.basename(path), path)
-            if other != path:
-                raise ValueError(
-                    f"SandboxLimits.packages: {other} and {path} are both named {os.path.basename(path)!r}; "
-                    "list only one of the distributions that install them"
-                )
-    return tuple(entries.values())
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-program limits; defaults suit competitive-programming solutions (LiveCodeBench uses ~6 s per test)."""
-
-    cpu_s: int = 10
-    """CPU seconds of the sandbox process and, separately, of the assertion checker (each restarted after a failure)."""
-    wall_s: float = 30.0
-    test_timeout_s: float = 6.0
-    memory_mb: int = 1024
-    """Memory of the sandbox (its cgroup, and address space per process) and address space of the checker."""
-    file_size_mb: int = 16
-    disk_mb: int = 64
-    max_processes: int = 16
-    max_open_files: int = 64
-    max_output_chars: int = 4_000_000
-    """Characters of stdout per case; the grader's reader enforces it too (the program can write its own reply)."""
-    max_output_values: int = 1_000_000
-    """Cap on the values (strings, numbers, containers) in one reply, checked on the raw text before parsing."""
-    packages: tuple[str, ...] = field(default_factory=_default_packages)
-    """Installed distributions whose top-level packages the program and the checker may import (read-only);
-    ``()``: the standard library only. Default: numpy where installed (EvalPlus tests compare with np.allclose)."""
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if name != "packages" and value <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be positive, got {value}")
-        if not isinstance(self.packages, (tuple, list)) or not all(isinstance(p, str) for p in self.packages):
-            raise ValueError(f"SandboxLimits.packages must be a tuple of distribution names, got {self.packages!r}")
-        object.__setattr__(self, "packages", tuple(self.packages))
-        package_entries(self.packages)  # a missing or invalid distribution fails here, before any program runs
-
-    @property
-    def max_message_bytes(self) -> int:
-        """Cap on one response line: the output cap with worst-case JSON escaping (12 bytes per astral char)."""
-        return 12 * self.max_output_chars + 4096
 
 
 @dataclass(frozen=True)
@@ -346,7 +233,7 @@ class _Session:
         namespaces: bool | None = None,
     ):
         with _host("sweep the leftovers of dead graders"):
-            _sweep_once()
+            _procs.sweep_once()
         self.mode, self.limits, self.load_error, self.allow_unconfined = mode, limits, None, _allow_unconfined()
         works = namespaces_work() if namespaces is None else namespaces
         if works is False and not self.allow_unconfined:
@@ -355,7 +242,7 @@ class _Session:
         self.proc = self.checker = self.cgroup = self.reader = None
         # cwd only without namespaces, else stays empty; named after the grader so a sweep can tell whose it is
         with _host("create a sandbox work dir"):
-            self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{_owner()}-")
+            self.workdir = tempfile.mkdtemp(prefix=f"{_procs.WORKDIR_PREFIX}{_procs.owner()}-")
         self.request_w = -1
         try:
             self._start(program, limits, deadline)
@@ -364,59 +251,13 @@ class _Session:
             raise
 
     def _start(self, program: str, limits: SandboxLimits, deadline: float) -> None:
-        request_r = response_w = -1
-        try:
-            with _host("create the pipes to a sandbox"):
-                request_r, self.request_w = os.pipe()
-                response_r, response_w = os.pipe()
-            # stdio: the output cap holds here too, since the program can write its own reply line
-            max_chars = limits.max_output_chars if self.mode == "stdio" else None
-            self.reader = _wire.Reader(response_r, limits.max_message_bytes, limits.max_output_values, max_chars)
-            with _host("start a sandbox process"):
-                self.proc = subprocess.Popen(
-                    [_PYTHON, "-I", "-S", "-c", _BOOT, _HERE, "_sandbox_child", _owner()],
-                    stdin=request_r,
-                    stdout=response_w,
-                    stderr=subprocess.DEVNULL,
-                    cwd=self.workdir,
-                    env=_SAFE_ENV,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-        finally:
-            for fd in (request_r, response_w):
-                if fd >= 0:
-                    os.close(fd)
+        """Start the sandbox (and checker), hear its confinement report, then load the program."""
+        self._start_sandbox(limits)
         if self.mode == "assert":  # started alongside the sandbox: the two interpreters boot in parallel
             self._start_checker(limits)
-        self.cgroup = _Cgroup.create(f"vespo-{_owner()}-{next(_serial)}", limits, self.proc.pid)
+        self.cgroup = _procs.Cgroup.create(f"vespo-{_procs.owner()}-{next(_serial)}", limits, self.proc.pid)
         os.set_blocking(self.request_w, False)  # a sandbox that stops reading cannot stall the grader's writes
-        spec = {
-            "program": program,
-            "mode": self.mode,
-            "limits": asdict(limits),
-            "packages": list(package_entries(limits.packages)),
-            "uid": UID_BASE + self.proc.pid,
-            "user_procs": 0 if os.geteuid() == 0 else _count_processes(os.getuid()),
-            "namespaces": self.namespaces,
-            "allow_unconfined": self.allow_unconfined,
-            "grader": os.getpid(),
-        }
-        # Sent and answered before the program runs, so the report is the sandbox's own word (everything after may be
-        # the program's), and a sandbox that dies or garbles it here is the host's failure, not a wrong answer.
-        try:
-            _wire.send(self.request_w, spec, deadline)
-            confined = self.reader.read(deadline)
-            if set(confined) != {"confined", "seccomp"} or not all(type(v) is bool for v in confined.values()):
-                raise _wire.WireError("malformed confinement report")
-        except TimeoutError:
-            raise
-        except (OSError, _wire.WireError) as exc:
-            raise _BootFailed(
-                f"code grader: the sandbox died before running the program ({_describe(exc)}); the host refused "
-                "its namespaces, mounts or memory: check vespo.sandbox.namespaces_work() (docs/guides/rewards.md)"
-            ) from exc
-        self.isolated, self.names = confined["confined"], []
+        self.isolated, self.names = self._confinement(program, limits, deadline), []
         if not self.isolated and not self.allow_unconfined:
             self.load_error = "refused to run without namespaces (the kernel refused them for this sandbox)"
             return
@@ -430,35 +271,78 @@ class _Session:
         if self.checker is not None and self.load_error is None:
             self._checker_ready(deadline)
 
+    def _popen(self, helper: str, *args: str, **io) -> subprocess.Popen:
+        """One of this directory's helpers (`_sandbox_child`, `_checker`) in the base interpreter, isolated mode,
+        scrubbed environment, its own session (killed as a group); `io` are its pipes."""
+        return subprocess.Popen(
+            [_procs.PYTHON, "-I", "-S", "-c", _procs.BOOT, _procs.HERE, helper, *args],
+            stderr=subprocess.DEVNULL, cwd=self.workdir, env=_procs.SAFE_ENV, start_new_session=True, **io,
+        )  # fmt: skip
+
+    def _start_sandbox(self, limits: SandboxLimits) -> None:
+        """The sandbox process, its request pipe (`request_w`) and response reader; the child's pipe ends closed."""
+        request_r = response_w = -1
+        try:
+            with _host("create the pipes to a sandbox"):
+                request_r, self.request_w = os.pipe()
+                response_r, response_w = os.pipe()
+            # stdio: the output cap holds here too, since the program can write its own reply line
+            max_chars = limits.max_output_chars if self.mode == "stdio" else None
+            self.reader = _wire.Reader(response_r, limits.max_message_bytes, limits.max_output_values, max_chars)
+            with _host("start a sandbox process"):
+                self.proc = self._popen("_sandbox_child", _procs.owner(), stdin=request_r, stdout=response_w)
+        finally:
+            for fd in (request_r, response_w):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _confinement(self, program: str, limits: SandboxLimits, deadline: float) -> bool:
+        """Send the sandbox its program and limits; its reply, before the program runs, says whether it confined
+        itself (the sandbox's own word: everything after may be the program's). A sandbox that dies or garbles it
+        here is the host's failure (`_BootFailed`), not a wrong answer."""
+        spec = {
+            "program": program,
+            "mode": self.mode,
+            "limits": asdict(limits),
+            "packages": list(package_entries(limits.packages)),
+            "uid": UID_BASE + self.proc.pid,
+            "user_procs": 0 if os.geteuid() == 0 else _procs.count_processes(os.getuid()),
+            "namespaces": self.namespaces,
+            "allow_unconfined": self.allow_unconfined,
+            "grader": os.getpid(),
+        }
+        try:
+            _wire.send(self.request_w, spec, deadline)
+            confined = self.reader.read(deadline)
+            if set(confined) != {"confined", "seccomp"} or not all(type(v) is bool for v in confined.values()):
+                raise _wire.WireError("malformed confinement report")
+        except TimeoutError:
+            raise
+        except (OSError, _wire.WireError) as exc:
+            raise _BootFailed(
+                f"code grader: the sandbox died before running the program ({_describe(exc)}); the host refused "
+                "its namespaces, mounts or memory: check vespo.sandbox.namespaces_work() (docs/guides/rewards.md)"
+            ) from exc
+        return confined["confined"]
+
     def _start_checker(self, limits: SandboxLimits) -> None:
+        """The trusted checker of assertion tests: it reaches the sandbox through the grader's two pipe ends."""
+        args = [
+            str(self.request_w),
+            str(self.reader.fd),
+            str(limits.max_message_bytes),
+            str(limits.max_output_values),
+            str(os.getpid()),
+            str(limits.memory_mb),
+            str(limits.cpu_s),
+            json.dumps(package_entries(limits.packages)),
+            _procs.owner(),  # last: the sweep reads it there
+        ]
         with _host("start the trusted checker"):
-            self.checker = subprocess.Popen(
-                [
-                    _PYTHON,
-                    "-I",
-                    "-S",
-                    "-c",
-                    _BOOT,
-                    _HERE,
-                    "_checker",
-                    str(self.request_w),
-                    str(self.reader.fd),
-                    str(limits.max_message_bytes),
-                    str(limits.max_output_values),
-                    str(os.getpid()),
-                    str(limits.memory_mb),
-                    str(limits.cpu_s),
-                    json.dumps(package_entries(limits.packages)),
-                    _owner(),  # last: the sweep reads it there
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                cwd=self.workdir,
-                env=_SAFE_ENV,
-                start_new_session=True,
+            self.checker = self._popen(
+                "_checker", *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 pass_fds=(self.request_w, self.reader.fd),
-            )
+            )  # fmt: skip
         self.verdicts = _wire.Reader(self.checker.stdout.fileno(), 1 << 20)
         os.set_blocking(self.checker.stdin.fileno(), False)
 
@@ -514,18 +398,18 @@ class _Session:
         """Kill the checker and everything of the sandbox, release pipes, cgroup and workdir; never raises."""
         for proc in (self.checker, self.proc):
             if proc is not None:
-                _quietly(os.killpg, proc.pid, signal.SIGKILL)
-                _quietly(proc.wait, 10)
+                _procs.quietly(os.killpg, proc.pid, signal.SIGKILL)
+                _procs.quietly(proc.wait, 10)
         if self.checker is not None:
-            _quietly(self.checker.stdin.close)
-            _quietly(self.checker.stdout.close)
+            _procs.quietly(self.checker.stdin.close)
+            _procs.quietly(self.checker.stdout.close)
         for fd in (self.request_w, -1 if self.reader is None else self.reader.fd):
             if fd >= 0:
-                _quietly(os.close, fd)
+                _procs.quietly(os.close, fd)
         emptied = self.cgroup is not None and self.cgroup.kill_and_remove()
         if os.geteuid() == 0 and not emptied and self.proc is not None:
-            _kill_uid(UID_BASE + self.proc.pid)
-        _remove_tree(self.workdir)
+            _procs.kill_uid(UID_BASE + self.proc.pid)
+        _procs.remove_tree(self.workdir)
 
 
 def _valid_ready(ready: dict, mode: str) -> bool:
@@ -540,237 +424,3 @@ def _valid_ready(ready: dict, mode: str) -> bool:
         and len(names) <= 10_000
         and all(type(n) is str and n.isidentifier() for n in names)
     )
-
-
-class _Cgroup:
-    """Per-sandbox memory and process caps: cgroup v2 when memory and pids are delegated to us, else v1. Named
-    ``vespo-<grader pid>-<serial>``, so a sweep can tell a dead grader's groups from a live one's."""
-
-    def __init__(self, dirs: list[Path]):
-        self.dirs = dirs
-
-    @staticmethod
-    def parents() -> tuple[list[Path], list[Path]]:
-        """Where this process may create groups: v2 candidates, and the v1 memory and pids parents."""
-        own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
-        v2 = [Path(mount + own.get("", "/").rstrip("/")) for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")]
-        v1 = [Path(f"/sys/fs/cgroup/{c}" + own[c].rstrip("/")) for c in ("memory", "pids") if c in own]
-        return v2, v1
-
-    @classmethod
-    def create(cls, name: str, limits: SandboxLimits, pid: int) -> _Cgroup | None:
-        if os.geteuid() != 0:
-            return None
-        memory, pids = limits.memory_mb << 20, str(limits.max_processes + 1)
-        try:
-            v2, v1 = cls.parents()
-            for parent in v2:
-                if {"memory", "pids"} <= set(_read_small(parent / "cgroup.subtree_control").split()):
-                    group = cls([parent / name])
-                    group.dirs[0].mkdir()
-                    group._write("memory.max", str(memory))
-                    group._write("memory.swap.max", "0")
-                    group._write("pids.max", pids)
-                    break
-            else:
-                if len(v1) != 2 or not all(p.is_dir() for p in v1):
-                    return None
-                mem, pid_dir = (p / name for p in v1)
-                group = cls([mem, pid_dir])
-                mem.mkdir()
-                pid_dir.mkdir()
-                group._write("memory.limit_in_bytes", str(memory))
-                group._write("memory.memsw.limit_in_bytes", str(memory))
-                group._write("pids.max", pids)
-            group._write("cgroup.procs", str(pid))
-            return group
-        except (OSError, KeyError, ValueError):
-            return None
-
-    def _write(self, name: str, value: str) -> None:
-        for d in self.dirs:
-            if (d / name).exists():
-                (d / name).write_text(value)
-
-    def kill_and_remove(self) -> bool:
-        """SIGKILL every member until the group can be removed, then wait until those processes are gone (a killed
-        process leaves the group before it has finished tearing down); True when removed."""
-        _quietly(self._write, "cgroup.kill", "1")  # v2 (Linux 5.14+) only
-        left, killed = list(self.dirs), set()
-        for _ in range(400):
-            for pid in {int(p) for d in left for p in _read_small(d / "cgroup.procs").split()}:
-                killed.add(pid)
-                _quietly(os.kill, pid, signal.SIGKILL)
-            for d in list(left):
-                try:
-                    os.rmdir(d)
-                    left.remove(d)
-                except OSError:
-                    pass
-            if not left:
-                _wait_gone(killed)
-                return True
-            time.sleep(0.005)
-        return False
-
-
-def _wait_gone(pids: set[int], timeout_s: float = 5.0) -> None:
-    """Wait (bounded) until none of ``pids`` is a live process any more (gone, or a zombie)."""
-    end = time.monotonic() + timeout_s
-    while pids and time.monotonic() < end:
-        pids = {p for p in pids if _live(p)}
-        if pids:
-            time.sleep(0.002)
-
-
-def _live(pid: int) -> bool:
-    state = _read_small(Path(f"/proc/{pid}/stat")).rpartition(")")[2].split()[:1]
-    return bool(state) and state[0] not in ("Z", "X")
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (any user's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _owner() -> str:
-    """``<pid namespace inode>-<pid>`` of this grader: names its cgroups, work dirs and sandbox command lines, so a
-    sweep judges only graders of its own PID namespace (where a pid means the same process) and only dead ones."""
-    return f"{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}"
-
-
-def _dead_owner(tag: str | None) -> bool:
-    namespace, _, pid = (tag or "").partition("-")
-    return namespace == _owner().partition("-")[0] and pid.isdigit() and not _alive(int(pid))
-
-
-_sweep_lock = threading.Lock()
-_swept: list[bool] = []
-
-
-def _sweep_once() -> None:
-    """Before this process's first sandbox: remove what sandboxes of dead graders left (a grader killed by SIGKILL
-    cannot clean up; its sandboxes die with it, but its cgroups and work dirs stay): sandbox and checker processes,
-    cgroups and work dirs whose owner tag (`_owner`) names a dead grader of this PID namespace."""
-    with _sweep_lock:
-        if _swept:
-            return
-        _swept.append(True)
-    tag = r"(\d+-\d+)"
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        argv = _read_small(Path(f"/proc/{entry}/cmdline")).split("\0")
-        if argv[4:6] == [_BOOT, _HERE] and argv[6:7] in (["_sandbox_child"], ["_checker"]):
-            if _dead_owner(argv[7] if argv[6] == "_sandbox_child" else argv[-2]):
-                _quietly(os.killpg, int(entry), signal.SIGKILL)  # its group: the sandbox's own processes too
-                if os.geteuid() == 0 and argv[6] == "_sandbox_child":
-                    _kill_uid(UID_BASE + int(entry))
-    for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
-        owner = re.fullmatch(rf"{_WORKDIR_PREFIX}{tag}-.*", path.name)
-        try:
-            mine = path.lstat().st_uid == os.geteuid()
-        except OSError:
-            continue
-        if owner and mine and _dead_owner(owner[1]):
-            _remove_tree(str(path))
-    if os.geteuid() != 0:
-        return
-    try:
-        v2, v1 = _Cgroup.parents()
-    except (OSError, ValueError):
-        return
-    for parent in v2 + v1:
-        for group in parent.glob("vespo-*"):
-            owner = re.fullmatch(rf"vespo-{tag}-\d+", group.name)
-            if owner and _dead_owner(owner[1]):
-                _Cgroup([group]).kill_and_remove()
-
-
-def _uid_of(pid: int) -> int | None:
-    for line in _read_small(Path(f"/proc/{pid}/status")).splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return None
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every live process of the sandbox uid (e.g. a fork bomb that left the session), from a helper running
-    as that uid: kill(-1) is atomic with respect to fork(). Gives up quietly after ~1 s."""
-    reaper = f"import os, signal; os.setgid({uid}); os.setuid({uid}); os.kill(-1, signal.SIGKILL)"
-    for _ in range(20):
-        if not _pids_of_uid(uid):
-            return
-        try:
-            subprocess.run([_PYTHON, "-I", "-S", "-c", reaper], env=_SAFE_ENV, check=False, timeout=5)
-        except (OSError, subprocess.SubprocessError):
-            pass
-        time.sleep(0.05)
-
-
-def _pids_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is ``uid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        status = _read_small(Path("/proc", entry, "status"))
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [str(uid)] and not fields.get("State", "").strip().startswith("Z"):
-            pids.append(int(entry))
-    return pids
-
-
-def _count_processes(uid: int) -> int:
-    """Processes (threads excluded) the user already runs: RLIMIT_NPROC headroom when we cannot switch uid."""
-    return len(_pids_of_uid(uid))
-
-
-def _read_small(path: Path, max_bytes: int = 1 << 16) -> str:
-    """A kernel or grader-owned file, opened without following links or blocking; '' on any error."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        return os.read(fd, max_bytes).decode("utf-8", "replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-
-
-def _quietly(fn, *args) -> None:
-    """Cleanup step that must not stop the next one (or the batch)."""
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _remove_tree(path: str) -> None:
-    """Delete a directory however deep or odd the sandbox made it (``rm`` walks without recursion); never raises."""
-    try:
-        os.rmdir(path)  # the usual case: namespaces kept the sandbox's files on its own tmpfs
-        return
-    except OSError:
-        pass
-    rm = ["rm", "-rf", "--one-file-system", "--", path]
-    for argv in (rm, ["chmod", "-R", "u+rwx", "--", path], rm):  # chmod only for dirs the program made unreadable
-        try:
-            subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=60,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            pass
-        if not os.path.lexists(path):
-            return
