@@ -2,14 +2,17 @@
 
 from pathlib import Path
 
-from vespo.train.learner import ppo_update, to_floats
+from vespo.train.learner import Learner, UpdateBatch, ppo_update
 from vespo.train.setup import update_settings
+from vespo.train.step_metrics import to_floats
 
 
 def run_update(model, optimizer, rollout, advantages, old_log_prob, cfg, **kw):
-    """The learner's N-mini-batch update with the settings of a TrainConfig; per mini-batch metrics as floats."""
+    """The learner's N-mini-batch update with the settings of a TrainConfig; per mini-batch metrics as floats. `kw`:
+    the batch's other inputs (`UpdateBatch`)."""
     settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
-    return [to_floats(h) for h in ppo_update(model, optimizer, rollout, advantages, old_log_prob, settings, **kw)]
+    history, _ = ppo_update(Learner(model, optimizer, settings), UpdateBatch(rollout, advantages, old_log_prob, **kw))
+    return [to_floats(h) for h in history]
 
 
 def warm_tiny_model(root: Path) -> tuple[Path, list, list]:

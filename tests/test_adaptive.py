@@ -295,7 +295,8 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
     # deciding from each micro-batch alone moves the weights elsewhere: the test above can fail
     import vespo.train.learner as learner
 
-    monkeypatch.setattr(learner, "_batch_context", lambda *a: BatchContext(mini_batch_index=a[7], num_mini_batches=4))
+    monkeypatch.setattr(learner, "_batch_context", lambda *a, index, **kw: BatchContext(mini_batch_index=index,
+                                                                                         num_mini_batches=4))
     local, _ = update(3, "vespo_selfnorm")
     assert not torch.allclose(local, one, rtol=1e-5, atol=1e-6)
 

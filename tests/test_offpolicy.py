@@ -391,7 +391,7 @@ def test_opob_weights_are_per_sequence_gradient_norms_and_train_any_method():
     rows = torch.arange(16)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    log_probs = lambda row: policy_log_probs(model, rollout, row, micro_batch_size=1, temperature=1.0)[0]  # noqa: E731
+    log_probs = lambda row: policy_log_probs(model, rollout, row, micro_batch_size=1, temperature=1.0)[0]
     log_v = opob_log_weights(log_probs, params, rows, old_log_prob=old, rollout_log_prob=sampler,
                              response_mask=rollout.response_mask)  # fmt: skip
     for i in (0, 7):

@@ -10,7 +10,8 @@ from vespo.advantages import group_advantages
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.rollout import sample
 from vespo.train.config import ConfigError, TrainConfig
-from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update, summarize_update, to_floats
+from vespo.train.learner import Learner, UpdateBatch, UpdateSettings, policy_log_probs, ppo_update
+from vespo.train.step_metrics import summarize_update, to_floats
 
 
 def _setup(seed=0):
@@ -28,6 +29,11 @@ def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _update(model, optimizer, rollout, adv, old, settings):
+    """The N-mini-batch update's per mini-batch metrics."""
+    return ppo_update(Learner(model, optimizer, settings), UpdateBatch(rollout, adv, old))[0]
+
+
 def test_mean_phi_scales_the_adam_step_by_z():
     """Stale mini-batch (mu moved away on purpose): the scaled step is exactly Z times the plain Adam step."""
     model, rollout, adv, old = _setup()
@@ -37,7 +43,7 @@ def test_mean_phi_scales_the_adam_step_by_z():
         m = copy.deepcopy(model)
         start = _params(m)
         settings = UpdateSettings(method="vespo", seqs_per_mini_batch=16, micro_batch_size=8, step_scale=scale)
-        hist = ppo_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), rollout, adv, stale_old, settings)
+        hist = _update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), rollout, adv, stale_old, settings)
         steps.append([p.detach() - s for p, s in zip(m.parameters(), start, strict=True)])
         zs.append(float(hist[0]["vespo/Z"]))
     z = zs[1]
@@ -53,13 +59,13 @@ def test_target_kl_stops_before_the_first_mini_batch_past_the_bound():
     model, rollout, adv, old = _setup()
     base = dict(method="grpo", num_mini_batches=4, seqs_per_mini_batch=4, micro_batch_size=4)
     stopped, one = copy.deepcopy(model), copy.deepcopy(model)
-    hist = ppo_update(
+    hist = _update(
         stopped, torch.optim.AdamW(stopped.parameters(), lr=5e-2), rollout, adv, old,
         UpdateSettings(**base, target_kl=1e-6),
     )  # fmt: skip
     assert len(hist) == 2 and float(hist[0]["actor/kl_stopped"]) == 0 and float(hist[1]["actor/kl_stopped"]) == 1
     assert float(hist[0]["actor/target_kl_k3"]) == 0.0 and float(hist[1]["actor/target_kl_k3"]) > 1e-6
-    ppo_update(
+    _update(
         one,
         torch.optim.AdamW(one.parameters(), lr=5e-2),
         rollout,
@@ -72,7 +78,7 @@ def test_target_kl_stops_before_the_first_mini_batch_past_the_bound():
     summary = to_floats(summarize_update(hist))
     assert summary["actor/num_mini_batches"] == 1 and summary["actor/kl_stopped"] == 1
     # a loose target never stops
-    loose = ppo_update(
+    loose = _update(
         copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=5e-2), rollout, adv, old,
         UpdateSettings(**base, target_kl=1e3),
     )  # fmt: skip
@@ -83,7 +89,7 @@ def test_target_kl_stops_before_the_first_mini_batch_past_the_bound():
 def test_share_of_clipped_steps_is_logged(clip, expected):
     model, rollout, adv, old = _setup()
     settings = UpdateSettings(method="topr", num_mini_batches=2, seqs_per_mini_batch=8, grad_clip=clip)
-    hist = ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, settings)
+    hist = _update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, settings)
     assert to_floats(summarize_update(hist))["actor/grad_clipped"] == expected
 
 

@@ -95,9 +95,10 @@ def test_async_learner_passes_the_users_flags(tiny_model, tmp_path, monkeypatch,
     seen = []
     real = learner_mod.ppo_update
 
-    def spy(model, opt, rollout, adv, old, settings, **kw):
-        seen.append((kw["rollout_log_prob"] is not None, torch.equal(old, rollout.rollout_log_prob), settings))
-        return real(model, opt, rollout, adv, old, settings, **kw)
+    def spy(learner, batch, **kw):
+        old, sampled = batch.old_log_prob, batch.rollout.rollout_log_prob
+        seen.append((batch.rollout_log_prob is not None, torch.equal(old, sampled), learner.settings))
+        return real(learner, batch, **kw)
 
     monkeypatch.setattr(learner_mod, "ppo_update", spy)
     run = COMMON | RUNS["async"] | {"model": tiny_model / "model", "run_dir": tmp_path / "r", "total_training_steps": 1}
@@ -124,9 +125,11 @@ def test_sync_bypass_mode_takes_the_samplers_log_probs_as_mu(tiny_model, tmp_pat
     seen, scored = [], []
     real_update, real_score = learner_mod.ppo_update, learner_mod.policy_log_probs
 
-    def spy(model, opt, rollout, adv, old, settings, **kw):
-        seen.append((torch.equal(old, rollout.rollout_log_prob), kw["rollout_log_prob"] is None, kw["score_old"]))
-        return real_update(model, opt, rollout, adv, old, settings, **kw)
+    def spy(learner, batch, **kw):
+        old = batch.old_log_prob  # None: mu is scored inside the update
+        seen.append((old is not None and torch.equal(old, batch.rollout.rollout_log_prob),
+                     batch.rollout_log_prob is None, old is None))  # fmt: skip
+        return real_update(learner, batch, **kw)
 
     def count(*args, **kw):
         scored.append(torch.is_grad_enabled())

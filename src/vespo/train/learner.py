@@ -1,14 +1,17 @@
-"""The learner: log-probs of a rollout under the policy, the N sequential mini-batch update, and the step's metrics.
+"""The learner: log-probs of a rollout under the policy and the N sequential mini-batch update, written out top to
+bottom (`ppo_update`): score mu, then per mini-batch its gradient, clip, the one host sync, the step.
 
 Every loop calls it (sync, async, and any user loop): it takes explicit settings (`UpdateSettings`), never a run
-config, and keeps metrics as tensors until `to_floats` converts a whole logged step at once (one host sync).
+config. The research hooks sit beside the update, each in its own module: VCPO's baseline (`vespo.train.opob`), the
+gradient probe (`vespo.train.probe`) and the step's metrics (`vespo.train.step_metrics`, tensors until a logged step
+converts them at once).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import transformers
@@ -27,34 +30,19 @@ from vespo.losses import (
     default_loss_agg_mode,
     kl_k3,
     uses_batch_context,
-    validate_hparams,
 )
-from vespo.losses.core import row_sum, seq_log_ratio, token_log_ratio, top_share
+from vespo.losses.core import top_share  # noqa: F401  (re-exported: tests/test_diagnostics.py checks it is the core's)
 from vespo.rollout import Rollout, response_log_probs
 from vespo.step_control import sampler_log_w, scale_step
+from vespo.train import opob, step_metrics
+from vespo.train.probe import gradient_probe
+from vespo.train.step_metrics import mismatch_metrics, summarize_update
+
+# re-exported until the lead switches train/sync.py, train/async_.py, tests/test_diagnostics.py to step_metrics
+from vespo.train.step_metrics import rollout_metrics, to_floats  # noqa: F401  isort: skip
 
 Tensor = torch.Tensor
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
-PER_INDEX = (
-    "is/log_w_mean",
-    "is/log_w_max",
-    "is/log_w_min",
-    "weight/ess",
-    "is/ess",
-    "is/top1pct_w_share",
-    "actor/grad_norm",
-    "actor/update_norm",
-    "is/kl_mu_pi",
-    "is/log_w_std",
-    diagnostics.MEAN_PHI,
-    "actor/momentum_share",
-    "actor/step_ess",
-    "clip/frac",
-)
-"""Mini-batch metrics also logged for the first and the last mini-batch of a step (docs/results/index.md,
-mechanism); the last mini-batch's `is/kl_mu_pi`, `is/log_w_std`, `vespo/Z`, `actor/momentum_share` and `clip/frac`
-(the share of tokens a clipping method clipped) are the regime diagnostics at the stalest mini-batch
-(`vespo.diagnostics`); `actor/step_ess` is VCPO's ESS (with `step_scale="ess_sqrt"`)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +112,24 @@ class UpdateSettings:
         return self.loss_agg_mode or default_loss_agg_mode(self.method)
 
 
+@dataclass(frozen=True)
+class UpdateBatch:
+    """What one update trains on: the rollout and its per-row inputs, B rows (`rollout.response_mask` (B, T))."""
+
+    rollout: Rollout
+    advantages: Tensor
+    """(B,) or (B, T) advantages."""
+    old_log_prob: Tensor | None = None
+    """(B, T) mu, the log-probs the importance weights W = pi/mu are taken against; None: scored by `ppo_update` under
+    the weights before its first step."""
+    ref_log_prob: Tensor | None = None
+    """(B, T) log-probs under the KL reference (with `kl_coef`)."""
+    rollout_log_prob: Tensor | None = None
+    """(B, T) the sampler's log-probs, entering the loss as its train-inference correction (None: no correction)."""
+    rewards: Tensor | None = None
+    """(B,) rewards, for `adv_estimator="opob"`."""
+
+
 class Learner:
     """The trained side of a run: the policy, its optimizer, LR scheduler, fp16 loss scaler and KL reference, and the
     N-mini-batch update (`ppo_update`). Both loops call it; its `state_dict` is what a checkpoint holds of it."""
@@ -169,34 +175,19 @@ class Learner:
         summarised over its mini-batches, as tensors. `rewards` (B,): needed by `adv_estimator="opob"`. `probe`: run
         the gradient probe on the stalest mini-batch.
 
-        `old_log_prob` None: the rollout was sampled from the current weights, so mu is scored here under them, with
-        mini-batch 0's rows taken from that mini-batch's own forward (the same weights: W == 1 exactly), TRL's
+        `old_log_prob` None: the rollout was sampled from the current weights, so mu is scored under them inside the
+        update, mini-batch 0's rows from that mini-batch's own forward (the same weights: W == 1 exactly), TRL's
         on-policy shortcut, which saves the scoring forward at N = 1 and 1/N of it otherwise (a policy with active
         dropout is scored by a separate eval-mode forward instead); the gap between mu and the sampler's log-probs is
         then logged as `mismatch/*` (the train-inference mismatch, paper Sec. 4.6)."""
         scored = old_log_prob is None
         if scored and _has_dropout(self.model):
             old_log_prob = self.log_probs(rollout)
-        in_update = old_log_prob is None
-        buffer = torch.zeros_like(rollout.rollout_log_prob) if in_update else old_log_prob
+        batch = UpdateBatch(rollout, advantages, old_log_prob, ref_log_prob, rollout_log_prob, rewards)
         self.model.train()
-        history = ppo_update(
-            self.model,
-            self.optimizer,
-            rollout,
-            advantages,
-            buffer,
-            self.settings,
-            ref_log_prob=ref_log_prob,
-            rollout_log_prob=rollout_log_prob,
-            rewards=rewards,
-            scheduler=self.scheduler,
-            scaler=self.scaler,
-            score_old=in_update,
-            probe=probe,
-        )
+        history, mu = ppo_update(self, batch, probe=probe)
         self.model.eval()
-        return summarize_update(history) | (mismatch_metrics(buffer, rollout) if scored else {})
+        return summarize_update(history) | (mismatch_metrics(mu, rollout) if scored else {})
 
     def state_dict(self) -> dict:
         """Weights, optimizer, and the scheduler's and scaler's states when there are any: tensors and plain
@@ -265,52 +256,49 @@ def policy_log_probs(
     return logp, ent
 
 
-def ppo_update(
-    model: transformers.PreTrainedModel,
-    optimizer: torch.optim.Optimizer,
-    rollout: Rollout,
-    advantages: Tensor,
-    old_log_prob: Tensor,
-    settings: UpdateSettings,
-    *,
-    ref_log_prob: Tensor | None = None,
-    rollout_log_prob: Tensor | None = None,
-    rewards: Tensor | None = None,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    score_old: bool = False,
-    probe: bool = False,
-) -> list[dict[str, Tensor]]:
-    """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns their
-    metrics as 0-dim tensors.
+def _old_call_too(update):
+    """Transitional (issue 52; the lead removes it once tests/test_hardware.py and tests/test_diagnostics.py call
+    `ppo_update(Learner(...), UpdateBatch(...))`): the old call ppo_update(model, optimizer, rollout, advantages,
+    old_log_prob, settings, *, scheduler, scaler, probe, **batch inputs), which returns the history alone."""
 
-    Mini-batch k (0-based) is trained after k updates of the weights old_log_prob was computed with, so its
-    importance weights W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3).
-    `score_old`: `old_log_prob` is a buffer filled here with mu under the weights before the first step: the rows of
-    mini-batches 1..N-1 by one no-grad forward first, mini-batch 0's from its own forward (`Learner.update`).
-    `rollout_log_prob` (the sampler's log-probs, or None) enters the loss as its train-inference correction. The
-    rollout batch is validated once here; the micro-batch calls skip validation. `scheduler` steps after every
-    optimizer step; `scaler` (fp16) scales the loss. `settings.adv_estimator="opob"` replaces each mini-batch's
-    advantages by VCPO's baseline from `rewards` at the mini-batch's weights (rows in whole groups: shuffle off).
-    The gradient (`accumulate_gradients`), the regime diagnostics (`mini_batch_diagnostics`) and the step
-    (`optimizer_step`) are documented where they are computed. `probe`: the gradient probe (`_gradient_probe`,
-    `probe/*`) on the last (stalest) mini-batch, under the weights its optimizer step starts from.
-    """
-    s = settings
-    check_policy_inputs(log_prob=None, old_log_prob=old_log_prob, advantages=advantages,
-                        response_mask=rollout.response_mask, rollout_log_prob=rollout_log_prob)  # fmt: skip
-    n_rows = advantages.shape[0]
+    @functools.wraps(update)
+    def call(*args, **kw):
+        if not isinstance(args[0], torch.nn.Module):
+            return update(*args, **kw)
+        model, optimizer, rollout, advantages, old_log_prob, settings = args
+        extra = {"scheduler": kw.pop("scheduler", None), "scaler": kw.pop("scaler", None)}
+        trainer = Learner(model, optimizer, settings, **extra)
+        probe = kw.pop("probe", False)
+        return update(trainer, UpdateBatch(rollout, advantages, old_log_prob, **kw), probe=probe)[0]
+
+    return call
+
+
+@_old_call_too
+def ppo_update(learner: Learner, batch: UpdateBatch, *, probe: bool = False) -> tuple[list[dict[str, Tensor]], Tensor]:
+    """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns each
+    mini-batch's metrics (0-dim tensors) and mu (B, T), the log-probs its importance weights were taken against.
+
+    Mini-batch k (0-based) is trained after k updates of the weights mu was computed with, so its importance weights
+    W = pi/mu are exactly 1 for k = 0 and drift from 1 afterwards (the staleness of Sec. 4.3). `batch.old_log_prob`
+    None: mu is scored here under the weights before the first step, mini-batches 1..N-1 by one no-grad forward first,
+    mini-batch 0 from its own forward. The batch is validated once here; the micro-batch calls skip validation.
+    `probe`: the gradient probe (`vespo.train.probe`) on the last (stalest) mini-batch, before its step."""
+    s, model, optimizer = learner.settings, learner.model, learner.optimizer
+    rollout, n_rows, score_old = batch.rollout, batch.advantages.shape[0], batch.old_log_prob is None
+    mu = torch.zeros_like(rollout.rollout_log_prob) if score_old else batch.old_log_prob  # (B, T)
+    check_policy_inputs(log_prob=None, old_log_prob=mu, advantages=batch.advantages,
+                        response_mask=rollout.response_mask, rollout_log_prob=batch.rollout_log_prob)  # fmt: skip
     order = torch.randperm(n_rows) if s.shuffle else torch.arange(n_rows)  # global RNG: checkpointed
-    opob = s.adv_estimator == "opob"
-    if opob:
-        if rewards is None or s.shuffle:
-            raise ValueError("adv_estimator='opob' needs the rewards and whole groups per mini-batch (shuffle off)")
-        advantages = advantages.clone()  # each mini-batch's rows are overwritten with the baseline at its weights
+    if s.adv_estimator == "opob":  # each mini-batch's rows get VCPO's baseline at its weights: a copy to overwrite
+        opob.check_inputs(batch.rewards, s.shuffle)
+        batch = replace(batch, advantages=batch.advantages.clone())
     params = [p for group in optimizer.param_groups for p in group["params"]]  # all weights, or the LoRA adapters
     if score_old and n_rows > s.seqs_per_mini_batch:  # the stale mini-batches' mu, before any step
         later = order[s.seqs_per_mini_batch :]
         with torch.no_grad():
-            old_log_prob[later] = policy_log_probs(model, rollout, later, **s.log_prob_args)[0]
+            mu[later] = policy_log_probs(model, rollout, later, **s.log_prob_args)[0]
+    batch = replace(batch, old_log_prob=mu)
     history = []
     for k in range(s.num_mini_batches):
         # 1. the mini-batch's rows; mini-batch 0's own forward gives its mu when scoring here
@@ -318,81 +306,85 @@ def ppo_update(
         on_policy = score_old and k == 0
         optimizer.zero_grad(set_to_none=True)
         sums: dict[str, Tensor] = {}
-        if opob:  # VCPO's baseline at the weights this mini-batch is trained from
-            log_v = opob_log_weights(model, rollout, rows, old_log_prob, rollout_log_prob, s, on_policy)  # (M,)
-            advantages[rows] = opob_advantages(rewards[rows], s.group_size, log_v, norm_by_std=s.norm_adv_by_std)
-            sums["opob/baseline_gap"] = _baseline_gap(rewards[rows], advantages[rows], s)
+        if s.adv_estimator == "opob":  # VCPO's baseline at the weights this mini-batch is trained from
+            sums["opob/baseline_gap"] = _opob_advantages(model, batch, rows, s, on_policy=on_policy)
         # 2. the policy loss's gradient, accumulated over micro-batches
-        ctx = _batch_context(model, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, k,
-                             len(micro_batches(rows, s.micro_batch_size)), on_policy)  # fmt: skip
-        mini_lp, loss_metrics = accumulate_gradients(model, rollout, rows, advantages, old_log_prob, s,
-                                                     rollout_log_prob=rollout_log_prob, ref_log_prob=ref_log_prob,
-                                                     ctx=ctx, score_old=on_policy, scaler=scaler)  # fmt: skip
+        ctx = _batch_context(model, batch, rows, s, index=k, on_policy=on_policy)
+        mini_lp, loss_metrics = accumulate_gradients(model, batch, rows, s, ctx=ctx, on_policy=on_policy,
+                                                     scaler=learner.scaler)  # fmt: skip
+        if on_policy:
+            mu[rows] = mini_lp
         sums |= loss_metrics
         # 3. clip; the regime diagnostics; one host sync: a non-finite gradient is skipped, a KL past target_kl stops
-        finite, stop = mini_batch_diagnostics(sums, optimizer, params, mini_lp, old_log_prob[rows],
-                                              rollout.response_mask[rows], s, scaler)  # fmt: skip
+        mini_old, mini_mask = mu[rows], rollout.response_mask[rows]
+        finite, stop = _clip_and_check(learner, params, sums, mini_lp, mini_old, mini_mask)
         if probe and k == s.num_mini_batches - 1:  # off the hot path: one more forward, at the caller's stride
-            sums |= _gradient_probe(model, params, rollout, rows, advantages, old_log_prob, rollout_log_prob, s, ctx)
+            sums |= _gradient_probe(model, params, batch, rows, s, ctx)
         if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
             optimizer.zero_grad(set_to_none=True)
             history.append({key: v.detach() for key, v in sums.items()})
             break
         # 4. the optimizer step (scaled by a step control)
-        rollout_rows = None if rollout_log_prob is None else rollout_log_prob[rows]
-        inputs = (sums, mini_lp, old_log_prob[rows], rollout_rows, rollout.response_mask[rows])
+        inputs = (sums, mini_lp, mini_old, _rows(batch.rollout_log_prob, rows), mini_mask)
         sums |= optimizer_step(optimizer, params, finite, step_scale=s.step_scale, log_update_norm=s.log_update_norm,
-                               scaler=scaler, scheduler=scheduler, step_inputs=inputs)  # fmt: skip
+                               scaler=learner.scaler, scheduler=learner.scheduler, step_inputs=inputs)  # fmt: skip
         history.append({key: v.detach() for key, v in sums.items()})
-    return history
+    return history, mu
+
+
+def _rows(t: Tensor | None, rows: Tensor) -> Tensor | None:
+    """`t[rows]`, or None for an absent input."""
+    return None if t is None else t[rows]
+
+
+def _forward(model, rollout: Rollout, rows: Tensor, s: UpdateSettings, *, with_entropy: bool = False):
+    """(len(rows), T) log pi of `rows` (and their entropy) from one forward, under the sampling distribution and the
+    autocast of `s`; autograd as in the caller's context."""
+    with autocast(model, s.autocast_dtype):
+        return response_log_probs(model, rollout.select(rows), temperature=s.temperature, top_p=s.top_p,
+                                  top_k=s.top_k, with_entropy=with_entropy)  # fmt: skip
+
+
+def _counts(mask: Tensor) -> dict[str, Tensor]:
+    """A mini-batch's token and sequence counts: every micro-batch's loss is normalised by them (exact accumulation)."""
+    return {"global_num_tokens": mask.sum().float(), "global_num_seqs": (mask.sum(-1) > 0).sum().float()}
+
+
+def _loss_inputs(batch: UpdateBatch, rows: Tensor, log_prob: Tensor, *, on_policy: bool = False) -> dict:
+    """The policy loss's tensor inputs for `rows` at log pi `log_prob` (`on_policy`: mu is log pi itself)."""
+    return {
+        "log_prob": log_prob,
+        "old_log_prob": log_prob.detach() if on_policy else batch.old_log_prob[rows],
+        "advantages": batch.advantages[rows],
+        "response_mask": batch.rollout.response_mask[rows],
+        "rollout_log_prob": _rows(batch.rollout_log_prob, rows),
+    }
 
 
 def accumulate_gradients(
-    model,
-    rollout: Rollout,
-    rows: Tensor,
-    advantages: Tensor,
-    old_log_prob: Tensor,
-    s: UpdateSettings,
-    *,
-    rollout_log_prob: Tensor | None,
-    ref_log_prob: Tensor | None,
-    ctx: BatchContext | None,
-    score_old: bool,
+    model, batch: UpdateBatch, rows: Tensor, s: UpdateSettings, *, ctx: BatchContext | None, on_policy: bool,
     scaler: torch.amp.GradScaler | None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """Backward of mini-batch `rows`' loss, micro-batch by micro-batch: the method's policy loss (paper Eq. 9 for
     VESPO) plus `kl_coef` x the k3 KL to the reference minus `entropy_coeff` x the entropy, each normalised by the
-    whole mini-batch's token/sequence count, so accumulating them equals one big batch. With `score_old` each
-    micro-batch's own log pi is its mu (written into `old_log_prob`). Returns the detached log pi (M, T) in `rows`
-    order and the loss metrics (losses add up over micro-batches, diagnostics average)."""
-    mode, mini_mask = s.agg_mode, rollout.response_mask[rows]
-    counts = {"global_num_tokens": mini_mask.sum().float(), "global_num_seqs": (mini_mask.sum(-1) > 0).sum().float()}
+    whole mini-batch's token/sequence count, so accumulating them equals one big batch. `on_policy`: each
+    micro-batch's own log pi is its mu. Returns the detached log pi (M, T) in `rows` order and the loss metrics
+    (losses add up over micro-batches, diagnostics average)."""
+    mode, counts = s.agg_mode, _counts(batch.rollout.response_mask[rows])
     micro = micro_batches(rows, s.micro_batch_size)
     sums: dict[str, Tensor] = {}
     mini_log_prob = []
     for mb in micro:
-        mask = rollout.response_mask[mb]  # (b, T)
-        with autocast(model, s.autocast_dtype):
-            log_prob, entropy = response_log_probs(model, rollout.select(mb), temperature=s.temperature, top_p=s.top_p,
-                                                   top_k=s.top_k, with_entropy=s.entropy_coeff > 0)  # fmt: skip
-        if score_old:
-            old_log_prob[mb] = log_prob.detach()
+        log_prob, entropy = _forward(model, batch.rollout, mb, s, with_entropy=s.entropy_coeff > 0)  # (b, T)
+        inputs = _loss_inputs(batch, mb, log_prob, on_policy=on_policy)
+        mask = inputs["response_mask"]  # (b, T)
         loss, metrics = compute_policy_loss(
-            s.method,
-            log_prob=log_prob,
-            old_log_prob=old_log_prob[mb],
-            advantages=advantages[mb],
-            response_mask=mask,
-            rollout_log_prob=None if rollout_log_prob is None else rollout_log_prob[mb],
-            loss_agg_mode=mode,
+            s.method, **inputs, loss_agg_mode=mode,
             validate=False,  # validated once per rollout batch (`ppo_update`); log-probs of the model are <= 0
-            **counts,
-            **({} if ctx is None else {"batch_context": ctx}),
-            **s.hparams,
-        )
-        if ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
-            kl_loss = agg_loss(kl_k3(ref_log_prob[mb] - log_prob, clamp=10.0), mask, mode, **counts)
+            **counts, **({} if ctx is None else {"batch_context": ctx}), **s.hparams,
+        )  # fmt: skip
+        if batch.ref_log_prob is not None:  # k3 estimator of KL(pi || ref), clamped like veRL's low_var_kl
+            kl_loss = agg_loss(kl_k3(batch.ref_log_prob[mb] - log_prob, clamp=10.0), mask, mode, **counts)
             loss = loss + s.kl_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()
         if entropy is not None:
@@ -405,40 +397,23 @@ def accumulate_gradients(
     return torch.cat(mini_log_prob), sums
 
 
-def mini_batch_diagnostics(
-    sums: dict[str, Tensor],
-    optimizer: torch.optim.Optimizer,
-    params: list[Tensor],
-    mini_lp: Tensor,
-    mini_old: Tensor,
-    mini_mask: Tensor,
-    s: UpdateSettings,
-    scaler: torch.amp.GradScaler | None,
-) -> tuple[bool, bool]:
-    """Clip the accumulated gradient to `grad_clip` and add the mini-batch's regime diagnostics to `sums`
-    (`vespo.diagnostics`, the lab's definitions): `actor/grad_norm` (before clipping), `actor/grad_clipped` (1 when
-    grad_clip cut the step; its mean over a rollout step is the clip fraction), `is/top1pct_w_share`, `is/kl_mu_pi`
-    (k3 KL(mu || pi) per token, also target_kl's estimate), `is/log_w_std` (std of sequence log W over sequences),
-    `actor/nonfinite_grad`, `actor/momentum_share` (share of the coming step from the current gradient, from the
-    optimizer state before the step; nan for a skipped non-finite step) and, with target_kl, `actor/kl_stopped` (1
-    where the KL stops the update). Returns (finite gradient, target_kl stop):
-    the one host sync per optimizer step (a NaN step would poison the weights)."""
+def _clip_and_check(
+    learner: Learner, params: list[Tensor], sums: dict[str, Tensor], log_prob: Tensor, old_log_prob: Tensor,
+    mask: Tensor,
+) -> tuple[bool, bool]:  # fmt: skip
+    """Clip the accumulated gradient to `grad_clip`, add the mini-batch's diagnostics to `sums`
+    (`step_metrics.mini_batch_metrics`, `step_outcome`), and return (finite gradient, target_kl stop): the one host
+    sync per optimizer step (a NaN step would poison the weights; a non-finite one is skipped, as veRL does)."""
+    s, optimizer, scaler = learner.settings, learner.optimizer, learner.scaler
     if scaler is not None:
         scaler.unscale_(optimizer)  # clip and log the true gradient
     grad_norm = clip_gradient(params, s.grad_clip)  # before clipping
-    sums["actor/grad_norm"] = grad_norm
-    sums["actor/lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # a Python float: no sync
-    sums["actor/grad_clipped"] = diagnostics.clip_bound(grad_norm, s.grad_clip)  # mean: the clip fraction
-    sums["is/top1pct_w_share"] = top_share(seq_log_ratio(mini_lp, mini_old, mini_mask.to(mini_lp.dtype)))
-    drift = diagnostics.stale_drift(mini_lp, mini_old, mini_mask)
-    sums["is/kl_mu_pi"], sums["is/log_w_std"] = drift["kl_mu_pi"], drift["log_w_std"]
-    kl = drift["kl_mu_pi"]  # target_kl's estimate of KL(mu || pi) on this mini-batch
+    lr = optimizer.param_groups[0]["lr"]
+    sums |= step_metrics.mini_batch_metrics(grad_norm, log_prob, old_log_prob, mask, grad_clip=s.grad_clip, lr=lr)
+    kl = sums["is/kl_mu_pi"]  # target_kl's estimate of KL(mu || pi) on this mini-batch
     stop_flag = kl > s.target_kl if s.target_kl is not None else torch.zeros_like(kl, dtype=torch.bool)
     finite, stop = torch.stack([torch.isfinite(grad_norm), stop_flag]).tolist()
-    sums["actor/nonfinite_grad"] = torch.tensor(float(not finite))
-    sums["actor/momentum_share"] = diagnostics.momentum_share(optimizer) if finite else grad_norm.new_tensor(math.nan)
-    if s.target_kl is not None:
-        sums["actor/target_kl_k3"], sums["actor/kl_stopped"] = kl, torch.tensor(float(stop))
+    sums |= step_metrics.step_outcome(optimizer, grad_norm, finite=finite, stop=stop, kl=kl, target_kl=s.target_kl)
     if scaler is not None and (stop or not finite):
         scaler.update()  # an overflow lowers the loss scale; the step itself is skipped
     return finite, stop
@@ -493,181 +468,60 @@ def optimizer_step(
     return out
 
 
-def opob_log_weights(
-    model,
-    rollout: Rollout,
-    rows: Tensor,
-    old_log_prob: Tensor,
-    rollout_log_prob: Tensor | None,
-    s: UpdateSettings,
-    on_policy: bool,
-) -> Tensor:
-    """log of VCPO's baseline weight of each row, log(||grad_theta sum_t r_t||^2 w^2), (M,): r_t = pi/mu per token (its
-    per-trajectory gradient with A = 1, summed over tokens), w = pi/pi_sampler per sequence (`sampler_log_w`,
-    unclipped). One forward and backward per sequence (`torch.autograd.grad`: the accumulated gradient is untouched),
-    at the weights the mini-batch is trained at; `on_policy`: mu is this forward itself (W == 1)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    out = []
-    for row in rows.split(1):
-        with autocast(model, s.autocast_dtype):
-            lp, _ = response_log_probs(
-                model, rollout.select(row), temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-            )  # (1, T)
-        old = lp.detach() if on_policy else old_log_prob[row]
-        mask = rollout.response_mask[row].to(lp.dtype)
-        score = row_sum(torch.exp(token_log_ratio(lp, old)), mask).sum()
-        grads = [g for g in torch.autograd.grad(score, params, allow_unused=True) if g is not None]
-        sq_norm = torch.stack([g.float().square().sum() for g in grads]).sum()
-        rollout_row = None if rollout_log_prob is None else rollout_log_prob[row]
-        log_w = sampler_log_w(lp.detach(), old, rollout_row, mask)[0]
-        out.append(torch.log(sq_norm) + 2.0 * log_w)
-    return torch.stack(out)
-
-
-def _baseline_gap(rewards: Tensor, advantages: Tensor, s: UpdateSettings) -> Tensor:
-    """Mean over groups of |b - mean R|: how far VCPO's baseline moved from GRPO's group mean (0-dim)."""
-    r = rewards.double().view(-1, s.group_size)
-    a = advantages.double().view(-1, s.group_size)
-    std = r.std(-1, keepdim=True, unbiased=False)
-    scale = torch.where((std > 1e-8) & s.norm_adv_by_std, std, torch.ones_like(std))
-    baseline = (r - a * scale).mean(-1)  # A = (R - b) / s  =>  b = R - A s, the same for every row of the group
-    return (baseline - r.mean(-1)).abs().mean().float()
+def _opob_advantages(model, batch: UpdateBatch, rows: Tensor, s: UpdateSettings, *, on_policy: bool) -> Tensor:
+    """VCPO's baseline at the weights mini-batch `rows` is trained from (`vespo.train.opob`, one backward per
+    sequence): its advantages are overwritten in `batch` (`ppo_update`'s copy); returns `opob/baseline_gap`."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    log_v = opob.opob_log_weights(
+        lambda row: _forward(model, batch.rollout, row, s)[0],
+        trainable,
+        rows,
+        old_log_prob=None if on_policy else batch.old_log_prob,
+        rollout_log_prob=batch.rollout_log_prob,
+        response_mask=batch.rollout.response_mask,
+    )  # (M,)
+    rewards = batch.rewards[rows]
+    batch.advantages[rows] = opob_advantages(rewards, s.group_size, log_v, norm_by_std=s.norm_adv_by_std)
+    return opob.baseline_gap(rewards, batch.advantages[rows], s.group_size, s.norm_adv_by_std)
 
 
 def _gradient_probe(
-    model,
-    params: list[Tensor],
-    rollout: Rollout,
-    rows: Tensor,
-    advantages: Tensor,
-    old_log_prob: Tensor,
-    rollout_log_prob: Tensor | None,
-    s: UpdateSettings,
-    ctx: BatchContext | None,
+    model, params: list[Tensor], batch: UpdateBatch, rows: Tensor, s: UpdateSettings, ctx: BatchContext | None
 ) -> dict[str, Tensor]:
-    """`diagnostics.gradient_probe` on mini-batch `rows` under the current weights: the trained method's policy loss
-    (its hparams, aggregation and batch context; no KL or entropy term) and each reference's at its own defaults, from
-    one forward per micro-batch. A reference whose loss is the trained method's (same method, resolved hparams and
-    aggregation) shares its gradient. The micro-batches run over the mini-batch's two halves of prompt groups in turn,
-    so the trained method's split-half cosine (its noise ceiling, issue 53) costs no extra forward."""
-    mask = rollout.response_mask[rows]
-    counts = {"global_num_tokens": mask.sum().float(), "global_num_seqs": (mask.sum(-1) > 0).sum().float()}
-    trained = (s.method, validate_hparams(s.method, **s.hparams), s.agg_mode)
-    specs = {diagnostics.PROBE_METHOD: (s.method, s.hparams, s.agg_mode, ctx)}
-    for name, (method, hparams) in diagnostics.PROBE_REFERENCES.items():
-        mode = default_loss_agg_mode(method)
-        if (method, validate_hparams(method, **hparams), mode) != trained:
-            specs[name] = (method, hparams, mode, None)
+    """`vespo.train.probe.gradient_probe` on mini-batch `rows` under the current weights: the trained method's loss
+    with its hparams, aggregation and batch context, each micro-batch's inputs from one forward."""
+    counts = _counts(batch.rollout.response_mask[rows])
 
-    groups = rows.numel() // s.group_size
-    cut = (groups // 2) * s.group_size if groups >= 2 else rows.numel() // 2
-    halves = (rows[:cut], rows[cut:]) if 0 < cut < rows.numel() else (rows,)
-    parts = [(h, mb) for h, half in enumerate(halves) for mb in micro_batches(half, s.micro_batch_size)]
+    def loss_inputs(mb: Tensor) -> dict:
+        return _loss_inputs(batch, mb, _forward(model, batch.rollout, mb, s)[0]) | counts
 
-    def losses():
-        for _, mb in parts:
-            with autocast(model, s.autocast_dtype):
-                lp, _ = response_log_probs(model, rollout.select(mb), temperature=s.temperature, top_p=s.top_p,
-                                           top_k=s.top_k)  # fmt: skip
-            inputs = {"log_prob": lp, "old_log_prob": old_log_prob[mb], "advantages": advantages[mb],
-                      "response_mask": rollout.response_mask[mb],
-                      "rollout_log_prob": None if rollout_log_prob is None else rollout_log_prob[mb]}  # fmt: skip
-            yield {
-                name: compute_policy_loss(method, **inputs, loss_agg_mode=mode, **counts, validate=False,
-                                          **({} if c is None else {"batch_context": c}), **hparams)[0]
-                for name, (method, hparams, mode, c) in specs.items()
-            }  # fmt: skip
-
-    return diagnostics.gradient_probe(params, losses(), halves=[h for h, _ in parts] if len(halves) == 2 else None)
+    trained = (s.method, s.hparams, s.agg_mode, ctx)
+    return gradient_probe(params, rows, loss_inputs, trained=trained, group_size=s.group_size,
+                          micro_batch_size=s.micro_batch_size)  # fmt: skip
 
 
 def _batch_context(
-    model,
-    rollout: Rollout,
-    rows: Tensor,
-    advantages: Tensor,
-    old_log_prob: Tensor,
-    rollout_lp: Tensor | None,
-    s: UpdateSettings,
-    k: int,
-    n_micro: int,
-    on_policy: bool = False,
+    model, batch: UpdateBatch, rows: Tensor, s: UpdateSettings, *, index: int, on_policy: bool
 ) -> BatchContext | None:
-    """Mini-batch statistics for the methods that declare `batch_context` (None for the others): the mini-batch index
-    k, and with more than one micro-batch the whole mini-batch's log W from one extra no-grad forward, so that every
-    micro-batch's controller decides exactly as one pass over the mini-batch would (`on_policy`: mu is not scored
-    yet, and is that forward itself)."""
+    """Mini-batch statistics for the methods that declare `batch_context` (None for the others): the mini-batch
+    `index` k, and with more than one micro-batch the whole mini-batch's log W from one extra no-grad forward, so that
+    every micro-batch's controller decides exactly as one pass over the mini-batch would (`on_policy`: mu is not
+    scored yet, and is that forward itself)."""
     if not uses_batch_context(s.method):
         return None
-    if n_micro == 1:  # the call sees the whole mini-batch itself
-        return BatchContext(mini_batch_index=k, num_mini_batches=s.num_mini_batches)
+    if len(micro_batches(rows, s.micro_batch_size)) == 1:  # the call sees the whole mini-batch itself
+        return BatchContext(mini_batch_index=index, num_mini_batches=s.num_mini_batches)
     with torch.no_grad():
-        log_prob, _ = policy_log_probs(model, rollout, rows, **s.log_prob_args)
-    rollout_rows = None if rollout_lp is None else rollout_lp[rows]
+        log_prob, _ = policy_log_probs(model, batch.rollout, rows, **s.log_prob_args)
+    inputs = _loss_inputs(batch, rows, log_prob, on_policy=on_policy)
     return batch_context(
-        PolicyBatch(
-            log_prob,
-            log_prob if on_policy else old_log_prob[rows],
-            advantages[rows],
-            rollout.response_mask[rows],
-            rollout_rows,
-        ),
+        PolicyBatch(**inputs),
         **{k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams},
-        mini_batch_index=k,
+        mini_batch_index=index,
         num_mini_batches=s.num_mini_batches,
     )
-
-
-def rollout_metrics(rewards: Tensor, rollout: Rollout, max_response_length: int) -> dict[str, Tensor]:
-    """Reward, response length (mean, p90, share cut at `max_response_length`) and the sampler's entropy estimate."""
-    mask = rollout.response_mask.bool()
-    lengths = rollout.response_mask.sum(-1).float()
-    out = {
-        "reward/mean": rewards.mean(),
-        "reward/std": rewards.std() if rewards.numel() > 1 else torch.zeros(()),
-        "response/length_mean": lengths.mean(),
-        "response/length_p90": torch.quantile(lengths, 0.9),
-        "response/clip_frac": (lengths >= max_response_length).float().mean(),
-        "actor/entropy": -rollout.rollout_log_prob[mask].mean(),  # MC estimate: mean -log pi of samples
-    }
-    return out
-
-
-def mismatch_metrics(train_log_prob: Tensor, rollout: Rollout) -> dict[str, Tensor]:
-    """The train-inference gap on the sampled tokens: the learner's log-probs under the weights the sampler used
-    against the sampler's own (paper Sec. 4.6)."""
-    gap = (train_log_prob - rollout.rollout_log_prob)[rollout.response_mask.bool()]  # log pi_train - log pi_rollout
-    return {"mismatch/log_ratio_abs_mean": gap.abs().mean(), "mismatch/k3_kl": kl_k3(gap).mean()}
 
 
 def _has_dropout(model) -> bool:
     """Whether any dropout of `model` is active (a train-mode forward then differs from the eval-mode one)."""
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
-
-
-def summarize_update(history: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """The update's metrics over its mini-batches: the mean of each, plus the first and last mini-batch of the
-    `PER_INDEX` keys (the first is on-policy, the last the stalest: their gap is the staleness), and the gradient
-    probe's `probe/*` from the mini-batch that ran it."""
-    trained = [h for h in history if not h.get("actor/kl_stopped", 0)]  # a target_kl stop trains nothing
-    per_step = [key for key in trained[0] if not key.startswith(diagnostics.PROBE_PREFIX)] if trained else []
-    out = {key: torch.stack([h[key] for h in trained]).float().mean() for key in per_step}
-    out |= {key: v for h in trained for key, v in h.items() if key.startswith(diagnostics.PROBE_PREFIX)}
-    out["actor/num_mini_batches"] = torch.tensor(float(len(trained)))
-    if "actor/kl_stopped" in history[-1]:
-        out["actor/kl_stopped"] = history[-1]["actor/kl_stopped"]
-    for key in PER_INDEX:
-        if trained and key in trained[0]:
-            out[f"{key}/first_mini_batch"] = trained[0][key]
-            out[f"{key}/last_mini_batch"] = trained[-1][key]
-    return out
-
-
-def to_floats(metrics: dict[str, Tensor | float]) -> dict[str, float]:
-    """A logged step's metrics as Python floats: the tensors are stacked and copied to the host once."""
-    keys = [k for k, v in metrics.items() if isinstance(v, Tensor)]
-    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, Tensor)}
-    if keys:
-        values = torch.stack([metrics[k].detach().float().reshape(()).cpu() for k in keys]).tolist()
-        out |= dict(zip(keys, values, strict=True))
-    return {k: out[k] for k in metrics}
