@@ -112,45 +112,56 @@ def momentum_parts(optimizer: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
     sq_g: list[Tensor] = []
     sq_m: list[Tensor] = []
     for group in optimizer.param_groups:
-        lr, wd = group["lr"], group.get("weight_decay", 0.0)
-        decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
-        adam_items = []  # (g, m, v, v_max, c, bias2) per parameter of this group
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            g = p.grad.detach()
-            g = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g  # norms of low-precision weights in fp32
-            state = optimizer.state.get(p, {})
-            if wd and not (adam and decoupled):
-                g = g + wd * p.detach()  # coupled L2 decay: part of the gradient the optimizer sees
-            if adam:
-                v_max = state.get("max_exp_avg_sq") if group.get("amsgrad") else None
-                step = state.get("step", torch.zeros((), device=g.device))
-                adam_items.append((g, state.get("exp_avg"), state.get("exp_avg_sq"), v_max, step))
-            else:
-                mu, damp = group.get("momentum", 0.0), group.get("dampening", 0.0)
-                buf = state.get("momentum_buffer")
-                if mu == 0 or buf is None:
-                    sq_g.append((lr * g).square().sum())
-                elif group.get("nesterov"):
-                    sq_g.append((lr * (1 + mu * (1 - damp)) * g).square().sum())
-                    sq_m.append((lr * mu * mu * buf).square().sum())
-                else:
-                    sq_g.append((lr * (1 - damp) * g).square().sum())
-                    sq_m.append((lr * mu * buf).square().sum())
-        if adam_items:
-            (b1, b2), eps = group["betas"], group["eps"]
-            t = torch.stack([x[4].to(adam_items[0][0].device) for x in adam_items]).to(torch.float64) + 1  # no sync
-            c = lr / (1 - b1**t)  # per parameter: D = c / (sqrt(v_t) / sqrt(1 - b2^t) + eps), t the coming step
-            sg, sm = _adam_parts(adam_items, c, (1 - b2**t).sqrt(), b2, eps)
-            sq_g.append((1 - b1) ** 2 * sg)
-            if b1 != 0:
-                sq_m.append(b1**2 * sm)
+        g_parts, m_parts = _group_squares(optimizer, group, adam)
+        sq_g += g_parts
+        sq_m += m_parts
 
     def norm(parts: list[Tensor]) -> Tensor:
         return torch.stack([x.to(device) for x in parts]).sum().sqrt() if parts else torch.zeros((), device=device)
 
     return norm(sq_g), norm(sq_m)
+
+
+def _group_squares(optimizer: torch.optim.Optimizer, group: dict, adam: bool) -> tuple[list[Tensor], list[Tensor]]:
+    """The squared norms of u_g and u_m of one parameter group (`momentum_parts`), summed per parameter for SGD and
+    per bucket of parameters for Adam (`_adam_parts`)."""
+    sq_g: list[Tensor] = []
+    sq_m: list[Tensor] = []
+    lr, wd = group["lr"], group.get("weight_decay", 0.0)
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
+    adam_items = []  # (g, m, v, v_max, step) per parameter of this group
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        g = p.grad.detach()
+        g = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g  # norms of low-precision weights in fp32
+        state = optimizer.state.get(p, {})
+        if wd and not (adam and decoupled):
+            g = g + wd * p.detach()  # coupled L2 decay: part of the gradient the optimizer sees
+        if adam:
+            v_max = state.get("max_exp_avg_sq") if group.get("amsgrad") else None
+            step = state.get("step", torch.zeros((), device=g.device))
+            adam_items.append((g, state.get("exp_avg"), state.get("exp_avg_sq"), v_max, step))
+            continue
+        mu, damp = group.get("momentum", 0.0), group.get("dampening", 0.0)
+        buf = state.get("momentum_buffer")
+        if mu == 0 or buf is None:
+            sq_g.append((lr * g).square().sum())
+        elif group.get("nesterov"):
+            sq_g.append((lr * (1 + mu * (1 - damp)) * g).square().sum())
+            sq_m.append((lr * mu * mu * buf).square().sum())
+        else:
+            sq_g.append((lr * (1 - damp) * g).square().sum())
+            sq_m.append((lr * mu * buf).square().sum())
+    if adam_items:
+        (b1, b2), eps = group["betas"], group["eps"]
+        t = torch.stack([x[4].to(adam_items[0][0].device) for x in adam_items]).to(torch.float64) + 1  # no sync
+        c = lr / (1 - b1**t)  # per parameter: D = c / (sqrt(v_t) / sqrt(1 - b2^t) + eps), t the coming step
+        sg, sm = _adam_parts(adam_items, c, (1 - b2**t).sqrt(), b2, eps)
+        sq_g.append((1 - b1) ** 2 * sg)
+        if b1 != 0:
+            sq_m.append(b1**2 * sm)
+    return sq_g, sq_m
 
 
 _BUCKET = 1 << 20

@@ -131,6 +131,27 @@ def claim(
     PID of the one that holds it."""
     path = Path(path).expanduser()
     names = list(manifest)
+    _check_claimable(path, kind, names, label, overwrite, overwrite_flag, legacy)
+    created_dir = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{label} {path} cannot be written: {exc.strerror or exc}") from None
+    lock = _lock(path, label)
+    try:
+        manifest_now, marked_now = _mark(path, kind, names, label)
+    except OutputError:
+        lock.close()
+        raise
+    sweep_temporaries(path, manifest_now)  # under the lock: no other vespo process writes here now
+    return OwnedDir(path, kind, manifest_now, lock, created_dir, marked_now)
+
+
+def _check_claimable(
+    path: Path, kind: str, names: list[str], label: str, overwrite: bool, flag: str, legacy: Callable | None
+) -> None:
+    """`claim`'s rules before anything is written or locked: OutputError for a file, a foreign or other-kind marker,
+    or an unmarked, non-empty directory that is neither legacy output nor allowed by `overwrite` without clashes."""
     if os.path.lexists(path) and not path.is_dir():
         raise OutputError(f"{label} {path} is a file, not a directory")
     marker = read_marker(path) if path.is_dir() else None
@@ -138,44 +159,42 @@ def claim(
         raise OutputError(_foreign_marker(label, path))
     if marker is not None and marker["kind"] != kind:
         raise OutputError(f"{label} {path} holds the output of `vespo {marker['kind']}`; choose another directory")
-    if marker is None and path.is_dir():
-        present = sorted(set(os.listdir(path)) - {MARKER, LOCK})
-        if present and not (legacy is not None and legacy(path)):
-            clash = [n for n in names if n in present]
-            if not overwrite:
-                raise OutputError(
-                    f"{label} {path} is not empty and was not created by vespo (no {MARKER}); choose a new or empty "
-                    f"directory, or pass {overwrite_flag} to write vespo's files beside what is there (none of it is "
-                    "deleted or replaced)"
-                )
-            if clash:
-                raise OutputError(
-                    f"{label} {path} already holds {', '.join(clash)}, which vespo did not write there; vespo never "
-                    "replaces files it did not create: choose another directory"
-                )
-    created_dir = not path.exists()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{label} {path} cannot be written: {exc.strerror or exc}") from None
-    lock = _lock(path, label)
-    marked_now = False
-    marker = read_marker(path)  # again, under the lock: another process may have marked it meanwhile
+    if marker is not None or not path.is_dir():
+        return
+    present = sorted(set(os.listdir(path)) - {MARKER, LOCK})
+    if not present or (legacy is not None and legacy(path)):
+        return
+    if not overwrite:
+        raise OutputError(
+            f"{label} {path} is not empty and was not created by vespo (no {MARKER}); choose a new or empty "
+            f"directory, or pass {flag} to write vespo's files beside what is there (none of it is "
+            "deleted or replaced)"
+        )
+    clash = [n for n in names if n in present]
+    if clash:
+        raise OutputError(
+            f"{label} {path} already holds {', '.join(clash)}, which vespo did not write there; vespo never "
+            "replaces files it did not create: choose another directory"
+        )
+
+
+def _mark(path: Path, kind: str, names: list[str], label: str) -> tuple[list[str], bool]:
+    """Under the lock: read the marker again (another process may have marked the directory meanwhile), write it
+    if there is none, record the manifest's new names before they are written; (manifest, marked now)."""
+    marker = read_marker(path)
     if marker is None and os.path.lexists(path / MARKER):
-        lock.close()
         raise OutputError(_foreign_marker(label, path))
+    marked_now = False
     if marker is None:
         marker = {"kind": kind, "id": uuid.uuid4().hex, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_atomic(path / MARKER, json.dumps(marker | {"manifest": names}, indent=1) + "\n")
         marker["manifest"], marked_now = names, True
     elif marker["kind"] != kind:
-        lock.close()
         raise OutputError(f"{label} {path} holds the output of `vespo {marker['kind']}`; choose another directory")
     manifest_now = list(dict.fromkeys([*marker["manifest"], *names]))
     if manifest_now != marker["manifest"]:  # a newer vespo writes more names: they are recorded before written
         write_atomic(path / MARKER, json.dumps(marker | {"manifest": manifest_now}, indent=1) + "\n")
-    sweep_temporaries(path, manifest_now)  # under the lock: no other vespo process writes here now
-    return OwnedDir(path, kind, manifest_now, lock, created_dir, marked_now)
+    return manifest_now, marked_now
 
 
 _TEMPORARY = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp")

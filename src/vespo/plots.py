@@ -130,7 +130,6 @@ def panel_figure(rows: list[list[Panel]], *, title: str | None = None, panel_siz
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     width = max(len(r) for r in rows)
     fig, axes = plt.subplots(
@@ -143,40 +142,7 @@ def panel_figure(rows: list[list[Panel]], *, title: str | None = None, panel_siz
             if c >= len(row):
                 ax.set_visible(False)
                 continue
-            panel = row[c]
-            lo, hi = panel.bounds if panel.bounds is not None else (-np.inf, np.inf)
-            for name, line in panel.series.items():
-                x, y = np.asarray(line.x, float), np.asarray(line.y, float)
-                if line.yerr is not None:
-                    err = np.asarray(line.yerr, float)
-                    below, above = np.minimum(err, y - lo), np.minimum(err, hi - y)  # clipped to the range
-                    handle = ax.errorbar(x, y, yerr=[np.maximum(below, 0), np.maximum(above, 0)], capsize=2,
-                                         **{"marker": "o", "ms": 3} | line.style)  # fmt: skip
-                else:
-                    (handle,) = ax.plot(x, y, **line.style)
-                if line.low is not None and line.high is not None:
-                    band = np.clip(np.asarray(line.low, float), lo, hi), np.clip(np.asarray(line.high, float), lo, hi)
-                    color = handle.get_color() if hasattr(handle, "get_color") else handle.lines[0].get_color()
-                    ax.fill_between(x, *band, color=color, alpha=0.15, lw=0)
-                legend.setdefault(name, handle)
-            if panel.hline is not None:
-                ax.axhline(panel.hline, color="grey", ls=":", lw=1)
-            if panel.xscale:
-                scale, options = ("log", {"base": 2}) if panel.xscale == "log2" else (panel.xscale, {})
-                ax.set_xscale(scale, **options)
-            if panel.yscale:
-                ax.set_yscale(panel.yscale)
-            if panel.xticks is not None:
-                ax.set_xticks(list(panel.xticks), [f"{t:g}" for t in panel.xticks])
-                ax.minorticks_off()
-            if panel.bounds is not None and not panel.yscale:
-                pad = 0.03 * (hi - lo) if np.isfinite(hi - lo) else 0
-                ax.set_ylim(lo - pad if np.isfinite(lo) else None, hi + pad if np.isfinite(hi) else None)
-            ax.set_title(panel.title, fontsize=9)
-            ax.set_xlabel(panel.xlabel, fontsize=8)
-            ax.set_ylabel(panel.ylabel, fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
+            legend |= {name: h for name, h in _draw_panel(ax, row[c]).items() if name not in legend}
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -184,6 +150,48 @@ def panel_figure(rows: list[list[Panel]], *, title: str | None = None, panel_siz
         fig.legend(list(legend.values()), list(legend), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
                    frameon=False)  # fmt: skip
     return fig
+
+
+def _draw_panel(ax, panel: Panel) -> dict[str, object]:
+    """Draw one panel's series (error bars and bands clipped to its bounds), reference line, scales, ticks and labels
+    on `ax`; returns its legend handles by series name."""
+    import numpy as np
+
+    handles: dict[str, object] = {}
+    lo, hi = panel.bounds if panel.bounds is not None else (-np.inf, np.inf)
+    for name, line in panel.series.items():
+        x, y = np.asarray(line.x, float), np.asarray(line.y, float)
+        if line.yerr is not None:
+            err = np.asarray(line.yerr, float)
+            below, above = np.minimum(err, y - lo), np.minimum(err, hi - y)  # clipped to the range
+            handle = ax.errorbar(x, y, yerr=[np.maximum(below, 0), np.maximum(above, 0)], capsize=2,
+                                 **{"marker": "o", "ms": 3} | line.style)  # fmt: skip
+        else:
+            (handle,) = ax.plot(x, y, **line.style)
+        if line.low is not None and line.high is not None:
+            band = np.clip(np.asarray(line.low, float), lo, hi), np.clip(np.asarray(line.high, float), lo, hi)
+            color = handle.get_color() if hasattr(handle, "get_color") else handle.lines[0].get_color()
+            ax.fill_between(x, *band, color=color, alpha=0.15, lw=0)
+        handles.setdefault(name, handle)
+    if panel.hline is not None:
+        ax.axhline(panel.hline, color="grey", ls=":", lw=1)
+    if panel.xscale:
+        scale, options = ("log", {"base": 2}) if panel.xscale == "log2" else (panel.xscale, {})
+        ax.set_xscale(scale, **options)
+    if panel.yscale:
+        ax.set_yscale(panel.yscale)
+    if panel.xticks is not None:
+        ax.set_xticks(list(panel.xticks), [f"{t:g}" for t in panel.xticks])
+        ax.minorticks_off()
+    if panel.bounds is not None and not panel.yscale:
+        pad = 0.03 * (hi - lo) if np.isfinite(hi - lo) else 0
+        ax.set_ylim(lo - pad if np.isfinite(lo) else None, hi + pad if np.isfinite(hi) else None)
+    ax.set_title(panel.title, fontsize=9)
+    ax.set_xlabel(panel.xlabel, fontsize=8)
+    ax.set_ylabel(panel.ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    return handles
 
 
 def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:

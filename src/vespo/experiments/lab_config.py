@@ -171,6 +171,19 @@ def check_lab_config(cfg: LabConfig) -> None:
     and log-probs, and (T, V) logits with Adam's state): ValueError naming the first bad one. The registry's checks
     (each method's hyperparameters and family) come last: they import torch, as the grid will."""
     check_output_dir("out_dir", cfg.out_dir)
+    _check_grid(cfg)
+    for name, ok, accepted in _value_checks(cfg):
+        if not ok:
+            raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
+    _check_sizes(cfg)
+    for name, ok, accepted, value in cfg.chain.checks() if cfg.preset == "v2" else []:
+        if not ok:
+            raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    _check_method_family(cfg)
+
+
+def _check_grid(cfg: LabConfig) -> None:
+    """The grid's axes: each one or more distinct values, the methods registered ones."""
     for name in ("methods", "length", "num_mini_batches", "lr_scale", "seeds"):  # grid axes: one or more, none twice
         values = getattr(cfg, name)
         if not values or len(set(values)) != len(values):
@@ -178,7 +191,11 @@ def check_lab_config(cfg: LabConfig) -> None:
     unknown = sorted(set(cfg.methods) - set(known_methods()))
     if unknown:
         raise ValueError(f"methods: unknown {unknown}; registered methods are {known_methods()}")
-    checks = [
+
+
+def _value_checks(cfg: LabConfig) -> list[tuple[str, bool, str]]:
+    """(setting, whether it is valid, what is accepted) of every single-valued setting, in the order checked."""
+    return [
         ("length", all(1 <= t <= MAX_LENGTH for t in cfg.length), f"integers in [1, {MAX_LENGTH}]"),
         (
             "num_mini_batches",
@@ -213,9 +230,10 @@ def check_lab_config(cfg: LabConfig) -> None:
         ("collapse_ratio", 0 <= cfg.collapse_ratio <= 1, "a number in [0, 1]"),
         ("jobs", cfg.jobs >= 1, "an integer >= 1"),
     ]
-    for name, ok, accepted in checks:
-        if not ok:
-            raise ValueError(f"{name} must be {accepted}, got {getattr(cfg, name)!r}")
+
+
+def _check_sizes(cfg: LabConfig) -> None:
+    """A cell's memory: the (T, V) logits and the rollout batch's N x mini_batch_seqs x T tokens."""
     t = max(cfg.length)
     if t * cfg.vocab > MAX_LOGITS:
         raise ValueError(f"length x vocab must be <= {MAX_LOGITS} logits per cell, got {t} x {cfg.vocab}")
@@ -226,9 +244,10 @@ def check_lab_config(cfg: LabConfig) -> None:
             f"(~{MAX_BATCH_TOKENS * 24 / 2**30:.1f} GiB per cell), "
             f"got {max(cfg.num_mini_batches)} x {cfg.mini_batch_seqs} x {t}"
         )
-    for name, ok, accepted, value in cfg.chain.checks() if cfg.preset == "v2" else []:
-        if not ok:
-            raise ValueError(f"{name} must be {accepted}, got {value!r}")
+
+
+def _check_method_family(cfg: LabConfig) -> None:
+    """The registry's checks (each method's hyperparameters; the phi-based controls need VESPO-family methods)."""
     from vespo.losses import rollout_correction, validate_hparams  # torch, as the grid itself
 
     for method in cfg.methods:

@@ -274,8 +274,35 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     `cfg.momentum_scale="mean_phi"` multiplies Adam's first moment by Z before the step, so a mini-batch whose phi
     has collapsed also silences the momentum the fresh mini-batches left (the echo), not only its own gradient."""
     lp.retain_grad()
+    loss, metrics = _lab_loss(cfg, cell, lp, old_lp, adv, mask, k, rollout_lp)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = clip_gradient(params, cfg.grad_clip)  # before clipping
+    if getattr(cfg, "momentum_scale", "none") == "mean_phi":  # damp the echo: m <- Z m before the step
+        _scale_momentum(opt, params, metrics[diagnostics.MEAN_PHI].clamp(max=1.0))  # Z: this mini-batch's mean phi
+    momentum_share = diagnostics.momentum_share(opt)  # the state before the step, the clipped gradient
+    u_g, _ = diagnostics.momentum_parts(opt)
+    # the learner's step, scaled by the step control; always taken (a non-finite cell shows in its summary)
+    inputs = (metrics, lp.detach(), old_lp, rollout_lp, mask)
+    step = optimizer_step(opt, params, True, step_scale=getattr(cfg, "step_scale", "none"), log_update_norm=True,
+                          scaler=None, scheduler=None, step_inputs=inputs)  # fmt: skip
+    stats = {
+        "grad_norm": grad_norm,
+        "update_norm": step["actor/update_norm"],
+        "grad_clipped": diagnostics.clip_bound(grad_norm, cfg.grad_clip),
+        "mean_phi": diagnostics.mean_phi(metrics),
+        "momentum_share": momentum_share,
+        "grad_norm_clipped": torch.nn.utils.get_total_norm([p.grad for p in params]),
+        "update_g_norm": u_g,  # the current gradient's part of the step (before any step_scale)
+    }
+    stats |= _weight_stats(metrics, lp, old_lp, mask)
+    return {key: stats[key] for key in LAB_STEP_METRICS}
+
+
+def _lab_loss(cfg, cell, lp, old_lp, adv, mask, k, rollout_lp) -> tuple[Tensor, dict[str, Tensor]]:
+    """The cell's policy loss on mini-batch k of N (`compute_policy_loss`, the cell's method and hyperparameters)."""
     context = BatchContext(mini_batch_index=k, num_mini_batches=cell.num_mini_batches)
-    loss, metrics = compute_policy_loss(
+    return compute_policy_loss(
         cell.method,
         log_prob=lp,
         old_log_prob=old_lp,
@@ -286,48 +313,39 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
         **({"batch_context": context} if uses_batch_context(cell.method) else {}),
         **dict(cell.hparams),
     )
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = clip_gradient(params, cfg.grad_clip)  # before clipping
-    if getattr(cfg, "momentum_scale", "none") == "mean_phi":  # damp the echo: m <- Z m before the step
-        z = metrics[diagnostics.MEAN_PHI].clamp(max=1.0)  # mean phi of this mini-batch
-        with torch.no_grad():
-            for p in params:
-                if "exp_avg" in opt.state.get(p, {}):
-                    opt.state[p]["exp_avg"].mul_(z)
-    momentum_share = diagnostics.momentum_share(opt)  # the state before the step, the clipped gradient
-    u_g, _ = diagnostics.momentum_parts(opt)
-    # the learner's step, scaled by the step control; always taken (a non-finite cell shows in its summary)
-    inputs = (metrics, lp.detach(), old_lp, rollout_lp, mask)
-    step = optimizer_step(opt, params, True, step_scale=getattr(cfg, "step_scale", "none"), log_update_norm=True,
-                          scaler=None, scheduler=None, step_inputs=inputs)  # fmt: skip
+
+
+def _scale_momentum(opt, params, z: Tensor) -> None:
+    """Adam's first moment multiplied by `z` in place, before the step."""
     with torch.no_grad():
-        log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,) exact
-        guarded = seq_log_ratio(lp.detach(), old_lp, mask)  # (M,) the losses' log W (tokens clamped at +-20)
-        coef = (lp.grad * mask).sum(-1).abs()  # (M,) per-sequence score coefficient
-        drift = diagnostics.stale_drift(lp.detach(), old_lp, mask)
-        bound = (
-            (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
-            if "vespo/phi_sq_mean" in metrics
-            else torch.tensor(math.nan)
-        )
-        return {
-            "log_w_mean": log_w.mean(),
-            "log_w_min": log_w.min(),
-            "ess": torch.nan_to_num(effective_sample_size(guarded, mask.sum(-1) > 0), nan=0.0),  # = the losses' is/ess
-            "grad_norm": grad_norm,
-            "update_norm": step["actor/update_norm"],
-            "top1_share": top_share(coef.log()),  # log 0 = -inf: no share
-            "bound_holds": bound,
-            "grad_clipped": diagnostics.clip_bound(grad_norm, cfg.grad_clip),
-            "kl_mu_pi": drift["kl_mu_pi"],
-            "log_w_std": drift["log_w_std"],
-            "mean_phi": diagnostics.mean_phi(metrics),
-            "momentum_share": momentum_share,
-            "w_top1_share": top_share(guarded),  # the learner's is/top1pct_w_share
-            "grad_norm_clipped": torch.nn.utils.get_total_norm([p.grad for p in params]),
-            "update_g_norm": u_g,  # the current gradient's part of the step (before any step_scale)
-        }
+        for p in params:
+            if "exp_avg" in opt.state.get(p, {}):
+                opt.state[p]["exp_avg"].mul_(z)
+
+
+@torch.no_grad()
+def _weight_stats(metrics: dict, lp: Tensor, old_lp: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The mini-batch's weight diagnostics of `lab_step`: exact and guarded sequence log W, the top-1% share of the
+    per-sequence score coefficient (from `lp.grad`), the drift from mu, and VESPO's bound (nan for other methods)."""
+    log_w = seq_log_ratio(lp.detach(), old_lp, mask, clamp_tokens=False)  # (M,) exact
+    guarded = seq_log_ratio(lp.detach(), old_lp, mask)  # (M,) the losses' log W (tokens clamped at +-20)
+    coef = (lp.grad * mask).sum(-1).abs()  # (M,) per-sequence score coefficient
+    drift = diagnostics.stale_drift(lp.detach(), old_lp, mask)
+    bound = (
+        (metrics["vespo/phi_sq_mean"] <= metrics["vespo/bound_K_phi_w_mean"]).double()
+        if "vespo/phi_sq_mean" in metrics
+        else torch.tensor(math.nan)
+    )
+    return {
+        "log_w_mean": log_w.mean(),
+        "log_w_min": log_w.min(),
+        "ess": torch.nan_to_num(effective_sample_size(guarded, mask.sum(-1) > 0), nan=0.0),  # = the losses' is/ess
+        "top1_share": top_share(coef.log()),  # log 0 = -inf: no share
+        "bound_holds": bound,
+        "kl_mu_pi": drift["kl_mu_pi"],
+        "log_w_std": drift["log_w_std"],
+        "w_top1_share": top_share(guarded),  # the learner's is/top1pct_w_share
+    }
 
 
 STALEST = ("kl_mu_pi", "log_w_std", "mean_phi", "momentum_share")

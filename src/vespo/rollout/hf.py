@@ -137,27 +137,10 @@ def sample(
     tokens, log_probs, alive_cols = [], [], []
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     cache_kw, positions = _cache_keyword(model), _position_ids(mask)
-    # prefill: each distinct prompt once, the last position's logits only, then its KV cache repeated n times (the
-    # prompt pass was n times the work, and the (B, P, V) logits the largest tensor of a rollout)
-    unique_mask, last_only = enc.attention_mask.to(device), _last_logits_only(model)
-    out = model(input_ids=enc.input_ids.to(device), attention_mask=unique_mask, position_ids=_position_ids(unique_mask),
-                use_cache=True, **last_only)  # fmt: skip
-    cache = out[cache_kw]
-    if hasattr(cache, "batch_repeat_interleave"):
-        cache.batch_repeat_interleave(n)
-        last_logits = out.logits[:, -1].repeat_interleave(n, 0)  # (B, V)
-    else:  # a legacy tuple cache: prefill every row
-        out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=positions, use_cache=True, **last_only)
-        cache, last_logits = out[cache_kw], out.logits[:, -1]
+    cache, last_logits = _prefill(model, enc, n, prompt_ids, mask, positions, cache_kw)
     _preallocate(cache, max_new_tokens - 1)
     for i in range(max_new_tokens):
-        logits = last_logits.float() / temperature  # (B, V)
-        if logit_noise_std > 0:
-            noise = torch.randn(logits.shape, generator=generator, device=device)
-            logits = logits + logit_noise_std * noise
-        logits = processed_logits(logits, top_p=top_p, top_k=top_k)  # the distribution sampled from
-        logp = logits.log_softmax(-1)  # (B, V), -inf outside the top-k / top-p set
-        tok = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)  # (B,)
+        tok, logp = _draw(last_logits, temperature, top_p, top_k, logit_noise_std, generator)
         tok = torch.where(alive, tok, torch.full_like(tok, pad))
         tokens.append(tok)
         tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)  # (B,)
@@ -176,6 +159,35 @@ def sample(
     full_ids = torch.cat([prompt_ids, response], 1)  # (B, P + T)
     full_mask = torch.cat([enc.attention_mask.repeat_interleave(n, 0).to(device), response_mask], 1)
     return Rollout(full_ids, full_mask, response_mask, torch.stack(log_probs, 1).float())
+
+
+def _prefill(model, enc, n: int, prompt_ids: Tensor, mask: Tensor, positions: Tensor, cache_kw: str):
+    """(KV cache, last position's logits (B, V)) of the prompts, each repeated `n` times: each distinct prompt is
+    run once, the last position's logits only, then its cache repeated (the prompt pass was n times the work, and the
+    (B, P, V) logits the largest tensor of a rollout); a legacy tuple cache prefills every row."""
+    unique_mask, last_only = enc.attention_mask.to(mask.device), _last_logits_only(model)
+    out = model(input_ids=enc.input_ids.to(mask.device), attention_mask=unique_mask,
+                position_ids=_position_ids(unique_mask), use_cache=True, **last_only)  # fmt: skip
+    cache = out[cache_kw]
+    if hasattr(cache, "batch_repeat_interleave"):
+        cache.batch_repeat_interleave(n)
+        return cache, out.logits[:, -1].repeat_interleave(n, 0)  # (B, V)
+    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=positions, use_cache=True, **last_only)
+    return out[cache_kw], out.logits[:, -1]
+
+
+def _draw(
+    last_logits: Tensor, temperature: float, top_p: float, top_k: int, noise_std: float, generator
+) -> tuple[Tensor, Tensor]:
+    """One token per row (B,) from the processed distribution, and that distribution's log-probs (B, V) (-inf
+    outside the top-k / top-p set); `noise_std` > 0 adds the simulated engine's Gaussian noise to the logits first."""
+    logits = last_logits.float() / temperature  # (B, V)
+    if noise_std > 0:
+        noise = torch.randn(logits.shape, generator=generator, device=logits.device)
+        logits = logits + noise_std * noise
+    logits = processed_logits(logits, top_p=top_p, top_k=top_k)  # the distribution sampled from
+    logp = logits.log_softmax(-1)  # (B, V)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1), logp
 
 
 LOG_PROB_CHUNK_BYTES = 64 * 2**20
