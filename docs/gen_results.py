@@ -144,11 +144,11 @@ def section_long() -> str:
     return "\n\n".join(
         [
             "## Staleness on long responses (`--preset paper-long`)",
-            "`python benchmarks/bench_paper_long.py`: VESPO and the baselines at N = 4, 16, 64 and 128 on the "
+            "`vespo reproduce paper-long`: VESPO and the baselines at N = 4, 16, 64 and 128 on the "
             "embedded chain task with 128-token responses, each cell gated on its regime diagnostics. Held-out "
             f"accuracy, best checkpoint, mean ± 95% CI over the gated seeds (warm start {start:.3f}):",
             table,
-            "The tests, their families and the registration of each design, as the benchmark writes them:",
+            "The tests, their families and the registration of each design, as the command writes them:",
             _md("paper_long/verdicts.md"),
             _source("paper_long/results.csv", "paper_long/verdicts.csv", "paper_long/verdicts.md"),
         ]
@@ -160,7 +160,7 @@ def section_short() -> str:
     return "\n\n".join(
         [
             "## Staleness on short responses (`--preset paper`)",
-            "`python benchmarks/bench_paper_staleness.py`: the paper's staleness table on the free-length "
+            "`vespo reproduce paper`: the paper's staleness table on the free-length "
             "scratchpad task (about 10-token responses), 5 seeds. On responses this short VESPO's sequence weights "
             "spread little, so most methods compute nearly the same update. Held-out accuracy, best checkpoint, "
             f"mean ± 95% CI (warm start {start:.3f}):",

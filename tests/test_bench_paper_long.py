@@ -1,30 +1,29 @@
-"""benchmarks/bench_paper_long.py: a slice's plan (comparisons, families, seeds chosen by power), designs written once
-and dated by git (a plan that does not precede its results is exploratory), the regime gate deciding which seeds a
-comparison uses, Holm over the planned family, the MDD under every unresolved verdict, a slice merge that cannot
-forge the table, and the probe's split-half ceiling."""
+"""`vespo reproduce paper-long` (vespo.experiments.reproduce): a slice's plan (comparisons, families, seeds chosen by
+power), designs written once and dated by git (a plan that does not precede its results is exploratory), the regime
+gate deciding which seeds a comparison uses, Holm over the planned family, the MDD under every unresolved verdict, a
+slice merge that cannot forge the table, and the probe's split-half ceiling."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from vespo.experiments.compare import load_rows
+from vespo.experiments.presets import PRESETS, gate
+from vespo.experiments.reproduce import designs, long, plan, registration, slices, verdicts
 from vespo.experiments.stats import minimal_detectable_difference, paired_t
-from vespo.experiments.sweep import PRESETS, gate
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_paper_long.py"
-spec = importlib.util.spec_from_file_location("bench_paper_long", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "benchmarks" / "results" / "paper_long"
 
 
 def test_a_slice_plan_is_powered_before_any_cell():
     variants = list(PRESETS["paper-long"])
-    found = bench.comparisons(variants, (4, 16, 64, 128))
-    later = len(bench.LATER)  # the 2025-26 corrections: families of their own, the paper's claims' Holm unchanged
+    found = plan.comparisons(variants, (4, 16, 64, 128))
+    later = len(plan.LATER)  # the 2025-26 corrections: families of their own, the paper's claims' Holm unchanged
     baselines = len(variants) - 1 - later
-    assert bench.families(found) == {"at one N": 4 * baselines, "degradation": baselines,
+    assert plan.families(found) == {"at one N": 4 * baselines, "degradation": baselines,
                                      "at one N · 2025-26 corrections": 4 * later,
                                      "degradation · 2025-26 corrections": later}  # fmt: skip
     by = {c["name"]: c for c in found}
@@ -33,18 +32,18 @@ def test_a_slice_plan_is_powered_before_any_cell():
     assert "paper_diff_pct" not in by["grpo vs VESPO at N=128"] and "paper_diff_pct" not in by["cispo vs VESPO at N=4"]
     # SAPO's drop from N = 4 to 64 (65.2 -> 16.5) minus VESPO's (70.0 -> 61.8)
     assert by["sapo's change from N=4 to 64 minus VESPO's"]["paper_diff_pct"] == pytest.approx(-48.7 + 8.2)
-    cfg = bench.config(Path("/tmp/unused"), None, 2, variants, [4, 16, 64, 128], smoke=False)
+    cfg = slices.config(Path("/tmp/unused"), None, 2, variants, [4, 16, 64, 128], smoke=False)
     seeds = len(cfg.seeds)  # the preset's
-    for row in bench.plan_rows(variants, (4, 16, 64, 128), seeds):
-        sd, m = bench.assumed_sd(row["family"]), row["comparisons"]
+    for row in plan.plan_rows(variants, (4, 16, 64, 128), seeds):
+        sd, m = plan.assumed_sd(row["family"]), row["comparisons"]
         assert row["mdd"] == pytest.approx(minimal_detectable_difference(sd, seeds, 0.05 / m))
-        assert row["detects_target"] == (row["mdd"] <= bench.TARGET)
-    need = bench.choose_seeds(variants, (4, 16, 64, 128))  # the fewest that detect 0.03 in every family
-    mdds = [minimal_detectable_difference(bench.assumed_sd(f), k, 0.05 / m)
-            for f, m in bench.families(found).items() for k in (need - 1, need)]  # fmt: skip
-    assert max(mdds[1::2]) <= bench.TARGET < max(mdds[0::2])
-    assert f"Seeds needed to detect 0.03 in every family: {need} " in bench.plan_text(cfg)
-    assert bench.estimate_seconds(cfg) > 0 and "Estimated wall time on 2 cores" in bench.plan_text(cfg)
+        assert row["detects_target"] == (row["mdd"] <= plan.TARGET)
+    need = plan.choose_seeds(variants, (4, 16, 64, 128))  # the fewest that detect 0.03 in every family
+    mdds = [minimal_detectable_difference(plan.assumed_sd(f), k, 0.05 / m)
+            for f, m in plan.families(found).items() for k in (need - 1, need)]  # fmt: skip
+    assert max(mdds[1::2]) <= plan.TARGET < max(mdds[0::2])
+    assert f"Seeds needed to detect 0.03 in every family: {need} " in plan.plan_text(cfg)
+    assert plan.estimate_seconds(cfg) > 0 and "Estimated wall time on 2 cores" in plan.plan_text(cfg)
 
 
 def _row(v, n, s, acc, gate_text="ok"):
@@ -63,7 +62,7 @@ def test_gate_decides_the_seeds_and_holm_runs_over_the_planned_family():
     rows += [_row("grpo", 4, s, a + e) for s, (a, e) in enumerate(zip(vespo, noise, strict=True))]
     rows += [_row("grpo", 64, s, a - 0.05 + 0.001 * s, "ok" if s < 3 else "missed: sd log W 0.4") for s, a in
              enumerate(vespo)]  # fmt: skip
-    found = {(r["name"], r["metric"]): r for r in bench.verdicts(rows, bench.comparisons(["vespo", "grpo"], (4, 64)))}
+    found = {(r["name"], r["metric"]): r for r in verdicts.verdicts(rows, plan.comparisons(["vespo", "grpo"], (4, 64)))}
     at64 = found[("grpo vs VESPO at N=64", "best_eval_acc")]
     assert (at64["seeds"], at64["seeds_run"]) == (3, 4)
     p = paired_t([a - 0.05 + 0.001 * s for s, a in enumerate(vespo[:3])], vespo[:3])
@@ -78,16 +77,16 @@ def test_gate_decides_the_seeds_and_holm_runs_over_the_planned_family():
     assert drop["seeds"] == 3  # every cell of the seed must pass: N = 4 and 64, both methods
     confirmed = {f: {"class": "confirmatory", "why": "", "plan_commit": None, "results_commit": None}
                  for f in ("at one N", "degradation")}  # fmt: skip
-    text = bench.verdicts_markdown(list(found.values()), [0, 1, 2, 3], confirmed)
+    text = verdicts.verdicts_markdown(list(found.values()), [0, 1, 2, 3], confirmed)
     assert "seeds [0, 1, 2, 3]" in text and f"unresolved<br>MDD {at4['mdd']:.2g}" in text
     assert "**favours VESPO; same sign as paper**" in text  # bold: confirmatory and significant
-    assert "**" not in bench.verdicts_markdown(list(found.values()), [0, 1, 2, 3])  # exploratory: never bold
+    assert "**" not in verdicts.verdicts_markdown(list(found.values()), [0, 1, 2, 3])  # exploratory: never bold
 
 
 def test_a_comparison_without_two_gated_seeds_is_not_tested_and_counts_as_p_1():
     rows = [_row(v, 64, s, 0.4 + 0.01 * s, "missed: grad_clip share 0.3" if v == "grpo" else "ok")
             for v in ("vespo", "grpo") for s in range(3)]  # fmt: skip
-    (r, _) = bench.verdicts(rows, bench.comparisons(["vespo", "grpo"], (64,)))
+    (r, _) = verdicts.verdicts(rows, plan.comparisons(["vespo", "grpo"], (64,)))
     assert r["verdict"] == "not tested (fewer than 2 gated seeds)" and r["p_adjusted"] == 1.0
     assert math.isnan(r["diff"])
 
@@ -112,14 +111,14 @@ def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_plann
     second = [_row("gspo", 64, s, 0.3 + 0.012 * s) for s in range(4)]
     for r in first + second:
         r["task"] = "chain"
-    rows = bench.merge_rows(first, second + first[:2], "slice")  # cells it already has are skipped
+    rows = slices.merge_rows(first, second + first[:2], "slice")  # cells it already has are skipped
     assert len(rows) == len(first) + len(second)
-    ran = bench.slices_run(bench.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows)
-    names = {r["name"] for r in bench.verdicts(rows, ran)}
+    ran = slices.slices_run(plan.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows)
+    names = {r["name"] for r in verdicts.verdicts(rows, ran)}
     assert names == {"grpo vs VESPO at N=4", "grpo vs VESPO at N=64", "gspo vs VESPO at N=64",
                      "grpo's change from N=4 to 64 minus VESPO's"}  # fmt: skip
-    found = bench.verdicts(rows, ran)
-    sizes = bench.families(bench.slices_run(bench.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows))
+    found = verdicts.verdicts(rows, ran)
+    sizes = plan.families(slices.slices_run(plan.comparisons(["vespo", "grpo", "gspo"], (4, 64)), rows))
     assert sizes == {"at one N": 3, "degradation": 1}
     at64 = next(r for r in found if r["name"] == "gspo vs VESPO at N=64" and r["metric"] == "best_eval_acc")
     ps = sorted(r["p"] for r in found if r["family"] == "at one N" and r["metric"] == "best_eval_acc")
@@ -128,11 +127,11 @@ def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_plann
         dict(r, best_eval_acc=r["best_eval_acc"] + "0", clip_frac_stalest=r["clip_frac_stalest"] or "nan")
         for r in first
     ]  # fmt: skip  (as write_tables spells a row again)
-    assert len(bench.merge_rows(respelled, first, "again")) == len(first)  # merging twice changes nothing
+    assert len(slices.merge_rows(respelled, first, "again")) == len(first)  # merging twice changes nothing
     clash = dict(first[0], best_eval_acc="0.9")
     with pytest.raises(ValueError, match="chain/vespo/4/0 differs"):
-        bench.merge_rows(first, [clash], "slice")
-    typed = bench._typed({"N": "64", "seed": "3", "rollout_steps": "8", "collapsed": "False", "gate": "ok",
+        slices.merge_rows(first, [clash], "slice")
+    typed = slices.typed_row({"N": "64", "seed": "3", "rollout_steps": "8", "collapsed": "False", "gate": "ok",
                           "clip_frac_stalest": "", "best_eval_acc": "0.5"})  # fmt: skip
     assert typed["N"] == 64 and typed["collapsed"] is False and typed["gate"] == "ok" and typed["best_eval_acc"] == 0.5
     assert math.isnan(typed["clip_frac_stalest"])
@@ -141,13 +140,13 @@ def test_slices_of_the_table_merge_and_holm_runs_over_the_comparisons_they_plann
 def test_the_later_corrections_are_holm_corrected_apart_and_leave_the_papers_claims_as_they_were():
     """M2PO (a 2025-26 correction, no paper number) added beside VESPO and GRPO: its comparisons form their own
     families, GRPO's adjusted p-values are those of the table without it, and M2PO's are Holm over its own two."""
-    paper = [_row(v, n, s, 0.4 + 0.01 * s - (0.04 + 0.002 * s if v == "grpo" and n == 64 else 0.0))
+    paper_rows = [_row(v, n, s, 0.4 + 0.01 * s - (0.04 + 0.002 * s if v == "grpo" and n == 64 else 0.0))
              for v in ("vespo", "grpo") for n in (4, 64) for s in range(5)]  # fmt: skip
     later = [_row("m2po", n, s, 0.4 + 0.01 * s - (0.03 - 0.003 * s if n == 64 else -0.001 * s))
              for n in (4, 64) for s in range(5)]  # fmt: skip
-    alone = {(r["name"], r["metric"]): r for r in bench.verdicts(paper, bench.comparisons(["vespo", "grpo"], (4, 64)))}
-    both = {(r["name"], r["metric"]): r
-            for r in bench.verdicts(paper + later, bench.comparisons(["vespo", "grpo", "m2po"], (4, 64)))}  # fmt: skip
+    two, three = plan.comparisons(["vespo", "grpo"], (4, 64)), plan.comparisons(["vespo", "grpo", "m2po"], (4, 64))
+    alone = {(r["name"], r["metric"]): r for r in verdicts.verdicts(paper_rows, two)}
+    both = {(r["name"], r["metric"]): r for r in verdicts.verdicts(paper_rows + later, three)}
     for key, r in alone.items():
         assert both[key]["p_adjusted"] == r["p_adjusted"] and both[key]["family"] == r["family"]
     m2po = [r for k, r in both.items() if k[0].startswith("m2po") and k[1] == "best_eval_acc"]
@@ -162,11 +161,12 @@ def test_collapsed_seeds_are_counted_and_fishers_exact_test_is_reported_beside_t
 
     rows = [_row("vespo", 64, s, 0.6 + 0.01 * s) | {"collapsed": "False"} for s in range(4)]
     rows += [_row("sapo", 64, s, 0.1 if s < 3 else 0.5) | {"collapsed": str(s < 3)} for s in range(4)]
-    (r, _) = bench.verdicts(rows, bench.comparisons(["vespo", "sapo"], (64,)))
+    (r, _) = verdicts.verdicts(rows, plan.comparisons(["vespo", "sapo"], (64,)))
     assert (r["collapsed_vespo"], r["collapsed_other"]) == (0, 3)
     assert r["fisher_p"] == pytest.approx(fisher_exact(0, 4, 3, 4)) and r["test"] == "paired_t"
-    assert f"0 / 3, p = {r['fisher_p']:.2g}" in bench.verdicts_markdown([r], [0, 1, 2])
-    (quiet, _) = bench.verdicts([dict(x, collapsed="False") for x in rows], bench.comparisons(["vespo", "sapo"], (64,)))
+    assert f"0 / 3, p = {r['fisher_p']:.2g}" in verdicts.verdicts_markdown([r], [0, 1, 2])
+    quiet_rows = [dict(x, collapsed="False") for x in rows]
+    (quiet, _) = verdicts.verdicts(quiet_rows, plan.comparisons(["vespo", "sapo"], (64,)))
     assert math.isnan(quiet["fisher_p"])  # no collapse, no exact test
 
 
@@ -180,15 +180,15 @@ def test_a_report_alone_keeps_the_slices_plans_as_they_are(tmp_path):
     import subprocess
     import sys
 
-    table = SCRIPT.parents[0] / "results" / "paper_long"
+    table = TABLE
     for name in ("results.csv", "plan.md"):
         shutil.copy(table / name, tmp_path / name)
-    plan = (tmp_path / "plan.md").read_bytes()
-    command = [sys.executable, str(SCRIPT), "--report-only", "--out-dir", str(tmp_path), "--variants", "vespo",
-               "grpo", "--num-mini-batches", "4", "--seeds", "0"]  # fmt: skip
+    plan_bytes = (tmp_path / "plan.md").read_bytes()
+    command = [sys.executable, "-m", "vespo", "reproduce", "paper-long", "--report-only", "--out-dir", str(tmp_path),
+               "--variants", "vespo", "grpo", "--num-mini-batches", "4", "--seeds", "0"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ | {"MPLBACKEND": "Agg"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "plan.md").read_bytes() == plan
+    assert (tmp_path / "plan.md").read_bytes() == plan_bytes
     seeds = sorted({int(r["seed"]) for r in csv.DictReader((table / "results.csv").open())})
     assert f"seeds {seeds};" in (tmp_path / "verdicts.md").read_text()
     assert (tmp_path / "verdicts.png").stat().st_size > 0
@@ -201,14 +201,14 @@ def test_a_new_design_runs_beside_a_table_that_holds_other_cells_never_over_it(t
     (tmp_path / "results.csv").write_text(
         "task,variant,N,seed,best_eval_acc\nchain,vespo,4,0,0.4\nchain,grpo,4,0,0.4\n"
     )
-    same = bench.config(tmp_path, [0, 1], 1, ["vespo", "grpo"], [4, 64], smoke=False)
-    assert bench.run_dir(tmp_path, same) == tmp_path  # the table's cells are this grid's: the same command finishes it
-    other = bench.config(tmp_path, [9], 1, ["vespo", "grpo"], [32], smoke=False)
-    where = bench.run_dir(tmp_path, other)
+    same = slices.config(tmp_path, [0, 1], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    assert slices.run_dir(tmp_path, same) == tmp_path  # the table's cells are this grid's: the same command finishes it
+    other = slices.config(tmp_path, [9], 1, ["vespo", "grpo"], [32], smoke=False)
+    where = slices.run_dir(tmp_path, other)
     assert where.parent == tmp_path / "slices" and where.name.startswith("N32_seeds9_")
-    assert bench.run_dir(tmp_path / "fresh", other) == tmp_path / "fresh"
-    fewer = bench.config(tmp_path, [0], 1, ["vespo"], [4], smoke=False)  # a sub-grid would drop grpo's cell
-    assert bench.run_dir(tmp_path, fewer) != tmp_path
+    assert slices.run_dir(tmp_path / "fresh", other) == tmp_path / "fresh"
+    fewer = slices.config(tmp_path, [0], 1, ["vespo"], [4], smoke=False)  # a sub-grid would drop grpo's cell
+    assert slices.run_dir(tmp_path, fewer) != tmp_path
 
 
 def test_the_probe_has_a_split_half_noise_ceiling():
@@ -244,7 +244,7 @@ def test_the_probe_has_a_split_half_noise_ceiling():
 # --- issue 50 case 1: a merge that cannot forge the table -----------------------------------------------------------
 
 
-def _slice_dir(path, rows, plan=None):
+def _slice_dir(path, rows, plan_md=None):
     """A slice's out-dir: results.csv from `rows`, plan.md (bytes) when given."""
     import csv
     import io
@@ -255,8 +255,8 @@ def _slice_dir(path, rows, plan=None):
     w.writeheader()
     w.writerows(rows)
     (path / "results.csv").write_text(text.getvalue())
-    if plan is not None:
-        (path / "plan.md").write_bytes(plan)
+    if plan_md is not None:
+        (path / "plan.md").write_bytes(plan_md)
     return path
 
 
@@ -271,46 +271,45 @@ def _table(tmp_path):
 
     rows = [_chain(v, n, s, 0.4 + 0.01 * s - (0.05 if v == "grpo" and n == 64 else 0.0))
             for v in ("vespo", "grpo") for n in (4, 64) for s in range(4)]  # fmt: skip
-    cfg = bench.config(tmp_path, [0, 1, 2, 3], 1, ["vespo", "grpo"], [4, 64], smoke=False)
-    return _slice_dir(tmp_path / "table", rows, bench.plan_text(dataclasses.replace(cfg)).encode())
+    cfg = slices.config(tmp_path, [0, 1, 2, 3], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    return _slice_dir(tmp_path / "table", rows, plan.plan_text(dataclasses.replace(cfg)).encode())
 
 
 def test_a_slice_of_another_task_or_preset_or_an_unknown_variant_is_refused(tmp_path):
     """The forged-verdict case: a slice of another task keyed (variant, N) like the chain's would replace its
     numbers. Each refusal names the field; nothing is merged."""
     table = _table(tmp_path)
-    rows = bench.load_rows(table / "results.csv", "best_eval_acc")
+    rows = load_rows(table / "results.csv", "best_eval_acc")
     other_task = [dict(r, task="arithmetic", best_eval_acc="0.9") for r in rows if r["variant"] == "grpo"]
     with pytest.raises(ValueError, match="task 'arithmetic' is not this table's"):
-        bench.merge_rows(rows, other_task, "slice")
+        slices.merge_rows(rows, other_task, "slice")
     other_preset = [dict(r, method="gspo", seed=str(int(r["seed"]) + 10)) for r in rows if r["variant"] == "grpo"]
     with pytest.raises(ValueError, match="another preset's slice"):
-        bench.merge_rows(rows, other_preset, "slice")
+        slices.merge_rows(rows, other_preset, "slice")
     unknown = [dict(rows[0], variant="grpo | forged |\n| x", seed="50")]
     with pytest.raises(ValueError, match="is not one of preset paper-long's"):
-        bench.merge_rows(rows, unknown, "slice")
+        slices.merge_rows(rows, unknown, "slice")
     no_task = [{k: v for k, v in r.items() if k != "task"} | {"seed": "60"} for r in rows[:1]]
     with pytest.raises(ValueError, match="no task column"):
-        bench.merge_rows(rows, no_task, "slice")
+        slices.merge_rows(rows, no_task, "slice")
     formula = [dict(rows[0], seed="70", gate='=HYPERLINK("http://x","ok")')]
     with pytest.raises(ValueError, match="is not what the cell's own values give"):
-        bench.merge_rows(rows, formula, "slice")
+        slices.merge_rows(rows, formula, "slice")
     in_number = [dict(rows[0], seed="71", best_eval_acc="=1+1")]
     with pytest.raises(ValueError, match="column 'best_eval_acc' must hold a number"):
-        bench.merge_rows(rows, in_number, "slice")
-    assert len(bench.merge_rows(rows, [dict(rows[0], seed="72")], "slice")) == len(rows) + 1  # a good cell joins
+        slices.merge_rows(rows, in_number, "slice")
+    assert len(slices.merge_rows(rows, [dict(rows[0], seed="72")], "slice")) == len(rows) + 1  # a good cell joins
 
 
 def test_names_are_escaped_in_markdown_and_csv():
-    assert bench.md("a | b\nc") == "a \\| b c" or bench.md("a | b\nc") == "a \\| b c"
-    assert bench.md("x|y") == "x\\|y" and "\n" not in bench.md("x\r\ny") and bench.md("<b>") == "&lt;b&gt;"
+    assert plan.md("a | b\nc") == "a \\| b c" or plan.md("a | b\nc") == "a \\| b c"
+    assert plan.md("x|y") == "x\\|y" and "\n" not in plan.md("x\r\ny") and plan.md("<b>") == "&lt;b&gt;"
     for text in ('=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\t=1"):
-        assert bench.csv_safe(text) == "'" + text
-    assert bench.csv_safe("-0.05") == "-0.05" and bench.csv_safe(0.5) == 0.5 and bench.csv_safe("grpo") == "grpo"
+        assert plan.csv_safe(text) == "'" + text
+    assert plan.csv_safe("-0.05") == "-0.05" and plan.csv_safe(0.5) == 0.5 and plan.csv_safe("grpo") == "grpo"
     rows = [_row(v, 64, s, 0.4 + 0.01 * s * (v == "grpo")) for v in ("vespo", "grpo") for s in range(3)]
-    plan = bench.comparisons(["vespo", "grpo"], (64,))
-    plan = [dict(c, name="grpo | forged\n| row |") for c in plan]
-    text = bench.verdicts_markdown(bench.verdicts(rows, plan), [0, 1, 2])
+    planned = [dict(c, name="grpo | forged\n| row |") for c in plan.comparisons(["vespo", "grpo"], (64,))]
+    text = verdicts.verdicts_markdown(verdicts.verdicts(rows, planned), [0, 1, 2])
     table_rows = [line for line in text.splitlines() if line.startswith("| grpo")]
     assert len(table_rows) == 2 and all("\\| forged" in line for line in table_rows)  # one row per rule
     assert not any(line.startswith("| row") for line in text.splitlines())
@@ -325,7 +324,7 @@ def test_a_bad_slice_is_one_line_before_plan_md_or_anything_is_rewritten(tmp_pat
     import sys
 
     table = _table(tmp_path)
-    rows = bench.load_rows(table / "results.csv", "best_eval_acc")
+    rows = load_rows(table / "results.csv", "best_eval_acc")
     extra = [dict(r, seed=str(int(r["seed"]) + 4)) for r in rows]
     if bad == "no task":
         extra = [{k: v for k, v in r.items() if k != "task"} for r in extra]
@@ -335,8 +334,8 @@ def test_a_bad_slice_is_one_line_before_plan_md_or_anything_is_rewritten(tmp_pat
     elif bad == "latin-1":
         (piece / "plan.md").write_bytes("# paper-long: the design caf\xe9\n".encode("latin-1"))
     before = {p.name: p.read_bytes() for p in table.iterdir()}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--report-only", "--out-dir", str(table), "--add-results",
-                           str(piece)], capture_output=True, text=True, timeout=600,
+    done = subprocess.run([sys.executable, "-m", "vespo", "reproduce", "paper-long", "--report-only", "--out-dir",
+                           str(table), "--add-results", str(piece)], capture_output=True, text=True, timeout=600,
                           env=os.environ | {"MPLBACKEND": "Agg"})  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -357,8 +356,8 @@ def _git(root, *args):
 
 
 def _toy_design(name):
-    found = [bench.at_n("grpo", 64, f"{name}: VESPO vs GRPO at N=64")]
-    return bench._design(name, "q?", ["vespo", "grpo"], [64], bench._seed_plan((0,), 100, 3), found,
+    found = [plan.at_n("grpo", 64, f"{name}: VESPO vs GRPO at N=64")]
+    return designs._design(name, "q?", ["vespo", "grpo"], [64], designs._seed_plan((0,), 100, 3), found,
                          {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
 
 
@@ -374,7 +373,7 @@ def test_a_plan_committed_after_or_with_its_results_is_exploratory(tmp_path):
 
     def plan(name):
         (out / "plans").mkdir(exist_ok=True)
-        (out / "plans" / f"{name}.md").write_text(bench.design_text(_toy_design(name)))
+        (out / "plans" / f"{name}.md").write_text(designs.design_text(_toy_design(name)))
         return f"plans/{name}.md"
 
     def results(name):
@@ -387,7 +386,7 @@ def test_a_plan_committed_after_or_with_its_results_is_exploratory(tmp_path):
     _git(out, "commit", "-q", "-m", "results")
     _git(out, "add", plan("after"))
     _git(out, "commit", "-q", "-m", "late plan")
-    found = bench.report(out)
+    found = long.report(out)
     reg = json.loads((out / "verdicts.json").read_text())["registration"]
     assert reg["before: VESPO vs GRPO at N=64"]["class"] == "confirmatory"
     assert reg["same: VESPO vs GRPO at N=64"]["why"].startswith("plan added in the same commit as its results")
@@ -398,23 +397,23 @@ def test_a_plan_committed_after_or_with_its_results_is_exploratory(tmp_path):
     assert "**" not in exploratory  # shown, never bolded
     assert {r["registration"] for r in found if r["family"].startswith("after")} == {"exploratory"}
     (out / "plans" / "before.md").write_text((out / "plans" / "before.md").read_text() + "\nedited\n")
-    bench.report(out)  # a plan written once: an edit after its commit makes its family exploratory
+    long.report(out)  # a plan written once: an edit after its commit makes its family exploratory
     reg = json.loads((out / "verdicts.json").read_text())["registration"]["before: VESPO vs GRPO at N=64"]
     assert reg["class"] == "exploratory" and reg["why"].endswith("the plan file changed after its commit")
-    assert bench.classify(None, None, False)[0] == "exploratory"
-    assert bench.classify("a" * 40, None, False)[0] == "confirmatory"  # results not committed yet
-    assert bench.classify("a" * 40, "b" * 40, False)[0] == "exploratory"
-    assert bench.classify("a" * 40, "b" * 40, True)[0] == "confirmatory"
+    assert registration.classify(None, None, False)[0] == "exploratory"
+    assert registration.classify("a" * 40, None, False)[0] == "confirmatory"  # results not committed yet
+    assert registration.classify("a" * 40, "b" * 40, False)[0] == "exploratory"
+    assert registration.classify("a" * 40, "b" * 40, True)[0] == "confirmatory"
 
 
 def test_a_planned_comparison_whose_cells_never_ran_stays_in_its_family_at_p_1():
     rows = [_row(v, 64, s, 0.4 + 0.01 * s - 0.05 * (v == "grpo") + 0.001 * s * s) for v in ("vespo", "grpo")
             for s in range(4)]  # fmt: skip
-    plan, _ = bench.table_plan(
+    plan, _ = slices.table_plan(
         "# paper-long: the design of one slice\n\nVariants vespo, grpo, gspo; N = 64; seeds [0, 1, 2, 3]; 12 cells.\n\n"
         "Comparisons (2 per checkpoint rule, both rules: best (x), final): grpo vs VESPO at N=64; gspo vs VESPO at "
         "N=64.\n", "plan.md")  # fmt: skip
-    found = [r for r in bench.verdicts(rows, plan) if r["metric"] == "best_eval_acc"]
+    found = [r for r in verdicts.verdicts(rows, plan) if r["metric"] == "best_eval_acc"]
     by = {r["name"]: r for r in found}
     assert by["gspo vs VESPO at N=64"]["p"] == 1.0 and by["gspo vs VESPO at N=64"]["family_m"] == 2
     assert by["gspo vs VESPO at N=64"]["verdict"].startswith("not run")
@@ -433,9 +432,9 @@ def test_a_design_over_two_warm_starts_reports_each_ones_difference_and_labels_r
         for n in (4, 64)
         for s in gaps
     ]
-    plan = [bench.at_n("grpo", 64, "a"), bench.own_change("vespo", 4, 64, "b"),
-            bench.change_minus_vespo("grpo", 4, 64, "c")]  # fmt: skip
-    by = {r["name"]: r for r in bench.verdicts(rows, plan) if r["metric"] == "best_eval_acc"}
+    planned = [plan.at_n("grpo", 64, "a"), plan.own_change("vespo", 4, 64, "b"),
+               plan.change_minus_vespo("grpo", 4, 64, "c")]  # fmt: skip
+    by = {r["name"]: r for r in verdicts.verdicts(rows, planned) if r["metric"] == "best_eval_acc"}
     at64 = by["grpo vs VESPO at N=64"]
     assert at64["by_warm_start"] == pytest.approx({"0": -0.06, "100": -0.02})
     assert at64["p"] == pytest.approx(paired_t(list(gaps.values()), [0.0] * 6))
@@ -444,7 +443,7 @@ def test_a_design_over_two_warm_starts_reports_each_ones_difference_and_labels_r
     assert by["vespo's change from N=4 to 64"]["paper_diff_pct"] == pytest.approx(61.8 - 70.0)
     drop = by["grpo's change from N=4 to 64 minus VESPO's"]
     assert drop["paper_diff_pct"] == pytest.approx(2.8) and drop["diff"] == pytest.approx(0.0, abs=1e-12)
-    text = bench.verdicts_markdown(list(by.values()), sorted(gaps))
+    text = verdicts.verdicts_markdown(list(by.values()), sorted(gaps))
     assert "by SFT seed: 0: -0.06, 100: -0.02" in text and "contradicted" not in text and "reproduced" not in text
 
 
@@ -454,19 +453,19 @@ def test_a_slice_needs_a_plan_of_this_preset_that_names_its_variants(tmp_path):
     import dataclasses
 
     table = _table(tmp_path)
-    rows = bench.load_rows(table / "results.csv", "best_eval_acc")
+    rows = load_rows(table / "results.csv", "best_eval_acc")
     extra = [dict(r, seed=str(int(r["seed"]) + 4)) for r in rows]
     with pytest.raises(ValueError, match="no plan.md"):
-        bench.prepare_merge(table, [_slice_dir(tmp_path / "a", extra)])
+        slices.prepare_merge(table, [_slice_dir(tmp_path / "a", extra)])
     with pytest.raises(ValueError, match="no section beginning"):
-        bench.prepare_merge(table, [_slice_dir(tmp_path / "b", extra, b"# sweep of preset paper\n")])
-    cfg = bench.config(tmp_path, [4, 5, 6, 7], 1, ["vespo"], [4, 64], smoke=False)
-    only_vespo = bench.plan_text(dataclasses.replace(cfg)).encode()
+        slices.prepare_merge(table, [_slice_dir(tmp_path / "b", extra, b"# sweep of preset paper\n")])
+    cfg = slices.config(tmp_path, [4, 5, 6, 7], 1, ["vespo"], [4, 64], smoke=False)
+    only_vespo = plan.plan_text(dataclasses.replace(cfg)).encode()
     with pytest.raises(ValueError, match=r"variants its plan.md does not name: \['grpo'\]"):
-        bench.prepare_merge(table, [_slice_dir(tmp_path / "c", extra, only_vespo)])
-    cfg = bench.config(tmp_path, [4, 5, 6, 7], 1, ["vespo", "grpo"], [4, 64], smoke=False)
-    rows, text = bench.prepare_merge(table, [_slice_dir(tmp_path / "d", extra, bench.plan_text(cfg).encode())])
-    assert len(rows) == 2 * len(extra) and text.count(bench.PLAN_HEAD) == 2
+        slices.prepare_merge(table, [_slice_dir(tmp_path / "c", extra, only_vespo)])
+    cfg = slices.config(tmp_path, [4, 5, 6, 7], 1, ["vespo", "grpo"], [4, 64], smoke=False)
+    rows, text = slices.prepare_merge(table, [_slice_dir(tmp_path / "d", extra, plan.plan_text(cfg).encode())])
+    assert len(rows) == 2 * len(extra) and text.count(plan.PLAN_HEAD) == 2
 
 
 def test_the_learner_logs_the_split_half_cosine_beside_the_cross_method_ones():
@@ -486,18 +485,18 @@ def test_a_design_runs_only_from_its_committed_unchanged_plan_and_a_plan_is_writ
     out.mkdir()
     _git(out, "init", "-q")
     _slice_dir(out, [_chain(v, 64, s, 0.5 + 0.01 * s) for v in ("vespo", "grpo") for s in range(3)])
-    monkeypatch.setitem(bench.DESIGNS, "toy", lambda table: _toy_design("toy"))
-    path = bench.write_plan(out, "toy")
+    monkeypatch.setitem(designs.DESIGNS, "toy", lambda table: _toy_design("toy"))
+    path = designs.write_plan(out, "toy")
     with pytest.raises(ValueError, match="a plan is written once"):
-        bench.write_plan(out, "toy")
+        designs.write_plan(out, "toy")
     with pytest.raises(ValueError, match="is not committed: commit it alone"):
-        bench.plan_committed(out, "toy")
+        registration.plan_committed(out, "toy")
     _git(out, "add", "plans/toy.md")
     _git(out, "commit", "-q", "-m", "plan")
-    assert len(bench.plan_committed(out, "toy")) == 40
+    assert len(registration.plan_committed(out, "toy")) == 40
     path.write_text(path.read_text().replace("q?", "another question?"))
     with pytest.raises(ValueError, match="differs from the commit that added it"):
-        bench.plan_committed(out, "toy")
+        registration.plan_committed(out, "toy")
 
 
 def test_a_design_runs_seed_by_seed_across_its_warm_starts(tmp_path, monkeypatch):
@@ -509,12 +508,12 @@ def test_a_design_runs_seed_by_seed_across_its_warm_starts(tmp_path, monkeypatch
     out = tmp_path / "repo"
     out.mkdir()
     _git(out, "init", "-q")
-    found = [bench.at_n("grpo", 64, "toy2: VESPO vs GRPO at N=64")]
-    design = bench._design("toy2", "q?", ["vespo", "grpo"], [64], bench._seed_plan((0, 100), 100, 4), found,
+    found = [plan.at_n("grpo", 64, "toy2: VESPO vs GRPO at N=64")]
+    design = designs._design("toy2", "q?", ["vespo", "grpo"], [64], designs._seed_plan((0, 100), 100, 4), found,
                            {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
-    monkeypatch.setitem(bench.DESIGNS, "toy2", lambda table: design)
+    monkeypatch.setitem(designs.DESIGNS, "toy2", lambda table: design)
     _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
-    bench.write_plan(out, "toy2")
+    designs.write_plan(out, "toy2")
     _git(out, "add", "plans/toy2.md")
     _git(out, "commit", "-q", "-m", "plan")
     ran = []
@@ -523,19 +522,49 @@ def test_a_design_runs_seed_by_seed_across_its_warm_starts(tmp_path, monkeypatch
         ran.append((Path(cfg.out_dir).name, cfg.extra["sft_seed"], cfg.seeds))
         summary = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "False", "final_train_reward": "0.5",
                    "initial_length": "128", "final_length": "128"}  # fmt: skip
-        return [bench._typed(_chain(v, 64, s, 0.5 - 0.05 * (v == "grpo") + 0.01 * s) | summary) for v in cfg.variants
-                for s in cfg.seeds]  # fmt: skip
+        return [slices.typed_row(_chain(v, 64, s, 0.5 - 0.05 * (v == "grpo") + 0.01 * s) | summary)
+                for v in cfg.variants for s in cfg.seeds]  # fmt: skip
 
-    monkeypatch.setattr(bench, "sweep", fake_sweep)
+    monkeypatch.setattr(long, "sweep", fake_sweep)
     past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=1)
-    bench.run_design(out, "toy2", 2, None, past)
+    long.run_design(out, "toy2", 2, None, past)
     assert ran == []  # --until reached: nothing starts
-    bench.run_design(out, "toy2", 2, None, None)
+    long.run_design(out, "toy2", 2, None, None)
     assert ran == [("sft0", "0", (100,)), ("sft100", "100", (102,)), ("sft0", "0", (101,)), ("sft100", "100", (103,))]
-    rows = bench.load_rows(out / "designs" / "toy2" / "results.csv", "best_eval_acc")
+    rows = load_rows(out / "designs" / "toy2" / "results.csv", "best_eval_acc")
     assert sorted((r["sft_seed"], r["seed"]) for r in rows if r["variant"] == "grpo") == [
         ("0", "100"), ("0", "101"), ("100", "102"), ("100", "103")]  # fmt: skip
     found = json.loads((out / "verdicts.json").read_text())["verdicts"]
     verdict = next(r for r in found if r.get("design") == "toy2")
     assert verdict["seeds"] == 4 and verdict["by_warm_start"] == pytest.approx({"0": -0.05, "100": -0.05})
     assert verdict["seeds"] == 4 and verdict["registration"] == "confirmatory"
+
+
+def test_the_committed_verdicts_recompute_bit_identically_from_the_package(tmp_path):
+    """Issue 52: the report of benchmarks/results/paper_long (its results.csv, plan.md, plans/*.md and what git says
+    about them), written into another directory, is byte for byte the committed verdicts.md / .json / .csv."""
+    long.report(TABLE, dest=tmp_path)
+    for name in ("verdicts.md", "verdicts.json", "verdicts.csv"):
+        assert (tmp_path / name).read_bytes() == (TABLE / name).read_bytes(), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", ["paper", "paper-long"])
+def test_the_smoke_of_each_table_runs_from_the_vespo_command(tmp_path, table):
+    """`vespo reproduce <table> --smoke --out-dir DIR`: tiny cells on a 2-step warm start in DIR, then the verdicts,
+    nothing written under benchmarks/results (CI's smoke of the reproduction)."""
+    import os
+    import subprocess
+    import sys
+
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir()
+    env = os.environ | {"MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "vespo", "reproduce", table, "--smoke", "--out-dir", str(out)]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    expected = ["plan.md", "verdicts.md", "verdicts.json", "verdicts.png", "results.md"] if table == "paper-long" else [
+        "verdicts.md", "verdicts.json", "results.md", "compare_vespo_best_eval_acc.md"]  # fmt: skip
+    for name in expected:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert not (cwd / "benchmarks").exists()

@@ -29,8 +29,6 @@ SUMMARY = {  # script -> the files its smoke run must write under --out-dir (a s
     "bench_lab_v2.py": ["results.md", "failure_modes.md"],
     "bench_logprob_memory.py": ["logprob_memory.json", "logprob_memory.md"],
     "bench_long_cell.py": ["long_cell.json", "long_cell.md"],
-    "bench_paper_long.py": ["plan.md", "verdicts.md", "verdicts.json", "verdicts.png", "results.md"],
-    "bench_paper_staleness.py": ["verdicts.md", "verdicts.json", "results.md", "compare_vespo_best_eval_acc.md"],
     "bench_losses.py": ["losses.json", "losses.csv"],
     "bench_real_model.py": ["summary.md", "summary.json", "curves.png", "select.json"],
     "bench_sandbox.py": ["sandbox.json", "sandbox.md"],

@@ -27,6 +27,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "cli",
         "grid of methods x N mini-batches per rollout step x seeds, with tables and paper-style plots",
     ),
+    "reproduce": (
+        "vespo.experiments.reproduce.command",
+        "cli",
+        "the paper's staleness table (paper) and its long-response table with git-dated designs (paper-long)",
+    ),
     "lab": (
         "vespo.experiments.lab_cli",
         "cli",
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as err:  # the core install (torch, numpy) lacks the command's extra
         if (err.name or "vespo").partition(".")[0] == "vespo":
             raise
-        extra = "experiments" if name in ("sweep", "lab", "compare") else "train"
+        extra = "experiments" if name in ("sweep", "reproduce", "lab", "compare") else "train"
         print(f"vespo {name}: needs {err.name!r}, not installed: pip install 'vespo[{extra}]'", file=sys.stderr)
         return 2
     return int(command(rest) or 0)

@@ -114,7 +114,7 @@ PRESET_REGIMES: dict[str, tuple[dict, dict]] = {
             "num_operands": 41,
             "num_mini_batches": (4, 16, 64, 128),
             # what 2 cores afford for the whole table; at the measured per-seed SD they detect ~0.07-0.09, not 0.03
-            # (which needs 31-58 seeds): benchmarks/bench_paper_long.py's plan says so before any cell runs
+            # (which needs 31-58 seeds): `vespo reproduce paper-long`'s plan says so before any cell runs
             "seeds": tuple(range(9)),
             "ppo_mini_batch_size": 8,
             "optimizer_steps": 64,
@@ -158,7 +158,7 @@ GATES: dict[str, tuple[Gate, ...]] = {
     ),
 }
 """Presets whose cells are checked against a regime gate (`gate`): the results say which cells miss it, and a
-verdict uses the cells that pass (benchmarks/bench_paper_long.py)."""
+verdict uses the cells that pass (`vespo.experiments.reproduce.verdicts`)."""
 
 
 def gate(preset: str | None, method: str, num_mini_batches: int, summary: dict) -> str:
