@@ -1,7 +1,6 @@
 """Asynchronous training: admission arithmetic, shared-memory weights, the vLLM packing path, and end-to-end runs
 (lock-step reproducibility and resume, decoupled loss, sampler crash and restart, clean stop on signals)."""
 
-import dataclasses
 import json
 import os
 import signal
@@ -198,7 +197,7 @@ def always_crash_reward(completions, answer, **kwargs):
 def test_decoupled_loss_and_a_crashed_sampler_restarted(tiny_model, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("VESPO_TEST_CRASH_MARKER", str(tmp_path / "marker"))
     cfg = _cfg(tiny_model, tmp_path / "d", use_decoupled_loss=True, max_staleness=3, total_training_steps=3)
-    last = train(dataclasses.replace(cfg, reward_fn="test_async:crash_once_reward"))
+    last = train(cfg.replace(reward_fn="test_async:crash_once_reward"))
     # the first sampler died on its first batch; it was reported and replaced, and the run completed
     assert last["async/sampler_restarts"] == 1.0
     err = capfd.readouterr().err

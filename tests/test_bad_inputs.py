@@ -225,7 +225,7 @@ CASES += [(i, ["eval", *a], m) for i, a, m in _EVAL]
 def _saved_run(run_dir):
     """A run dir as a run leaves it after 3 of 10 steps (config.yaml + checkpoint of a stand-in model)."""
     cfg = TrainConfig(run_dir=str(run_dir), total_training_steps=10)
-    start_run(cfg, claim_run_dir(cfg))
+    start_run(cfg, claim_run_dir(cfg.run))
     model = torch.nn.Linear(2, 2)
     learner = Learner(model, torch.optim.AdamW(model.parameters()), UpdateSettings())
     save_checkpoint(run_dir, 3, learner, torch.Generator())

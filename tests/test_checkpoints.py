@@ -159,7 +159,7 @@ def test_a_run_resumed_from_a_format_1_checkpoint_matches_the_uninterrupted_run(
     metrics = tmp_path / "b" / "metrics.jsonl"  # what the resume must write again: steps 3 and 4, the final policy
     metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()[:2]))
     shutil.rmtree(tmp_path / "b" / "final")
-    train(dataclasses.replace(cfg, run_dir=str(tmp_path / "b"), resume=True))
+    train(cfg.replace(run_dir=str(tmp_path / "b"), resume=True))
     want, got = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [r["step"] for r in got] == [1, 2, 3, 4] and _strip_time(got) == _strip_time(want)
     a, b = (load_file(str(tmp_path / d / "final" / "model.safetensors")) for d in "ab")

@@ -155,18 +155,18 @@ def test_ctrl_c_then_the_same_train_command_continues_and_another_run_dir_is_ref
     and lab do and README promises; the same run dir with another config is refused in one line, from a process that
     never imported torch or transformers (it answered after 4-29 s of imports before)."""
     import vespo.train.runs
-    from vespo.train.config_io import to_yaml
+    from vespo.train.config_io import parse_args, to_yaml
     from vespo.train.resume import CHECKPOINT
 
     run = tmp_path / "run"
     argv = ["train", "--run-dir", str(run), "--total-training-steps", "10", "--no-progress"]
     started = []
 
-    def claimed(cfg):
+    def claimed(cfg):  # the run section
         started.append(cfg.resume)
         if not cfg.resume:  # the first run: config.yaml and a checkpoint, then Ctrl-C
             (run / CHECKPOINT).parent.mkdir(parents=True)
-            (run / "config.yaml").write_text(to_yaml(cfg))
+            (run / "config.yaml").write_text(to_yaml(parse_args(argv[1:])))
             (run / CHECKPOINT).write_bytes(b"a checkpoint")
         raise KeyboardInterrupt
 
@@ -434,18 +434,17 @@ def test_trl_names_match_the_yaml_given_fields(tmp_path):
 
 # --- the run's time, printed after its first step (issue 39 item 3)
 def test_time_estimate_counts_the_steps_and_evaluations_left():
-    from vespo.train.config import TrainConfig
     from vespo.train.progress import time_estimate
 
-    cfg = TrainConfig(total_training_steps=10, eval_every=4)
-    line = time_estimate(cfg, 1, 2.0, 3.0)  # 9 steps x 2 s + evaluations at 4, 8 and 10 x 3 s = 27 s
+    cfg = (10, 4)  # total_training_steps, eval_every
+    line = time_estimate(*cfg, 1, 2.0, 3.0)  # 9 steps x 2 s + evaluations at 4, 8 and 10 x 3 s = 27 s
     assert line.startswith("vespo train: step 1 took 2.0 s, about 27.0 s left (9 more steps x 2.0 s + 3 evaluations "
                            "x 3.0 s), done ~")  # fmt: skip
-    assert "about 18.0 s left (9 more steps x 2.0 s), done" in time_estimate(cfg, 1, 2.0, 0.0)  # no evaluations
-    assert "2 evaluations not timed yet" in time_estimate(cfg, 5, 90.0, None)  # resumed: 8 and 10; 5 x 1.5 min
-    assert "about 7.5 min left" in time_estimate(cfg, 5, 90.0, None)
-    assert "about 2.5 h left" in time_estimate(TrainConfig(total_training_steps=101, eval_every=0), 1, 90.0, 0.0)
-    assert time_estimate(cfg, 10, 2.0, 3.0) is None
+    assert "about 18.0 s left (9 more steps x 2.0 s), done" in time_estimate(*cfg, 1, 2.0, 0.0)  # no evaluations
+    assert "2 evaluations not timed yet" in time_estimate(*cfg, 5, 90.0, None)  # resumed: 8 and 10; 5 x 1.5 min
+    assert "about 7.5 min left" in time_estimate(*cfg, 5, 90.0, None)
+    assert "about 2.5 h left" in time_estimate(101, 0, 1, 90.0, 0.0)
+    assert time_estimate(*cfg, 10, 2.0, 3.0) is None
 
 
 def test_train_prints_its_time_estimate_after_the_first_step(tmp_path, capsys):

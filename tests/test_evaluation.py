@@ -133,15 +133,22 @@ def test_one_prompt_format_plain_unless_chat_is_asked_for():
     assert evaluation.format_prompts(tok, ["1+2="], chat=True) == ["<u>1+2=</u>A:"]
 
 
+def _evaluate(cfg, records):
+    """The trainer's held-out evaluation of `records` as `setup_run` calls it."""
+    from vespo.train.setup import evaluate
+
+    chat, chunk = cfg.data.apply_chat_template, cfg.batch.micro_batch_size
+    return evaluate(MODEL, object(), records, cfg.run, cfg.sampling, chat=chat, chunk=chunk)
+
+
 def test_trainer_held_out_evaluation_is_the_shared_evaluator(monkeypatch):
     """`vespo.train.setup.evaluate` goes through `evaluate_records` (same prompts, same verifier) and reports avg@1."""
     from vespo.train.config import TrainConfig
-    from vespo.train.setup import evaluate
 
     seen = []
     _fake_generation(monkeypatch, lambda p, n: ["\\boxed{3}"] * n, seen)
     records = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
-    assert evaluate(MODEL, object(), records, TrainConfig(eval_n=1)) == {"eval/accuracy": 0.5}
+    assert _evaluate(TrainConfig(eval_n=1), records) == {"eval/accuracy": 0.5}
     assert seen == ["1+2=", "2+2="]
 
 
@@ -149,14 +156,13 @@ def test_trainer_evaluation_has_a_progress_bar_unless_progress_is_off(monkeypatc
     """Issue 42: the trainer's held-out evaluation (step 0 took minutes on a real model, silently) shows the same bar
     as `vespo eval`; `--no-progress` hides it with the training bar."""
     from vespo.train.config import TrainConfig
-    from vespo.train.setup import evaluate
 
     _fake_generation(monkeypatch, lambda p, n: ["\\boxed{3}"] * n)
     records = [{"prompt": f"{i}+2=", "answer": "3"} for i in range(3)]
-    evaluate(MODEL, object(), records, TrainConfig(micro_batch_size=1))
+    _evaluate(TrainConfig(micro_batch_size=1), records)
     err = capsys.readouterr().err
     assert "eval heldout" in err and re.search(r"3/3 \[\d\d:\d\d<\d\d:\d\d", err), err
-    evaluate(MODEL, object(), records, TrainConfig(micro_batch_size=1, progress=False))
+    _evaluate(TrainConfig(micro_batch_size=1, progress=False), records)
     assert capsys.readouterr().err == ""
 
 
@@ -226,7 +232,6 @@ def test_eval_generates_with_the_trainers_thread_count_and_restores_the_callers(
 def test_trainer_and_eval_choose_threads_by_one_rule(tmp_path, monkeypatch):
     """`vespo train`'s default (`default_num_threads`) is `threads_for` its model, with its async samplers sharing the
     free cores; `vespo eval` is one process of the same rule."""
-    import dataclasses
 
     import vespo.train.host as host
     from vespo.train.config import TrainConfig
@@ -240,5 +245,5 @@ def test_trainer_and_eval_choose_threads_by_one_rule(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "_policy_bytes", lambda *a: 8 << 30)  # every free core: 12 of 16
     cfg = TrainConfig(model=str(model))
     assert host.default_num_threads(cfg) == host.threads_for(str(model)) and host.threads_for(str(model))[0] == 12
-    async_cfg = dataclasses.replace(cfg, mode="async", num_samplers=2)
+    async_cfg = cfg.replace(mode="async", num_samplers=2)
     assert host.default_num_threads(async_cfg)[0] == host.threads_for(str(model), 3)[0] == 4

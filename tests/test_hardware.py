@@ -150,7 +150,7 @@ def test_lr_schedule_per_optimizer_step(kind, warmup, expected):
                       train_batch_size=4, ppo_mini_batch_size=2)  # fmt: skip
     model, _, rollout, adv, old = _setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = build_scheduler(opt, cfg)
+    sched = build_scheduler(opt, cfg.optimizer, total=4 * 2)
     settings = UpdateSettings(method="grpo", num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=8)
     seen = []
     for _ in range(4):
@@ -162,14 +162,14 @@ def test_warmup_ratio_and_constant():
     cfg = TrainConfig(lr_scheduler_type="linear", warmup_ratio=0.25, total_training_steps=4,
                       train_batch_size=4, ppo_mini_batch_size=2)  # fmt: skip
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = build_scheduler(opt, cfg)
+    sched = build_scheduler(opt, cfg.optimizer, total=4 * 2)
     lrs = []
     for _ in range(8):
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.0, 0.5, 1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])  # ceil(0.25 * 8) = 2 warmup
-    assert build_scheduler(opt, TrainConfig()) is None
+    assert build_scheduler(opt, TrainConfig().optimizer, total=100) is None
 
 
 peft = pytest.importorskip("peft")
@@ -184,15 +184,15 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_base():
     model, _, rollout, adv, old = _setup()
     base = copy.deepcopy(model)
     cfg = TrainConfig(use_peft=True, lora_r=4, lora_alpha=8, kl_coef=0.1, lr=5e-2)
-    policy = add_lora(model, cfg)
-    opt = build_optimizer(policy, cfg)
+    policy = add_lora(model, cfg.hardware)
+    opt = build_optimizer(policy, cfg.optimizer)
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(
         p.numel() for p in policy.parameters() if p.requires_grad
     )
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    reference = build_reference(policy, cfg)
+    reference = build_reference(policy, kl_coef=cfg.algorithm.kl_coef, lora=cfg.hardware.use_peft)
     rows = torch.arange(16)
     lp_args = {"micro_batch_size": 8, "temperature": 1.0}
     settings = UpdateSettings(method="vespo", seqs_per_mini_batch=16, micro_batch_size=8, kl_coef=0.1)

@@ -101,9 +101,9 @@ def test_one_vocabulary_across_commands_and_the_old_names_still_work():
 
     from vespo.experiments.lab import LabConfig
     from vespo.experiments.sweep import SweepConfig
-    from vespo.train.config import TrainConfig
+    from vespo.train.config import FIELD_TYPES
 
-    train = set(TrainConfig.__dataclass_fields__)
+    train = set(FIELD_TYPES)
     assert {"ppo_mini_batch_size", "rollout_n", "num_operands"} <= set(SweepConfig.__dataclass_fields__) & train
     assert {"rollout_n", "optim", "adam_epsilon", "rollout_logit_noise"} <= set(LabConfig.__dataclass_fields__) & train
     old = ["--mini-batch-size", "2", "--chain-operands", "7"]
@@ -138,7 +138,7 @@ def test_clip_frac_counts_responses_cut_at_max_response_length():
     import torch
 
     from vespo.rollout import Rollout
-    from vespo.train.learner import rollout_metrics
+    from vespo.train.step_metrics import rollout_metrics
 
     def rollout(lengths, width=6):
         mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])

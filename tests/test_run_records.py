@@ -1,8 +1,6 @@
 """The numbers a run keeps: the first checkpoint an interrupt names, the logged prompts, a resumed run's
 config.yaml, the split the docs state."""
 
-import dataclasses
-
 import pytest
 import torch
 from _commands import ROOT, vespo
@@ -16,7 +14,7 @@ def test_interrupt_message_names_the_first_checkpoint_this_run_would_save(tmp_pa
 
     cfg = TrainConfig(run_dir=str(tmp_path / "r"), total_training_steps=3, model=str(tmp_path))
     assert "the first is at step 3)" in _interrupted(cfg)
-    assert "the first is at step 25)" in _interrupted(dataclasses.replace(cfg, total_training_steps=100))
+    assert "the first is at step 25)" in _interrupted(cfg.replace(total_training_steps=100))
 
 
 def test_logged_prompts_are_what_the_model_read_special_tokens_included():

@@ -33,7 +33,7 @@ def _names(run_dir) -> list[str]:
 def _saved_run(tmp_path, step=3, **kw) -> TrainConfig:
     """A run dir as a run leaves it after `step` steps: config.yaml, a checkpoint of a tiny model, metrics."""
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), total_training_steps=10, tensorboard=False, **kw)
-    start_run(cfg, claim_run_dir(cfg))
+    start_run(cfg, claim_run_dir(cfg.run))
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas)
     model(torch.ones(1, 3)).sum().backward()
@@ -97,29 +97,29 @@ def test_empty_truncated_and_foreign_checkpoints_are_one_clear_error(tmp_path, c
     else:
         torch.save(content, path)
     with pytest.raises(ConfigError, match=message):
-        check_run(dataclasses.replace(TrainConfig(run_dir=str(tmp_path / "run")), total_training_steps=10, resume=True))
+        check_run(TrainConfig(run_dir=str(tmp_path / "run"), total_training_steps=10, resume=True))
 
 
 def test_resume_refuses_a_changed_config_and_keeps_the_saved_one(tmp_path):
     cfg = _saved_run(tmp_path)
     saved = (tmp_path / "run" / "config.yaml").read_text()
-    resume = dataclasses.replace(cfg, resume=True)
+    resume = cfg.replace(resume=True)
     assert check_run(resume)["step"] == 3
-    assert check_run(dataclasses.replace(resume, progress=False, num_threads=1, save_every=1))["step"] == 3
+    assert check_run(resume.replace(progress=False, num_threads=1, save_every=1))["step"] == 3
     for change, field in (({"lr": 1e-3}, "lr"), ({"method": "grpo"}, "method"), ({"seed": 1}, "seed")):
         with pytest.raises(ConfigError, match=f"differs from the saved run in {field}"):
-            check_run(dataclasses.replace(resume, **change))
+            check_run(resume.replace(**change))
     with pytest.raises(ConfigError, match="rollout_n: 8 -> 4"):
-        check_run(dataclasses.replace(resume, rollout_n=4))
+        check_run(resume.replace(rollout_n=4))
     # more steps: allowed only when asked for explicitly
-    longer = dataclasses.replace(resume, total_training_steps=20)
+    longer = resume.replace(total_training_steps=20)
     with pytest.raises(ConfigError, match="--allow-change total_training_steps"):
         check_run(longer)
-    assert check_run(dataclasses.replace(longer, allow_change=("total_training_steps",)))["step"] == 3
+    assert check_run(longer.replace(allow_change=("total_training_steps",)))["step"] == 3
     with pytest.raises(ConfigError, match="below the checkpoint's step 3"):
-        check_run(dataclasses.replace(resume, total_training_steps=2, allow_change=("total_training_steps",)))
+        check_run(resume.replace(total_training_steps=2, allow_change=("total_training_steps",)))
     with pytest.raises(ConfigError, match=r"allow_change must be a list \(each item one of \['total_"):
-        check_run(dataclasses.replace(resume, allow_change=("lr",)))
+        check_run(resume.replace(allow_change=("lr",)))
     assert (tmp_path / "run" / "config.yaml").read_text() == saved  # nothing was overwritten
 
 
@@ -136,8 +136,8 @@ def test_resume_compares_the_whole_config_so_keys_removed_from_config_yaml_chang
     the saved file lacks is a difference, even at the same value (the file no longer says what ran)."""
     cfg = _saved_run(tmp_path)
     text = _drop_keys(tmp_path / "run" / "config.yaml", "method", "lr", "seed")
-    for resume in (dataclasses.replace(cfg, resume=True, method="grpo", lr=0.01, seed=7),
-                   dataclasses.replace(cfg, resume=True)):  # fmt: skip
+    for resume in (cfg.replace(resume=True, method="grpo", lr=0.01, seed=7),
+                   cfg.replace(resume=True)):  # fmt: skip
         with pytest.raises(ConfigError, match=r"^resume: the saved config.yaml lacks method, lr, seed, so the run"):
             check_run(resume)
     assert (tmp_path / "run" / "config.yaml").read_text() == text  # nothing rewritten to claim GRPO
@@ -150,10 +150,10 @@ def test_a_resume_rewrites_config_yaml_only_in_what_it_was_allowed_to_change(tmp
 
     cfg = _saved_run(tmp_path)
     before = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    longer = dataclasses.replace(cfg, resume=True, total_training_steps=20, allow_change=("total_training_steps",),
+    longer = cfg.replace(resume=True, total_training_steps=20, allow_change=("total_training_steps",),
                                  save_every=5, num_threads=2)  # fmt: skip
     assert check_run(longer)["step"] == 3
-    start_run(longer, claim_run_dir(longer), num_threads=2)
+    start_run(longer, claim_run_dir(longer.run), num_threads=2)
     after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     changed = {k for k in before if before[k] != after[k]}
     assert changed == {"total_training_steps", "save_every", "num_threads"} and set(after) == set(before)
@@ -166,12 +166,12 @@ def test_a_field_added_after_a_run_was_saved_reads_as_its_default(tmp_path, caps
     cfg = _saved_run(tmp_path)
     _drop_keys(tmp_path / "run" / "config.yaml", "bypass_mode", "eval_top_p", "adv_estimator")
     capsys.readouterr()
-    assert check_run(dataclasses.replace(cfg, resume=True))["step"] == 3
+    assert check_run(cfg.replace(resume=True))["step"] == 3
     assert capsys.readouterr().err.endswith("config.yaml predates 3 field(s), read at their defaults: "
                                             "adv_estimator='grpo', bypass_mode=False, eval_top_p=None\n")  # fmt: skip
     with pytest.raises(ConfigError, match=r"differs from the saved run in bypass_mode: False \(default: not in "
                                           r"config.yaml\) -> True"):  # fmt: skip
-        check_run(dataclasses.replace(cfg, resume=True, bypass_mode=True))
+        check_run(cfg.replace(resume=True, bypass_mode=True))
 
 
 def test_the_same_command_continues_its_run_and_another_run_is_refused_naming_the_change(tmp_path, capsys):
@@ -202,17 +202,17 @@ def test_the_same_command_continues_its_run_and_another_run_is_refused_naming_th
 def test_resume_without_checkpoint_is_an_error_and_a_dead_run_dir_is_reused(tmp_path, capsys):
     cfg = TrainConfig(run_dir=str(tmp_path / "fresh"))
     with pytest.raises(ConfigError, match="no checkpoint"):
-        check_run(dataclasses.replace(cfg, resume=True))
+        check_run(cfg.replace(resume=True))
     assert not (tmp_path / "fresh").exists()
     # a run that wrote its config.yaml, metrics and events but died before its first checkpoint
-    dead = dataclasses.replace(cfg, lr=0.1)
-    start_run(dead, claim_run_dir(dead))
+    dead = cfg.replace(lr=0.1)
+    start_run(dead, claim_run_dir(dead.run))
     (tmp_path / "fresh" / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
     (tmp_path / "fresh" / "tb").mkdir()
     (tmp_path / "fresh" / "notes.txt").write_text("mine")
     capsys.readouterr()
     assert check_run(cfg) is None  # no error: nothing there can be resumed
-    start_run(cfg, claim_run_dir(cfg))
+    start_run(cfg, claim_run_dir(cfg.run))
     assert "holds no checkpoint; starting over" in capsys.readouterr().err
     assert _names(tmp_path / "fresh") == ["config.yaml", "notes.txt"]
     assert (tmp_path / "fresh" / "config.yaml").read_text() == to_yaml(cfg)
@@ -224,19 +224,19 @@ def test_resume_without_checkpoint_is_an_error_and_a_dead_run_dir_is_reused(tmp_
 def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
     cfg = _saved_run(tmp_path)
     (tmp_path / "run" / "notes.txt").write_text("mine")
-    fresh = dataclasses.replace(cfg, lr=1e-3)
+    fresh = cfg.replace(lr=1e-3)
     with pytest.raises(ConfigError, match="--resume to continue it, --overwrite-output-dir to replace it"):
         check_run(fresh)
     with pytest.raises(ConfigError, match="exclude each other"):
-        dataclasses.replace(cfg, resume=True, overwrite_output_dir=True)
-    over = dataclasses.replace(fresh, overwrite_output_dir=True)
+        cfg.replace(resume=True, overwrite_output_dir=True)
+    over = fresh.replace(overwrite_output_dir=True)
     assert check_run(over) is None and (tmp_path / "run" / CHECKPOINT).exists()  # checking deletes nothing
     capsys.readouterr()
-    start_run(over, claim_run_dir(over))
+    start_run(over, claim_run_dir(over.run))
     assert "replacing the run there (deleting its config.yaml, checkpoints)" in capsys.readouterr().err
     assert _names(tmp_path / "run") == ["config.yaml", "notes.txt"]
     # the replaced run's saved config (overwrite_output_dir: true) still resumes without the flag
-    resumed = dataclasses.replace(fresh, resume=True)
+    resumed = fresh.replace(resume=True)
     model = torch.nn.Linear(3, 2)
     save_checkpoint(tmp_path / "run", 1, _learner(model), torch.Generator())
     assert check_run(resumed)["step"] == 1
@@ -245,7 +245,7 @@ def test_a_run_with_a_checkpoint_is_replaced_only_when_asked(tmp_path, capsys):
 def test_a_foreign_config_yaml_is_never_replaced(tmp_path):
     (tmp_path / "config.yaml").write_text("model: resnet\nepochs: 3\n")
     with pytest.raises(ConfigError, match="not empty and was not created by vespo.*--overwrite-output-dir"):
-        claim_run_dir(TrainConfig(run_dir=str(tmp_path)))
+        claim_run_dir(TrainConfig(run_dir=str(tmp_path)).run)
     with pytest.raises(ConfigError, match="already holds config.yaml, which vespo did not write"):
         claim_run_dir(TrainConfig(run_dir=str(tmp_path), overwrite_output_dir=True))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]

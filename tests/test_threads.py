@@ -1,6 +1,5 @@
 """Thread defaults: one thread for the embedded model, the free cores otherwise, said once and recorded."""
 
-import dataclasses
 import os
 
 import torch
@@ -25,7 +24,7 @@ def test_default_threads_one_for_the_embedded_model_and_the_free_cores_otherwise
     monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
     monkeypatch.setattr(host, "_policy_bytes", lambda *a: 8 << 30)  # an 8 GB model: every free core, shared
     assert default_num_threads(cfg)[0] == 12
-    assert default_num_threads(dataclasses.replace(cfg, mode="async", num_samplers=2))[0] == 4
+    assert default_num_threads(cfg.replace(mode="async", num_samplers=2))[0] == 4
 
 
 def test_train_says_its_thread_count_once_after_the_input_checks_and_records_it(tmp_path, capsys, monkeypatch):

@@ -1,7 +1,6 @@
 """Trainer: config errors before compute, staleness of the mini-batch loop, gradient accumulation, resume after a kill,
 and the real from_pretrained / datasets paths on a locally saved tiny model and JSONL file."""
 
-import dataclasses
 import json
 import math
 import os
@@ -18,7 +17,7 @@ from conftest import with_model
 
 from vespo.advantages import group_advantages
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
-from vespo.embedded.warm_start import embedded_policy_path
+from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
 from vespo.losses.core import top_share as _top_share
 from vespo.rollout import sample
 from vespo.train import train
@@ -377,14 +376,14 @@ def test_existing_run_dir_needs_resume(local_model_and_data, tmp_path):
 
 def test_embedded_warm_start_is_cached_speaks_when_building_and_ignores_eval_size(tmp_path, capsys):
     cfg = TrainConfig(cache_dir=str(tmp_path), sft_steps=2, sft_batch_size=4, num_operands=2, eval_size=10)
-    path = embedded_policy_path(cfg, progress=True)
+    path = embedded_policy_path(WarmStartSpec.of(cfg), progress=True)
     err = capsys.readouterr().err
     assert err.startswith("vespo: building the embedded arithmetic policy: 2 SFT steps") and "SFT warm start" in err
     stamp = (path / "config.json").stat().st_mtime_ns
-    assert embedded_policy_path(cfg) == path and (path / "config.json").stat().st_mtime_ns == stamp
+    assert embedded_policy_path(WarmStartSpec.of(cfg)) == path and (path / "config.json").stat().st_mtime_ns == stamp
     assert capsys.readouterr().err == ""  # a cache hit is silent
-    assert embedded_policy_path(dataclasses.replace(cfg, eval_size=40)) == path  # eval_size is not a warm-start input
-    other = embedded_policy_path(dataclasses.replace(cfg, sft_steps=3))
+    assert embedded_policy_path(WarmStartSpec.of(cfg.replace(eval_size=40))) == path  # not a warm-start input
+    other = embedded_policy_path(WarmStartSpec.of(cfg.replace(sft_steps=3)))
     assert other != path and (other / "tokenizer.json").is_file()
 
 
@@ -403,7 +402,9 @@ def test_paper_datasets_by_name_go_through_vespo_data(monkeypatch):
 
     monkeypatch.setattr(data, "_load_hub", fake_hub)
     cfg = TrainConfig(dataset=data.DAPO_MATH_HUB_ID, eval_dataset="math500", train_batch_size=1, ppo_mini_batch_size=1)
-    train_set, held_out = load_data(cfg)
+    train_set, held_out = load_data(
+        cfg.data, cfg.embedded, eval_size=cfg.run.eval_size, batch_size=cfg.batch.train_batch_size
+    )
     assert train_set == [{"prompt": "What is 2+3? " + PROMPT_SUFFIX, "answer": "5"}]
     assert held_out == [{"prompt": "Find x. " + PROMPT_SUFFIX, "answer": "7"}]
 
@@ -415,11 +416,11 @@ def test_trains_on_code_records_with_code_reward_and_refuses_math_reward_for_the
     rows = [{"prompt": f"print {i}", "tests": tests, "id": i} for i in range(4)]
     (tmp_path / "code.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = _cfg(local_model_and_data, tmp_path / "run", dataset=str(tmp_path / "code.jsonl"), eval_dataset=None)
-    cfg = dataclasses.replace(cfg, prompt_key="prompt", total_training_steps=1, eval_every=0)
+    cfg = cfg.replace(prompt_key="prompt", total_training_steps=1, eval_every=0)
     with pytest.raises(ConfigError, match="reward_fn vespo.rewards:math_reward .*vespo.rewards:code_reward"):
         train(cfg)
     assert not (tmp_path / "run").exists()
-    last = train(dataclasses.replace(cfg, reward_fn="vespo.rewards:code_reward"))
+    last = train(cfg.replace(reward_fn="vespo.rewards:code_reward"))
     assert last["reward/mean"] == 0.0  # an untrained character model does not print 7; graded, not crashed
     assert read_metrics(tmp_path / "run")[-1]["step"] == 1
 

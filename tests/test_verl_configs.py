@@ -79,7 +79,9 @@ def test_verl_parquet_data_loads_through_the_record_loader(tmp_path):
     assert (records[3]["prompt"], records[3]["answer"], records[3]["data_source"]) == ("What is 3+1?", "4", "gsm8k")
     cfg = TrainConfig(dataset=str(tmp_path / "train.parquet"), train_batch_size=4, ppo_mini_batch_size=4,
                       reward_fn=f"{ROOT}/examples/verl/reward_fn.py:compute_score")  # fmt: skip
-    train, _ = load_data(cfg)  # the trainer's loader, with veRL's own reward function adapted
+    train, _ = load_data(
+        cfg.data, cfg.embedded, eval_size=cfg.run.eval_size, batch_size=cfg.batch.train_batch_size
+    )  # the trainer's loader, with veRL's own reward function adapted
     reward = load_reward_fn(cfg.reward_fn)
     assert reward(["\\boxed{4}", "\\boxed{5}"], answer=["4", "4"], data_source=["gsm8k"] * 2) == [1.0, 0.0]
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1?"}]

@@ -90,6 +90,48 @@ def _fields(config: type, prefix: str = "") -> Iterator[tuple[str, str, tuple[st
         yield f"{prefix}{f.name}", f"--{prefix}{name}".replace("_", "-"), aliases, hint is bool, tuple(meta)
 
 
+def attribute_docstrings(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass (the string right after each field), as `inspect.cleandoc` writes
+    them."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {
+        node.target.id: inspect.cleandoc(after.value.value)
+        for node, after in zip(body, body[1:], strict=False)
+        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+    }
+
+
+def flat_dataclass(name: str, sections: Iterable[type], *, module: str, doc: str) -> type:
+    """One frozen dataclass with every field of the dataclasses `sections`, in order, unchecked (no
+    `__post_init__`): what tyro parses where the command line speaks flat names (`--lr`) for a config in sections.
+    Each field keeps its annotation (with `tyro.conf.arg` and other markers) and default, and takes its attribute
+    docstring as its `--help` text."""
+    import dataclasses
+    import typing
+
+    import tyro
+
+    specs = []
+    for section in sections:
+        hints, docs = typing.get_type_hints(section, include_extras=True), attribute_docstrings(section)
+        for f in dataclasses.fields(section):
+            hint, meta = hints[f.name], []
+            if typing.get_origin(hint) is typing.Annotated:
+                hint, *meta = typing.get_args(hint)
+            own = [m for m in meta if type(m) is type(tyro.conf.arg())]  # a field's own tyro.conf.arg takes the help
+            meta = [dataclasses.replace(m, help=docs[f.name]) if m in own else m for m in meta]
+            meta = meta if own else [tyro.conf.arg(help=docs[f.name]), *meta]
+            default = dataclasses.field(default=f.default, default_factory=f.default_factory)
+            specs.append((f.name, typing.Annotated[(hint, *meta)], default))
+    flat = dataclasses.make_dataclass(name, specs, frozen=True, namespace={"__doc__": doc})
+    flat.__module__ = module  # where it is defined, for pickling and messages
+    return flat
+
+
 def renamed_flags(config: type) -> dict[str, str]:
     """Old flag -> current flag for the top-level fields of `config` marked `RENAMED`."""
     fields = _fields(config)

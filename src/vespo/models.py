@@ -456,8 +456,8 @@ def load_policy(
 
 
 def add_lora(model: transformers.PreTrainedModel, cfg):
-    """The policy with LoRA adapters (peft, TRL's option names; `cfg` a TrainConfig: its lora_* fields and
-    gradient_checkpointing); only the adapters train."""
+    """The policy with LoRA adapters (peft, TRL's option names; `cfg` a run's hardware section,
+    `vespo.train.fields.HardwareSettings`: its lora_* fields and gradient_checkpointing); only the adapters train."""
     import peft
 
     targets = cfg.lora_target_modules

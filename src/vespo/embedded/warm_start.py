@@ -47,9 +47,10 @@ class WarmStartSpec:
     cache_dir: str = "~/.cache/vespo"
 
     @classmethod
-    def of(cls, settings: object) -> WarmStartSpec:
-        """The spec of any settings object with these attribute names (a `TrainConfig`, a sweep's config)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+    def of(cls, cfg) -> WarmStartSpec:
+        """The spec of a `TrainConfig`: its embedded section and its run's cache dir."""
+        return cls(**{f.name: getattr(cfg.embedded, f.name) for f in fields(cls) if f.name != "cache_dir"},
+                   cache_dir=cfg.run.cache_dir)  # fmt: skip
 
 
 SFT_STEPS = {"arithmetic": 400, "chain": 8000, "scratchpad": 3000}

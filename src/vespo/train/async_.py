@@ -31,9 +31,10 @@ from vespo.outputs import OwnedDir, write_atomic
 from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
+from vespo.train.fields import AsyncSettings, BatchSettings
 from vespo.train.forkserver import sampler_context
 from vespo.train.learner import rollout_metrics, to_floats
-from vespo.train.sampler import SampledBatch, Schedule, WeightStore, batch_seed, sampler_main
+from vespo.train.sampler import SampledBatch, SamplerSpec, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.train.setup import completion_rows, setup_run, update_settings
 from vespo.train.system import clock, release_free_memory
 
@@ -67,21 +68,24 @@ class Unit:
 class SamplerPool:
     """The learner's handle on the samplers: spawn, feed weights, receive units, watch health, restart, stop."""
 
-    def __init__(self, ctx, cfg: TrainConfig, policy_path: str, problems: list, model, *, step: int, next_batch: int):
-        self.cfg, self.policy_path, self.problems = cfg, str(policy_path), problems
+    def __init__(self, ctx, spec: SamplerSpec, cfg: AsyncSettings, batch: BatchSettings, policy_path: str,
+                 problems: list, model, *, step: int, next_batch: int):  # fmt: skip
+        """`spec`: what each sampler reads; `cfg` and `batch`: the pool's own settings (samplers, staleness window,
+        mini-batches and their rows, shuffle)."""
+        self.spec, self.cfg, self.batch, self.policy_path, self.problems = spec, cfg, batch, str(policy_path), problems
         self.device = next(model.parameters()).device  # the learner's: units are moved there on arrival
         self.ctx = ctx  # `sampler_context`
         self.store = WeightStore(model, self.ctx)
         self.schedule = Schedule(
             self.ctx,
-            num_mini_batches=cfg.num_mini_batches,
+            num_mini_batches=batch.num_mini_batches,
             max_staleness=cfg.max_staleness,
             num_samplers=cfg.num_samplers,
             step=step,
             next_batch=next_batch,
         )
         # admission keeps at most max_staleness + 1 units in flight; the bound below never blocks admitted work
-        self.batches = self.ctx.Queue(maxsize=cfg.max_staleness // cfg.num_mini_batches + 1 + cfg.num_samplers)
+        self.batches = self.ctx.Queue(maxsize=cfg.max_staleness // batch.num_mini_batches + 1 + cfg.num_samplers)
         self.events = self.ctx.Queue()
         self.stop = self.ctx.Event()
         self.procs: list = [None] * cfg.num_samplers
@@ -102,7 +106,7 @@ class SamplerPool:
         self._last_arrival = time.perf_counter()
 
     def _spawn(self, rank: int) -> None:
-        args = (rank, self.cfg, self.policy_path, self.problems, self.store, self.schedule, self.batches, self.events)
+        args = (rank, self.spec, self.policy_path, self.problems, self.store, self.schedule, self.batches, self.events)
         proc = self.ctx.Process(
             target=sampler_main,
             args=(*args, self.stop, os.getpid(), dict(os.environ)),
@@ -176,11 +180,11 @@ class SamplerPool:
         self.idle_s += item.idle_s
         rollout = Rollout(**{k: torch.from_numpy(v).to(self.device) for k, v in item.rollout.items()})
         rewards, advantages = (torch.from_numpy(a).to(self.device) for a in (item.rewards, item.advantages))
-        if self.cfg.shuffle:  # as ppo_update does in sync mode, seeded by the batch so resume reproduces it
-            gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, item.batch))
+        if self.batch.shuffle:  # as ppo_update does in sync mode, seeded by the batch so resume reproduces it
+            gen = torch.Generator().manual_seed(batch_seed(self.spec.seed, item.batch))
             order = torch.randperm(rewards.numel(), generator=gen)
             rollout, rewards, advantages = rollout.select(order), rewards[order], advantages[order]
-        num_mini_batches, rows = self.cfg.num_mini_batches, self.cfg.ppo_mini_batch_size * self.cfg.rollout_n
+        num_mini_batches, rows = self.batch.num_mini_batches, self.batch.ppo_mini_batch_size * self.batch.rollout_n
         queued = max(0.0, time.time() - item.created)
         for j in range(num_mini_batches):
             sl = slice(j * rows, (j + 1) * rows)
@@ -231,7 +235,7 @@ class SamplerPool:
         self._drain_events()
         holding = self.schedule.holding[rank]
         if holding >= 0 and holding not in self.received:
-            self.schedule.consume(self.cfg.num_mini_batches, trained=False)  # its units will never arrive
+            self.schedule.consume(self.batch.num_mini_batches, trained=False)  # its units will never arrive
             self.lost_batches += 1
         self.schedule.release(rank)
         error = self.errors.pop(rank, "").strip()
@@ -308,87 +312,122 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     state = setup_run(cfg, out, settings)  # the thread count, chosen there for the learner and every sampler
     run, learner, tokenizer = state.run, state.learner, state.tokenizer
     model = learner.model
-    device = next(model.parameters()).device
     next_batch = state.loop[ASYNC][NEXT_BATCH] if ASYNC in state.loop else 0
-    opt_step = state.start * cfg.num_mini_batches  # = the policy version of the learner's current weights
-    sampling = dataclasses.replace(cfg, num_threads=state.threads)
-    pool = SamplerPool(ctx, sampling, state.policy_path, state.train_set, model, step=opt_step, next_batch=next_batch)
-    stats, metrics = LagStats(), run.logger.last
-    t_loop, dropped_total = time.perf_counter(), 0
+    opt_step = state.start * cfg.batch.num_mini_batches  # = the policy version of the learner's current weights
+    spec = SamplerSpec(threads=state.threads, reward_fn=cfg.data.reward_fn, engine=cfg.async_.sampler_engine,
+                       sampling=cfg.sampling, seed=cfg.run.seed, batch_size=cfg.batch.train_batch_size,
+                       chat=cfg.data.apply_chat_template, norm_by_std=cfg.algorithm.norm_adv_by_std)  # fmt: skip
+    pool = SamplerPool(ctx, spec, cfg.async_, cfg.batch, state.policy_path, state.train_set, model, step=opt_step,
+                       next_batch=next_batch)  # fmt: skip
+    steps = _Steps(cfg, pool, learner, run, tokenizer)
+    metrics, t_loop = run.logger.last, time.perf_counter()
     with _sigterm_as_interrupt(), contextlib.closing(pool):
         pool.start(model, opt_step)
         run.begin()
-        for step in range(state.start + 1, cfg.total_training_steps + 1):
-            t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
-            per_unit: list[dict[str, float]] = []
-            rewards = []
-            while len(per_unit) < cfg.num_mini_batches:
-                # 1. the next mini-batch off the queue; too stale -> dropped (counted, never trained on)
-                unit, wait_s = pool.next_unit()
-                waited += wait_s
-                lag = opt_step - unit.version
-                if lag > cfg.max_staleness:
-                    pool.schedule.consume(1, trained=False)
-                    stats.add("units_dropped", lag)
-                    dropped_total += unit.rollout.response_mask.shape[0]
-                    continue
-                # 2. old log-probs: mu as the sampler recorded it (the behaviour policy itself), or with the
-                # decoupled loss pi_prox = the learner's weights right now, mu then entering as rollout_log_prob
-                mu = unit.rollout.rollout_log_prob  # (b, T)
-                t_score = clock(device)
-                old_log_prob = learner.log_probs(unit.rollout) if cfg.use_decoupled_loss else mu
-                t_old = clock(device)
-                # 3. one optimizer step on it, then publish every sync_every steps
-                ref_log_prob = learner.reference_log_probs(unit.rollout)
-                rollout_log_prob = mu if cfg.use_decoupled_loss and cfg.use_rollout_log_prob else None
-                update = learner.update(unit.rollout, unit.advantages, old_log_prob, ref_log_prob=ref_log_prob,
-                                        rollout_log_prob=rollout_log_prob)  # fmt: skip
-                t_update = clock(device)
-                opt_step += 1
-                pool.schedule.consume(1, trained=True)
-                if opt_step % cfg.sync_every == 0:
-                    pool.store.publish(model, opt_step)
-                # 4. per-unit metrics, by lag (no train-inference gap: the sampler's weights are not the learner's)
-                per_unit.append(_unit_metrics(cfg, unit, update, old_log_prob, lag, stats, (t_score, t_old, t_update)))
-                rewards.append(unit.rewards)
-                if cfg.log_completions and len(per_unit) == 1:  # the step's first mini-batch
-                    limit = cfg.num_completions_to_print
-                    rows = completion_rows(tokenizer, unit.rollout, unit.rewards, unit.advantages, limit)
-                    run.logger.log_completions(rows, step)
-            # 5. log (like the sync trainer, once per train_batch_size prompts), evaluate, checkpoint
-            release_free_memory()  # the updates' freed transients go back to the OS
-            step_s = time.perf_counter() - t0
-            metrics = _step_metrics(per_unit, rewards, cfg.num_mini_batches) | stats.flush()
-            metrics["async/lag_max"] = max(float(k.rpartition("/")[2]) for k in metrics if "lag_hist/" in k)
-            busy, idle = pool.busy_s - busy0, pool.idle_s - idle0
-            metrics |= {"time/step_s": step_s, "async/queue_wait_s": waited, "async/learner_util": 1 - waited / step_s,
-                        "async/sampler_util": busy / max(busy + idle, 1e-9), "async/policy_version": float(opt_step),
-                        "async/samples_dropped_total": float(dropped_total),
-                        "async/sampler_restarts": float(pool.restarts)}  # fmt: skip
-            loop = {ASYNC: {NEXT_BATCH: pool.next_batch}}
-            if run.end_step(step, metrics, learner, state.gen, show="async/lag_mean", loop=loop):
+        for step in range(state.start + 1, cfg.batch.total_training_steps + 1):
+            metrics = steps.step(step, opt_step)
+            opt_step = steps.opt_step
+            if run.end_step(step, metrics, learner, state.gen, show="async/lag_mean", loop=steps.checkpoint()):
                 break
-    summary = stats.summary() | {
+    summary = steps.stats.summary() | {
         "loop_s": time.perf_counter() - t_loop,
         "sampler_restarts": pool.restarts,
         "lost_batches": pool.lost_batches,
-        "samples_dropped": dropped_total,
+        "samples_dropped": steps.dropped_total,
     }
     write_atomic(run.dir / "async_summary.json", json.dumps(summary, indent=2) + "\n")
     run.finish(model, tokenizer)
     return metrics
 
 
-def _unit_metrics(cfg: TrainConfig, unit, update: dict, old_log_prob, lag: int, stats: LagStats, times) -> dict:
+class _Steps:
+    """The learner's rollout steps: N mini-batches off the queue, each trained on (or dropped when too stale), then
+    the step's metrics; keeps the policy version (`opt_step`), the lag statistics and the samples dropped."""
+
+    def __init__(self, cfg: TrainConfig, pool: SamplerPool, learner, run, tokenizer):
+        self.pool, self.learner, self.run, self.tokenizer = pool, learner, run, tokenizer
+        self.n, self.cfg, self.rollout, self.record = cfg.batch.num_mini_batches, cfg.async_, cfg.rollout, cfg.run
+        self.device = next(learner.model.parameters()).device
+        self.stats, self.dropped_total, self.opt_step = LagStats(), 0, 0
+
+    def checkpoint(self) -> dict:
+        """The loop's own checkpoint entries: where the samplers' batches continue."""
+        return {ASYNC: {NEXT_BATCH: self.pool.next_batch}}
+
+    def step(self, step: int, opt_step: int) -> dict[str, float]:
+        """Rollout step `step` from policy version `opt_step`: its metrics (like the sync trainer's, once per
+        train_batch_size prompts)."""
+        pool, self.opt_step = self.pool, opt_step
+        t0, waited, busy0, idle0 = time.perf_counter(), 0.0, pool.busy_s, pool.idle_s
+        per_unit: list[dict[str, float]] = []
+        rewards = []
+        while len(per_unit) < self.n:
+            # 1. the next mini-batch off the queue; too stale -> dropped (counted, never trained on)
+            unit, wait_s = pool.next_unit()
+            waited += wait_s
+            lag = self.opt_step - unit.version
+            if lag > self.cfg.max_staleness:
+                pool.schedule.consume(1, trained=False)
+                self.stats.add("units_dropped", lag)
+                self.dropped_total += unit.rollout.response_mask.shape[0]
+                continue
+            per_unit.append(self._train(unit, lag))
+            rewards.append(unit.rewards)
+            if self.record.log_completions and len(per_unit) == 1:  # the step's first mini-batch
+                rows = completion_rows(self.tokenizer, unit.rollout, unit.rewards, unit.advantages,
+                                       self.record.num_completions_to_print)  # fmt: skip
+                self.run.logger.log_completions(rows, step)
+        # 5. log (like the sync trainer, once per train_batch_size prompts)
+        release_free_memory()  # the updates' freed transients go back to the OS
+        step_s = time.perf_counter() - t0
+        metrics = _step_metrics(per_unit, rewards, self.n) | self.stats.flush()
+        metrics["async/lag_max"] = max(float(k.rpartition("/")[2]) for k in metrics if "lag_hist/" in k)
+        busy, idle = pool.busy_s - busy0, pool.idle_s - idle0
+        return metrics | {"time/step_s": step_s, "async/queue_wait_s": waited,
+                          "async/learner_util": 1 - waited / step_s,
+                          "async/sampler_util": busy / max(busy + idle, 1e-9),
+                          "async/policy_version": float(self.opt_step),
+                          "async/samples_dropped_total": float(self.dropped_total),
+                          "async/sampler_restarts": float(pool.restarts)}  # fmt: skip
+
+    def _train(self, unit: Unit, lag: int) -> dict[str, float]:
+        """One optimizer step on `unit`; its metrics."""
+        learner, device, decoupled = self.learner, self.device, self.cfg.use_decoupled_loss
+        # 2. old log-probs: mu as the sampler recorded it (the behaviour policy itself), or with the
+        # decoupled loss pi_prox = the learner's weights right now, mu then entering as rollout_log_prob
+        mu = unit.rollout.rollout_log_prob  # (b, T)
+        t_score = clock(device)
+        old_log_prob = learner.log_probs(unit.rollout) if decoupled else mu
+        t_old = clock(device)
+        # 3. one optimizer step on it, then publish every sync_every steps
+        ref_log_prob = learner.reference_log_probs(unit.rollout)
+        rollout_log_prob = mu if decoupled and self.rollout.use_rollout_log_prob else None
+        update = learner.update(unit.rollout, unit.advantages, old_log_prob, ref_log_prob=ref_log_prob,
+                                rollout_log_prob=rollout_log_prob)  # fmt: skip
+        t_update = clock(device)
+        self.opt_step += 1
+        self.pool.schedule.consume(1, trained=True)
+        if self.opt_step % self.cfg.sync_every == 0:
+            self.pool.store.publish(learner.model, self.opt_step)
+        # 4. per-unit metrics, by lag (no train-inference gap: the sampler's weights are not the learner's)
+        times = (t_score, t_old, t_update)
+        length = self.rollout.max_response_length
+        return _unit_metrics(unit, update, old_log_prob, lag, self.stats, times, max_response_length=length,
+                             decoupled=decoupled)  # fmt: skip
+
+
+def _unit_metrics(unit, update: dict, old_log_prob, lag: int, stats: LagStats, times, *, max_response_length: int,
+                  decoupled: bool) -> dict:  # fmt: skip
     """One trained mini-batch's metrics as floats (its rollout, its update, the sampler's and the learner's seconds),
-    and its log W / ESS added to the lag statistics (with the decoupled loss the stale part of W is pi_prox / mu)."""
+    and its log W / ESS added to the lag statistics (with the `decoupled` loss the stale part of W is pi_prox /
+    mu)."""
     t_score, t_old, t_update = times
-    m = to_floats(rollout_metrics(unit.rewards, unit.rollout, cfg.max_response_length) | update)
+    m = to_floats(rollout_metrics(unit.rewards, unit.rollout, max_response_length) | update)
     m["time/gen_s"], m["time/reward_s"], m["async/queue_age_s"] = unit.gen_s, unit.reward_s, unit.queued_s
     m["time/old_log_prob_s"], m["time/update_s"] = t_old - t_score, t_update - t_old
     bucket = f"lag_{lag_bucket(lag)}"
     log_w = m.get("is/log_w_mean", 0.0)
-    if cfg.use_decoupled_loss:
+    if decoupled:
         mu, mask = unit.rollout.rollout_log_prob, unit.rollout.response_mask
         log_w = float(((old_log_prob - mu) * mask).sum(-1).mean())
     stats.add(f"lag_hist/{lag}", 1.0)

@@ -1,29 +1,69 @@
-"""What a training run can be told: one dataclass of settings whose attribute docstrings are the `vespo train --help`
-text (tyro), unchecked. The command line and YAML parse into `TrainFields`; `vespo.train.config.TrainConfig` is the
-same fields, checked when built (a `TrainConfig` that exists is a valid one).
+"""What a training run can be told, in sections: frozen dataclasses, each valid once built (its fields' types and
+ranges, `vespo.train.checks`, and the rules among its own fields), whose attribute docstrings are the `vespo train
+--help` text. `vespo.train.config.TrainConfig` holds one of each and checks them together.
 
-Keys follow veRL/TRL names where the concept is shared (train_batch_size, ppo_mini_batch_size, rollout_n,
+The command line and YAML speak flat names (`--lr`, `ppo_mini_batch_size:`): `TrainFields` is every section's fields
+in one flat, unchecked dataclass (what tyro parses), in section order; a field's flat name is its name in its
+section. Keys follow veRL/TRL names where the concept is shared (train_batch_size, ppo_mini_batch_size, rollout_n,
 loss_agg_mode, lr, max_response_length, temperature, kl_coef, entropy_coeff).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import tyro
 
-from vespo.argv import RENAMED
+from vespo.argv import RENAMED, flat_dataclass
+from vespo.data.reasoning_gym import is_reasoning_gym, parse_spec
+from vespo.train.checks import ConfigError, check_fields, fill
 
 EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+DEFAULT_TRAIN_BATCH_SIZE = 16
+"""Prompts per rollout step when neither train_batch_size nor N (`staleness`) is given."""
+BUILTIN_METHODS = ("aipo", "bapo", "cispo", "dppo_kl", "dppo_tv", "grpo", "gspo", "luspo", "m2po", "opsm",
+                   "reinforce", "sapo", "topr", "vcpo", "vespo", "vespo_ess", "vespo_moment", "vespo_schedule",
+                   "vespo_selfnorm")  # fmt: skip
+"""The methods importing `vespo.losses` registers (tests/test_cli.py holds them equal to the registry's)."""
+
+
+def known_methods() -> list[str]:
+    """The registry's methods (`vespo.available_methods()`). Before `vespo.losses` is imported nothing can have
+    registered another, so they are `BUILTIN_METHODS`: the command line refuses an unknown --method without torch."""
+    if "vespo.losses" not in sys.modules:
+        return sorted(BUILTIN_METHODS)
+    from vespo.losses import available_methods
+
+    return available_methods()
+
+
+def rollout_batch_size(staleness: int | None, ppo_mini_batch_size: int, train_batch_size: int | None) -> int:
+    """The rollout batch `train_batch_size` None stands for: N x ppo_mini_batch_size from N (`staleness`), else
+    `DEFAULT_TRAIN_BATCH_SIZE`. N and train_batch_size are two spellings of one setting: both given and disagreeing
+    is a ConfigError."""
+    n, mini, batch = staleness, ppo_mini_batch_size, train_batch_size
+    if n is not None and batch is not None and batch != n * mini:
+        raise ConfigError(
+            f"staleness={n} (--num-mini-batches N) sets train_batch_size = N x ppo_mini_batch_size = {n * mini}, "
+            f"but train_batch_size={batch} was also given: give one of the two"
+        )
+    return batch if batch is not None else DEFAULT_TRAIN_BATCH_SIZE if n is None else n * mini
+
+
+def default_reward_fn(dataset: str) -> str:
+    """The reward `reward_fn: null` stands for: the task's own verifier for reasoning-gym, Math-Verify otherwise."""
+    return f"vespo.rewards:{'reasoning_gym' if is_reasoning_gym(dataset) else 'math'}_reward"
 
 
 @dataclass(frozen=True)
-class TrainFields:
-    """A run's settings as given, unchecked (`TrainConfig` checks them)."""
+class DataSettings:
+    """The policy, the data and the reward (`cfg.data`)."""
 
-    # --- policy, data, reward
     model: str = EMBEDDED
     """Hub id or local path of a causal LM; "embedded" builds the tiny local model with an SFT warm start."""
     dataset: str = EMBEDDED
@@ -50,7 +90,22 @@ class TrainFields:
     fields arrive as keyword lists (math: `answer`; code: `tests`, with `vespo.rewards:code_reward`). None: the
     task's own verifier for reasoning-gym datasets, Math-Verify (`vespo.rewards:math_reward`) otherwise."""
 
-    # --- algorithm
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for name in ("dataset", "eval_dataset"):  # reasoning-gym: installed tasks and their config fields
+            if getattr(self, name) is not None and is_reasoning_gym(getattr(self, name)):
+                try:
+                    parse_spec(getattr(self, name))
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
+        if self.reward_fn is None:
+            fill(self, reward_fn=default_reward_fn(self.dataset))
+
+
+@dataclass(frozen=True)
+class AlgorithmSettings:
+    """The policy loss and the advantages (`cfg.algorithm`)."""
+
     method: str = "vespo"
     """Policy-loss method from the registry (`vespo.available_methods()`)."""
     hparams: dict[str, float | int | str | None] = field(default_factory=dict)
@@ -67,7 +122,16 @@ class TrainFields:
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss); 0 disables it."""
 
-    # --- batch geometry: staleness N = train_batch_size / ppo_mini_batch_size
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.method not in known_methods():
+            raise ConfigError(f"method: unknown method {self.method!r}; known methods: {known_methods()}")
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Batch geometry (`cfg.batch`): the staleness N = train_batch_size / ppo_mini_batch_size."""
+
     train_batch_size: int | None = None
     """Prompts per rollout step (the paper's global batch size, in prompts); None: N x ppo_mini_batch_size with
     `--num-mini-batches N`, else 16."""
@@ -86,7 +150,31 @@ class TrainFields:
     total_training_steps: int = 100
     """Rollout steps to run (each = 1 rollout batch and N optimizer steps)."""
 
-    # --- optimisation
+    def __post_init__(self) -> None:
+        check_fields(self)
+        batch = rollout_batch_size(self.staleness, self.ppo_mini_batch_size, self.train_batch_size)
+        fill(self, train_batch_size=batch, staleness=None)  # two spellings of one setting: the section keeps one
+        if self.rollout_n < 2:
+            raise ConfigError(
+                f"rollout_n must be >= 2, got {self.rollout_n}: advantages are relative to the group of responses to "
+                "one prompt (R - mean R), so a group of 1 gives every advantage 0 and nothing is learned"
+            )
+        if self.train_batch_size % self.ppo_mini_batch_size:
+            raise ConfigError(
+                f"ppo_mini_batch_size={self.ppo_mini_batch_size} must divide "
+                f"train_batch_size={self.train_batch_size} (staleness N = train_batch_size / mini-batch)"
+            )
+
+    @property
+    def num_mini_batches(self) -> int:
+        """The staleness ratio N = train_batch_size / ppo_mini_batch_size."""
+        return self.train_batch_size // self.ppo_mini_batch_size
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimizer, its schedule and the step controls over stale mini-batches (`cfg.optimizer`)."""
+
     optim: Literal["adamw_torch", "sgd"] = "adamw_torch"
     """Actor optimizer (TRL's names): adamw_torch | sgd (plain gradient steps, no momentum: the step follows the
     gradient's size, which Adam's normaliser does not; docs/results/index.md section 3)."""
@@ -129,7 +217,14 @@ class TrainFields:
     cosine of the method's policy gradient to GRPO's and to plain REINFORCE's on the same batch and weights, logged
     as `probe/*`; 0 = never. Costs one forward and up to three backward passes of one mini-batch; synchronous loop."""
 
-    # --- rollout
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Generation and the log-probs the loss gets of it (`cfg.rollout`)."""
+
     max_response_length: int = 16
     """Max new tokens per response."""
     temperature: float = 1.0
@@ -156,7 +251,15 @@ class TrainFields:
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
 
-    # --- hardware, precision, parameter-efficient training (docs/guides/trainer.md, "GPUs, precision and LoRA")
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class HardwareSettings:
+    """Device, precision and parameter-efficient training (`cfg.hardware`; docs/guides/trainer.md, "GPUs, precision
+    and LoRA")."""
+
     device: str = "auto"
     """Where the policy, reference, rollouts and RNG live: auto (CUDA when present, else CPU) | cpu | cuda | cuda:i."""
     bf16: bool = False
@@ -185,7 +288,16 @@ class TrainFields:
     lora_target_modules: tuple[str, ...] | None = None
     """Module names to adapt, e.g. `q_proj v_proj`, or `all-linear`; None uses peft's default for the architecture."""
 
-    # --- asynchronous training (docs/guides/trainer.md, "Asynchronous training")
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.bf16 and self.fp16:
+            raise ConfigError("bf16 and fp16 are exclusive: choose one autocast dtype")
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """Asynchronous training (`cfg.async_`; docs/guides/trainer.md, "Asynchronous training")."""
+
     mode: Literal["sync", "async"] = "sync"
     """sync: generate, then train; async (`--async`): sampler processes generate while the learner trains."""
     max_staleness: int = 4
@@ -202,7 +314,14 @@ class TrainFields:
     """The generation engine, sync and async: hf (the trainer's KV-cached sampler) | vllm (CUDA; the learner's
     weights pushed into the engine every step; not run on CPU)."""
 
-    # --- embedded task and SFT warm start (used when model/dataset == "embedded")
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class EmbeddedSettings:
+    """The embedded task and its SFT warm start, used when model/dataset == "embedded" (`cfg.embedded`)."""
+
     task: Literal["arithmetic", "chain", "scratchpad"] = "arithmetic"
     """Embedded task: arithmetic (sums of num_operands numbers, ~11-token answers) | chain (num_operands steps of a
     lagged running sum mod 10, every step written out: responses of 3 * num_operands + 5 tokens) | scratchpad
@@ -224,7 +343,14 @@ class TrainFields:
     sft_seed: int = 0
     """Embedded warm start: seed (kept apart from `seed` so all RL seeds share one warm start)."""
 
-    # --- run management
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Run management (`cfg.run`): seed, run dir, resume, checkpoints, evaluation, threads, logging."""
+
     seed: int = 0
     """Seed of prompt order, sampling and anything else random in RL."""
     run_dir: str | None = None
@@ -276,6 +402,37 @@ class TrainFields:
     `num_completions_to_print` rows of every rollout step, to run_dir/completions.jsonl and a TensorBoard text table."""
     num_completions_to_print: int = 8
     """Rows per rollout step that `log_completions` writes."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.resume and self.overwrite_output_dir:
+            raise ConfigError("resume and overwrite_output_dir exclude each other: continue the run, or replace it")
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataSettings,
+    "algorithm": AlgorithmSettings,
+    "batch": BatchSettings,
+    "optimizer": OptimizerSettings,
+    "rollout": RolloutSettings,
+    "hardware": HardwareSettings,
+    "async_": AsyncSettings,
+    "embedded": EmbeddedSettings,
+    "run": RunSettings,
+}
+"""`TrainConfig`'s attribute -> its section, in the order of the flat fields (config.yaml's, `--help`'s)."""
+SECTION_OF = {f.name: attr for attr, section in SECTIONS.items() for f in dataclasses.fields(section)}
+"""Flat field name -> the `TrainConfig` attribute of the section holding it."""
+
+
+TrainFields = flat_dataclass(
+    "TrainFields",
+    SECTIONS.values(),
+    module=__name__,
+    doc="A run's settings as given, by their flat names, unchecked (`TrainConfig` checks them).",
+)
+FIELD_TYPES = typing.get_type_hints(TrainFields, include_extras=False)
+"""Flat field name -> its annotation (what a YAML value or a sweep's extra setting is checked against)."""
 
 
 ADDED_FIELDS = (

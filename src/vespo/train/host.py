@@ -17,7 +17,8 @@ from pathlib import Path
 
 from vespo.data.reasoning_gym import is_reasoning_gym
 from vespo.intervals import Interval
-from vespo.train.config import EMBEDDED, SAMPLERS_REASON, ConfigError, TrainConfig, check_range
+from vespo.train.checks import SAMPLERS_REASON, ConfigError, check_range
+from vespo.train.config import EMBEDDED, TrainConfig
 from vespo.train.shm import SAMPLER_PROCESS_BYTES, check_shared_memory
 
 
@@ -26,41 +27,41 @@ def check_host(cfg: TrainConfig) -> TrainConfig:
     usable cores, torch threads within its cores, a rollout step within memory, output directories writable, data
     files present, the device, the packages asked for (peft, wandb, trackio, vLLM with CUDA), memory and /dev/shm for
     the async samplers, the model, and the reward function."""
-    check_range("num_samplers", cfg.num_samplers, Interval(f"[1, {_usable_cores()}]", SAMPLERS_REASON))
-    if cfg.num_threads is not None:
+    check_range("num_samplers", cfg.async_.num_samplers, Interval(f"[1, {_usable_cores()}]", SAMPLERS_REASON))
+    if cfg.run.num_threads is not None:
         threads = Interval(f"[1, {THREADS_PER_CORE * (os.cpu_count() or 1)}]", THREADS_REASON)
-        check_range("num_threads", cfg.num_threads, threads)
+        check_range("num_threads", cfg.run.num_threads, threads)
     _check_rollout_memory(cfg)
     for name in ("run_dir", "cache_dir"):
-        check_output_dir(name, getattr(cfg, name))
+        check_output_dir(name, getattr(cfg.run, name))
     for name in ("dataset", "eval_dataset"):
-        _check_data_file(name, getattr(cfg, name))
+        _check_data_file(name, getattr(cfg.data, name))
     from vespo.models import resolve_device
 
     try:
-        resolve_device(cfg.device)
+        resolve_device(cfg.hardware.device)
     except ValueError as exc:
         raise ConfigError(f"device: {exc}") from None
-    if cfg.use_peft and importlib.util.find_spec("peft") is None:
+    if cfg.hardware.use_peft and importlib.util.find_spec("peft") is None:
         raise ConfigError("use_peft needs peft installed (pip install peft)")
     for name, package in (("wandb_project", "wandb"), ("trackio_project", "trackio")):
-        if getattr(cfg, name) and importlib.util.find_spec(package) is None:
+        if getattr(cfg.run, name) and importlib.util.find_spec(package) is None:
             raise ConfigError(
                 f"{name} needs {package} installed (pip install {package}); without it, drop --{name.replace('_', '-')}"
                 " (metrics.jsonl and TensorBoard are always written)"
             )
-    if cfg.sampler_engine == "vllm":
+    if cfg.async_.sampler_engine == "vllm":
         import torch
 
         if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
             raise ConfigError("sampler_engine=vllm needs vLLM installed (pip install 'vespo[vllm]') and a CUDA device")
-    if cfg.mode == "async":
+    if cfg.async_.mode == "async":
         _check_sampler_memory(cfg)
-    _check_model(cfg.model)
+    _check_model(cfg.data.model)
     from vespo.rewards.batch import load_reward_fn
 
     try:
-        load_reward_fn(cfg.reward_fn)
+        load_reward_fn(cfg.data.reward_fn)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return cfg
@@ -117,12 +118,12 @@ log-probs (float32); the generation's KV cache and the learner's logits come on 
 def _check_rollout_memory(cfg: TrainConfig) -> None:
     """A rollout step's responses fit in memory: train_batch_size x rollout_n of max_response_length tokens, at
     `ROLLOUT_BYTES_PER_TOKEN` each (a lower bound), within the memory available now."""
-    tokens = cfg.train_batch_size * cfg.rollout_n * cfg.max_response_length
+    tokens = cfg.batch.train_batch_size * cfg.batch.rollout_n * cfg.rollout.max_response_length
     need, free = tokens * ROLLOUT_BYTES_PER_TOKEN, _available_memory()
     if free is not None and need > free:
         raise ConfigError(
-            f"a rollout step of train_batch_size x rollout_n x max_response_length = {cfg.train_batch_size} x "
-            f"{cfg.rollout_n} x {cfg.max_response_length} tokens needs at least {need / 2**30:.3g} GiB "
+            f"a rollout step of train_batch_size x rollout_n x max_response_length = {cfg.batch.train_batch_size} x "
+            f"{cfg.batch.rollout_n} x {cfg.rollout.max_response_length} tokens needs at least {need / 2**30:.3g} GiB "
             f"({ROLLOUT_BYTES_PER_TOKEN} bytes a token) but {free / 2**30:.1f} GiB of memory is available: lower one "
             "of them"
         )
@@ -131,13 +132,14 @@ def _check_rollout_memory(cfg: TrainConfig) -> None:
 def _check_sampler_memory(cfg: TrainConfig) -> None:
     """The async samplers fit: each a process with torch and its own copy of the policy in memory (RAM, or the GPU
     for vLLM), and the learner's float32 weights, shared with them, in /dev/shm."""
-    weights = _policy_bytes(cfg.model, cfg.sampler_dtype) if cfg.sampler_engine == "hf" else 0  # vLLM: on the GPU
+    dtype, samplers = cfg.rollout.sampler_dtype, cfg.async_.num_samplers
+    weights = _policy_bytes(cfg.data.model, dtype) if cfg.async_.sampler_engine == "hf" else 0  # vLLM: on the GPU
     per_sampler, free = SAMPLER_PROCESS_BYTES + weights, _available_memory()
-    if free is not None and cfg.num_samplers * per_sampler > free:
+    if free is not None and samplers * per_sampler > free:
         fit = f"at most {free // per_sampler} sampler(s) fit" if free >= per_sampler else "not even one sampler fits"
         raise ConfigError(
-            f"num_samplers={cfg.num_samplers} needs about {cfg.num_samplers * per_sampler / 2**30:.1f} GiB "
-            f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {cfg.sampler_dtype} copy of the "
+            f"num_samplers={samplers} needs about {samplers * per_sampler / 2**30:.1f} GiB "
+            f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {dtype} copy of the "
             f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
         )
     check_shared_memory(_shared_weight_bytes(cfg))  # the learner's weights, shared
@@ -158,7 +160,7 @@ def _shared_weight_bytes(cfg: TrainConfig) -> int:
     except Exception:  # noqa: BLE001 (a config only the real load can judge: it says what is wrong, one line)
         model = None
     if model is None:
-        return _policy_bytes(cfg.model, "float32") + POOL_SHARED_BYTES
+        return _policy_bytes(cfg.data.model, "float32") + POOL_SHARED_BYTES
     return WeightStore.shared_bytes(model)
 
 
@@ -168,26 +170,26 @@ def _meta_policy(cfg: TrainConfig):
     import torch
     import transformers
 
-    if cfg.model == EMBEDDED:
+    if cfg.data.model == EMBEDDED:
         from vespo.embedded.task import build_tiny_model, build_tokenizer
 
         model = build_tiny_model(build_tokenizer())
     else:
         from vespo.models import gguf_file
 
-        folder = Path(cfg.model).expanduser()
+        folder = Path(cfg.data.model).expanduser()
         if gguf_file(folder) is not None:
             return None
         if not (folder / "config.json").is_file():
             from huggingface_hub import try_to_load_from_cache
 
-            cached = try_to_load_from_cache(cfg.model, "config.json")
+            cached = try_to_load_from_cache(cfg.data.model, "config.json")
             if not isinstance(cached, str):
                 return None
             folder = Path(cached).parent
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if cfg.use_peft:
+    if cfg.hardware.use_peft:
         from vespo.models import add_lora
 
         model = add_lora(model, cfg)
@@ -214,7 +216,7 @@ SMALL_MODEL_THREADS = 4
 def default_num_threads(cfg: TrainConfig) -> tuple[int, str]:
     """torch threads per process of a run when `num_threads` is None, and why: `threads_for` its model, the learner
     and its async samplers sharing the free cores."""
-    return threads_for(cfg.model, 1 + (cfg.num_samplers if cfg.mode == "async" else 0))
+    return threads_for(cfg.data.model, 1 + (cfg.async_.num_samplers if cfg.async_.mode == "async" else 0))
 
 
 def threads_for(model: str, processes: int = 1) -> tuple[int, str]:

@@ -15,19 +15,19 @@ from vespo.train.resume import continue_same_run
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
-    """Run RL training per `cfg` (sync or async, per `cfg.mode`); returns the last step's metrics. What the run needs
-    of this machine is checked before any compute (`check_host`; `cfg` itself was checked when it was built)."""
+    """Run RL training per `cfg` (sync or async, per `cfg.async_.mode`); returns the last step's metrics. What the run
+    needs of this machine is checked before any compute (`check_host`; `cfg` itself was checked when it was built)."""
     check_host(cfg)
     from vespo.models import quiet_hf_progress
     from vespo.train.runs import claim_run_dir
 
-    if not cfg.progress:
+    if not cfg.run.progress:
         quiet_hf_progress()
-    if cfg.mode == "async":
+    if cfg.async_.mode == "async":
         from vespo.train.async_ import train_async as loop
     else:
         from vespo.train.sync import train_sync as loop
-    with claim_run_dir(cfg) as out:  # the run dir is vespo's and this process's until the run ends
+    with claim_run_dir(cfg.run) as out:  # the run dir is vespo's and this process's until the run ends
         return loop(cfg, out)
 
 
@@ -38,13 +38,13 @@ def _interrupted(cfg: TrainConfig | None) -> str:
     from vespo.embedded.warm_start import WarmStartSpec, unfinished
     from vespo.train.resume import CHECKPOINT
 
-    run_dir = Path(cfg.run_dir).expanduser()
-    partial = unfinished(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else None
+    run_dir = Path(cfg.run.run_dir).expanduser()
+    partial = unfinished(WarmStartSpec.of(cfg)) if cfg.data.model == EMBEDDED else None
     if partial is not None and not (run_dir / CHECKPOINT).is_file():
         return f"the warm start's progress is kept in {partial} and the next run resumes it"
     if (run_dir / CHECKPOINT).is_file():
         return f"the last checkpoint in {run_dir} is kept (the same command continues from it)"
-    first = min(cfg.save_every, cfg.total_training_steps)
+    first = min(cfg.run.save_every, cfg.batch.total_training_steps)
     return f"no checkpoint was saved yet (the first is at step {first}); running again starts over in {run_dir}"
 
 
@@ -72,7 +72,7 @@ def cli(argv: list[str]) -> int:
         print(f"vespo train: interrupted; {_interrupted(cfg)}", file=sys.stderr)
         return 130
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward/", "eval/"))}))
-    print(f"run dir: {cfg.run_dir}")
+    print(f"run dir: {cfg.run.run_dir}")
     return 0
 
 
@@ -104,13 +104,13 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, *, checkpoint: str =
         raise ConfigError(f"--checkpoint: no {ckpt_path}; this run keeps {kept or 'no checkpoints'}")
     cfg = TrainConfig(**load_yaml(run_dir / "config.yaml", label="config.yaml"))
     state = load_checkpoint(run_dir, ckpt_path, label="--checkpoint")[MODEL]  # truncated, foreign: one line
-    policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.model == EMBEDDED else cfg.model
+    policy = embedded_policy_path(WarmStartSpec.of(cfg)) if cfg.data.model == EMBEDDED else cfg.data.model
     try:
-        model, tokenizer = load_policy(policy, cache_dir=cfg.cache_dir)  # a GGUF: the run's own cache
+        model, tokenizer = load_policy(policy, cache_dir=cfg.run.cache_dir)  # a GGUF: the run's own cache
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg.use_peft:
-        model = add_lora(model, cfg)
+    if cfg.hardware.use_peft:
+        model = add_lora(model, cfg.hardware)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

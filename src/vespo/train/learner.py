@@ -1,11 +1,7 @@
-"""The learner: log-probs of a rollout under the policy and the N sequential mini-batch update, written out top to
-bottom (`ppo_update`): score mu, then per mini-batch its gradient, clip, the one host sync, the step.
-
-Every loop calls it (sync, async, and any user loop): it takes explicit settings (`UpdateSettings`), never a run
-config. The research hooks sit beside the update, each in its own module: VCPO's baseline (`vespo.train.opob`), the
-gradient probe (`vespo.train.probe`) and the step's metrics (`vespo.train.step_metrics`, tensors until a logged step
-converts them at once).
-"""
+"""The learner: log-probs of a rollout under the policy and the N sequential mini-batch update (`ppo_update`, top to
+bottom: score mu, then per mini-batch its gradient, clip, one host sync, the step). Every loop calls it with explicit
+settings (`UpdateSettings`), never a run config. Beside it, each in its own module: VCPO's baseline (`train.opob`),
+the gradient probe (`train.probe`) and the step's metrics (`train.step_metrics`: tensors until a step is logged)."""
 
 from __future__ import annotations
 
@@ -33,13 +29,11 @@ from vespo.losses import (
 )
 from vespo.losses.core import top_share  # noqa: F401  (re-exported: tests/test_diagnostics.py checks it is the core's)
 from vespo.rollout import Rollout, response_log_probs
-from vespo.step_control import sampler_log_w, scale_step
 from vespo.train import opob, step_metrics
 from vespo.train.probe import gradient_probe
-from vespo.train.step_metrics import mismatch_metrics, summarize_update
 
-# re-exported until the lead switches train/sync.py, train/async_.py, tests/test_diagnostics.py to step_metrics
-from vespo.train.step_metrics import rollout_metrics, to_floats  # noqa: F401  isort: skip
+# rollout_metrics, to_floats re-exported until the lead switches train/sync.py, train/async_.py, tests to step_metrics
+from vespo.train.step_metrics import mismatch_metrics, rollout_metrics, summarize_update, to_floats  # noqa: F401
 
 Tensor = torch.Tensor
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
@@ -98,13 +92,8 @@ class UpdateSettings:
     @property
     def log_prob_args(self) -> dict:
         """How `policy_log_probs` must be called so old log-probs match the update's (W == 1 at k = 0)."""
-        return {
-            "micro_batch_size": self.micro_batch_size,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "autocast_dtype": self.autocast_dtype,
-        }
+        names = ("micro_batch_size", "temperature", "top_p", "top_k", "autocast_dtype")
+        return {name: getattr(self, name) for name in names}
 
     @property
     def agg_mode(self) -> str:
@@ -171,15 +160,12 @@ class Learner:
         rewards: Tensor | None = None,
         probe: bool = False,
     ) -> dict[str, Tensor]:
-        """`settings.num_mini_batches` sequential optimizer steps on the rollout (`ppo_update`); the update's metrics
-        summarised over its mini-batches, as tensors. `rewards` (B,): needed by `adv_estimator="opob"`. `probe`: run
-        the gradient probe on the stalest mini-batch.
-
-        `old_log_prob` None: the rollout was sampled from the current weights, so mu is scored under them inside the
-        update, mini-batch 0's rows from that mini-batch's own forward (the same weights: W == 1 exactly), TRL's
-        on-policy shortcut, which saves the scoring forward at N = 1 and 1/N of it otherwise (a policy with active
-        dropout is scored by a separate eval-mode forward instead); the gap between mu and the sampler's log-probs is
-        then logged as `mismatch/*` (the train-inference mismatch, paper Sec. 4.6)."""
+        """`settings.num_mini_batches` sequential optimizer steps on the rollout (`ppo_update`, the inputs as in
+        `UpdateBatch`); the update's metrics summarised over its mini-batches, as tensors. `probe`: run the gradient
+        probe on the stalest mini-batch. `old_log_prob` None: the rollout was sampled from the current weights, so mu
+        is scored inside the update (TRL's on-policy shortcut: mini-batch 0's own forward is its mu, W == 1 exactly; a
+        policy with active dropout is scored by a separate eval-mode forward instead), and the gap between mu and the
+        sampler's log-probs is logged as `mismatch/*` (the train-inference mismatch, paper Sec. 4.6)."""
         scored = old_log_prob is None
         if scored and _has_dropout(self.model):
             old_log_prob = self.log_probs(rollout)
@@ -220,11 +206,6 @@ class Learner:
             raise ValueError(" ".join(str(exc).split())[:200] or type(exc).__name__) from None
 
 
-def micro_batches(rows: Tensor, size: int) -> list[Tensor]:
-    """`rows` cut into consecutive chunks of at most `size` (gradient accumulation)."""
-    return list(rows.split(size))
-
-
 def autocast(model, dtype: torch.dtype | None):
     """Mixed-precision context for `model`'s forward on its own device (a no-op when `dtype` is None)."""
     return torch.autocast(next(model.parameters()).device.type, dtype=dtype, enabled=dtype is not None)
@@ -249,7 +230,7 @@ def policy_log_probs(
             response_log_probs(
                 model, rollout.select(mb), temperature=temperature, top_p=top_p, top_k=top_k, with_entropy=with_entropy
             )
-            for mb in micro_batches(rows, micro_batch_size)
+            for mb in rows.split(micro_batch_size)  # micro-batches: consecutive chunks of rows
         ]
     logp = torch.cat([o[0] for o in outs])  # (len(rows), T)
     ent = torch.cat([o[1] for o in outs]) if with_entropy else None
@@ -257,19 +238,14 @@ def policy_log_probs(
 
 
 def _old_call_too(update):
-    """Transitional (issue 52; the lead removes it once tests/test_hardware.py and tests/test_diagnostics.py call
-    `ppo_update(Learner(...), UpdateBatch(...))`): the old call ppo_update(model, optimizer, rollout, advantages,
-    old_log_prob, settings, *, scheduler, scaler, probe, **batch inputs), which returns the history alone."""
+    """Transitional (until tests/test_hardware.py, test_diagnostics.py are switched): the old call, -> history."""
 
     @functools.wraps(update)
-    def call(*args, **kw):
-        if not isinstance(args[0], torch.nn.Module):
-            return update(*args, **kw)
-        model, optimizer, rollout, advantages, old_log_prob, settings = args
-        extra = {"scheduler": kw.pop("scheduler", None), "scaler": kw.pop("scaler", None)}
-        trainer = Learner(model, optimizer, settings, **extra)
-        probe = kw.pop("probe", False)
-        return update(trainer, UpdateBatch(rollout, advantages, old_log_prob, **kw), probe=probe)[0]
+    def call(first, *args, probe=False, scheduler=None, scaler=None, **kw):
+        if not isinstance(first, torch.nn.Module):
+            return update(first, *args, probe=probe, **kw)
+        learner = Learner(first, args[0], args[4], scheduler=scheduler, scaler=scaler)
+        return update(learner, UpdateBatch(*args[1:4], **kw), probe=probe)[0]
 
     return call
 
@@ -320,15 +296,15 @@ def ppo_update(learner: Learner, batch: UpdateBatch, *, probe: bool = False) -> 
         finite, stop = _clip_and_check(learner, params, sums, mini_lp, mini_old, mini_mask)
         if probe and k == s.num_mini_batches - 1:  # off the hot path: one more forward, at the caller's stride
             sums |= _gradient_probe(model, params, batch, rows, s, ctx)
+        if not stop:  # 4. the optimizer step (scaled by a step control)
+            inputs = (sums, mini_lp, mini_old, _rows(batch.rollout_log_prob, rows), mini_mask)
+            sums |= optimizer_step(optimizer, params, finite, step_scale=s.step_scale, scaler=learner.scaler,
+                                   log_update_norm=s.log_update_norm, scheduler=learner.scheduler,
+                                   step_inputs=inputs)  # fmt: skip
+        history.append({key: v.detach() for key, v in sums.items()})
         if stop:  # PPO's early stop: this and the remaining (staler) mini-batches are not trained on
             optimizer.zero_grad(set_to_none=True)
-            history.append({key: v.detach() for key, v in sums.items()})
             break
-        # 4. the optimizer step (scaled by a step control)
-        inputs = (sums, mini_lp, mini_old, _rows(batch.rollout_log_prob, rows), mini_mask)
-        sums |= optimizer_step(optimizer, params, finite, step_scale=s.step_scale, log_update_norm=s.log_update_norm,
-                               scaler=learner.scaler, scheduler=learner.scheduler, step_inputs=inputs)  # fmt: skip
-        history.append({key: v.detach() for key, v in sums.items()})
     return history, mu
 
 
@@ -371,7 +347,7 @@ def accumulate_gradients(
     micro-batch's own log pi is its mu. Returns the detached log pi (M, T) in `rows` order and the loss metrics
     (losses add up over micro-batches, diagnostics average)."""
     mode, counts = s.agg_mode, _counts(batch.rollout.response_mask[rows])
-    micro = micro_batches(rows, s.micro_batch_size)
+    micro = rows.split(s.micro_batch_size)  # consecutive chunks of rows (gradient accumulation)
     sums: dict[str, Tensor] = {}
     mini_log_prob = []
     for mb in micro:
@@ -457,10 +433,10 @@ def optimizer_step(
     if step_scale != "none" and finite:  # theta <- theta_old + s * (theta_opt - theta_old), s <= 1
         sums, mini_lp, mini_old, rollout_rows, mini_mask = step_inputs
         out |= step_control.step_scale(step_scale, mean_phi=sums.get(diagnostics.MEAN_PHI),
-                                       log_w=sampler_log_w(mini_lp, mini_old, rollout_rows,
+                                       log_w=step_control.sampler_log_w(mini_lp, mini_old, rollout_rows,
                                                            mini_mask.to(mini_lp.dtype)),
                                        valid=mini_mask.sum(-1) > 0)  # fmt: skip
-        scale_step(params, before, out["actor/step_scale"])
+        step_control.scale_step(params, before, out["actor/step_scale"])
     if log_update_norm:
         out["actor/update_norm"] = torch.stack(
             [(p.detach() - b).norm() for p, b in zip(params, before, strict=True)]
@@ -472,14 +448,10 @@ def _opob_advantages(model, batch: UpdateBatch, rows: Tensor, s: UpdateSettings,
     """VCPO's baseline at the weights mini-batch `rows` is trained from (`vespo.train.opob`, one backward per
     sequence): its advantages are overwritten in `batch` (`ppo_update`'s copy); returns `opob/baseline_gap`."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    log_v = opob.opob_log_weights(
-        lambda row: _forward(model, batch.rollout, row, s)[0],
-        trainable,
-        rows,
-        old_log_prob=None if on_policy else batch.old_log_prob,
-        rollout_log_prob=batch.rollout_log_prob,
-        response_mask=batch.rollout.response_mask,
-    )  # (M,)
+    old = None if on_policy else batch.old_log_prob
+    log_v = opob.opob_log_weights(lambda row: _forward(model, batch.rollout, row, s)[0], trainable, rows,
+                                  old_log_prob=old, rollout_log_prob=batch.rollout_log_prob,
+                                  response_mask=batch.rollout.response_mask)  # fmt: skip
     rewards = batch.rewards[rows]
     batch.advantages[rows] = opob_advantages(rewards, s.group_size, log_v, norm_by_std=s.norm_adv_by_std)
     return opob.baseline_gap(rewards, batch.advantages[rows], s.group_size, s.norm_adv_by_std)
@@ -509,17 +481,14 @@ def _batch_context(
     scored yet, and is that forward itself)."""
     if not uses_batch_context(s.method):
         return None
-    if len(micro_batches(rows, s.micro_batch_size)) == 1:  # the call sees the whole mini-batch itself
+    if len(rows.split(s.micro_batch_size)) == 1:  # the call sees the whole mini-batch itself
         return BatchContext(mini_batch_index=index, num_mini_batches=s.num_mini_batches)
     with torch.no_grad():
         log_prob, _ = policy_log_probs(model, batch.rollout, rows, **s.log_prob_args)
     inputs = _loss_inputs(batch, rows, log_prob, on_policy=on_policy)
-    return batch_context(
-        PolicyBatch(**inputs),
-        **{k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams},
-        mini_batch_index=index,
-        num_mini_batches=s.num_mini_batches,
-    )
+    corrections = {k: s.hparams[k] for k in CORRECTION_OPTIONS if k in s.hparams}
+    return batch_context(PolicyBatch(**inputs), **corrections, mini_batch_index=index,
+                         num_mini_batches=s.num_mini_batches)  # fmt: skip
 
 
 def _has_dropout(model) -> bool:

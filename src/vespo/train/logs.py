@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vespo.outputs import open_append, open_regular, read_regular, write_atomic
-from vespo.train.config import TrainConfig
 from vespo.train.config_io import load_yaml
+from vespo.train.fields import RunSettings
 
 
 class Logger:
     """metrics.jsonl (always), TensorBoard, and wandb / trackio when asked for and installed."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, start_step: int):
+    def __init__(self, cfg: RunSettings, run_dir: Path, start_step: int):
         self.path = Path(run_dir) / "metrics.jsonl"
         # on resume, drop lines logged after the checkpoint by a run that was killed, so history is not duplicated
         last = truncate_log(self.path, start_step)

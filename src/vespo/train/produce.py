@@ -13,7 +13,6 @@ from vespo.advantages import group_advantages
 from vespo.data import format_prompts
 from vespo.rewards.batch import grade_batch
 from vespo.rollout import Engine, Rollout, decode_responses
-from vespo.train.config import TrainConfig
 from vespo.train.system import release_free_memory
 
 
@@ -34,18 +33,22 @@ def make_batch(
     records: list[dict],
     reward_fn: Callable[..., list[float]],
     generator: torch.Generator,
-    cfg: TrainConfig,
+    *,
+    group: int,
+    chat: bool,
+    norm_by_std: bool,
     clock: Callable[[], float] = time.perf_counter,
 ) -> ScoredBatch:
-    """`cfg.rollout_n` responses per record from `engine` (its weights as they are: a loop syncs them first), graded
-    by `reward_fn` (TRL's signature, `grade_batch`), with group advantages. `clock` times generation and grading
-    (the sync loop passes one that waits for CUDA)."""
+    """`group` responses per record from `engine` (its weights as they are: a loop syncs them first; `group` is
+    the engine's n), prompts in the chat template when `chat`, graded by `reward_fn` (TRL's signature,
+    `grade_batch`), with group advantages (divided by the group's std when `norm_by_std`). `clock` times generation
+    and grading (the sync loop passes one that waits for CUDA)."""
     t0 = clock()
-    prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in records], chat=cfg.apply_chat_template)
+    prompts = format_prompts(engine.tokenizer, [r["prompt"] for r in records], chat=chat)
     rollout = engine.generate(prompts, generator)
     release_free_memory()  # generation's transients, before the update's activations need the room
     t_gen = clock()
-    rewards, grading = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), records, cfg.rollout_n)
+    rewards, grading = grade_batch(reward_fn, decode_responses(engine.tokenizer, rollout), records, group)
     rewards = rewards.to(rollout.response_mask.device)  # (B,)
-    advantages = group_advantages(rewards, cfg.rollout_n, norm_by_std=cfg.norm_adv_by_std)  # (B,)
+    advantages = group_advantages(rewards, group, norm_by_std=norm_by_std)  # (B,)
     return ScoredBatch(rollout, rewards, advantages, grading, t_gen - t0, clock() - t_gen)

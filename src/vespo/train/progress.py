@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import time
 
-from vespo.train.config import TrainConfig
 
-
-def time_estimate(cfg: TrainConfig, step: int, step_s: float, eval_s: float | None) -> str | None:
-    """One line: the time the run still needs after rollout step `step`, for any model, from that step's time `step_s`
-    and one held-out evaluation's `eval_s` (0: none are run; None: not timed yet, left out and said so); None when no
-    step is left."""
-    left, total = cfg.total_training_steps - step, cfg.total_training_steps
+def time_estimate(total: int, eval_every: int, step: int, step_s: float, eval_s: float | None) -> str | None:
+    """One line: the time a run of `total` rollout steps (held-out evaluation every `eval_every`) still needs after
+    rollout step `step`, for any model, from that step's time `step_s` and one held-out evaluation's `eval_s` (0: none
+    are run; None: not timed yet, left out and said so); None when no step is left."""
+    left = total - step
     if left <= 0:
         return None
-    evals = 0 if eval_s == 0 else sum(s % cfg.eval_every == 0 or s == total for s in range(step + 1, total + 1))
+    evals = 0 if eval_s == 0 else sum(s % eval_every == 0 or s == total for s in range(step + 1, total + 1))
     seconds = left * step_s + evals * (eval_s or 0.0)
     parts = f"{left} more step{'s' * (left > 1)} x {_duration(step_s)}"
     if evals:
@@ -33,10 +31,8 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
-def progress_bar(cfg: TrainConfig, start: int):
-    """A tqdm bar over rollout steps (None when `cfg.progress` is off)."""
-    if not cfg.progress:
-        return None
+def progress_bar(total: int, start: int, method: str):
+    """A tqdm bar over a run's `total` rollout steps, from `start`, labelled with its method."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=cfg.total_training_steps, initial=start, desc=f"vespo train [{cfg.method}]", unit="step")
+    return tqdm(total=total, initial=start, desc=f"vespo train [{method}]", unit="step")

@@ -173,14 +173,14 @@ def resolved(fields: TrainFields) -> dict:
 
 
 def check_run(cfg: TrainConfig) -> dict | None:
-    """Everything about `cfg.run_dir` that can fail, checked before any compute and without writing anything:
+    """Everything about `cfg.run.run_dir` that can fail, checked before any compute and without writing anything:
     the directory is writable, a fresh run does not replace a run with a checkpoint unless `overwrite_output_dir`
     (a run that left no checkpoint is replaced), and a resume has a loadable checkpoint and the same config as the
     saved run. Returns the checkpoint to resume from (None for a fresh run)."""
-    run_dir = check_output_dir("run_dir", cfg.run_dir)
+    run_dir = check_output_dir("run_dir", cfg.run.run_dir)
     existing = run_dir / "config.yaml"
-    if not cfg.resume:
-        if (run_dir / CHECKPOINT).exists() and not cfg.overwrite_output_dir:
+    if not cfg.run.resume:
+        if (run_dir / CHECKPOINT).exists() and not cfg.run.overwrite_output_dir:
             raise ConfigError(
                 f"run_dir {run_dir} already holds a run with a checkpoint; pass --resume to continue it, "
                 "--overwrite-output-dir to replace it, or choose another run_dir"
@@ -196,9 +196,9 @@ def check_run(cfg: TrainConfig) -> dict | None:
         TrainConfig(**saved)  # built to be checked: a config.yaml edited by hand is refused here
     except ConfigError as exc:
         raise ConfigError(f"resume: {existing}: {exc}") from None
-    if cfg.mode == "async" and LOOP_KEYS[0] not in ckpt:
+    if cfg.async_.mode == "async" and LOOP_KEYS[0] not in ckpt:
         raise ConfigError(f"resume: {run_dir / CHECKPOINT} has no async state (it was not saved by an async run)")
-    check_resume(cfg, saved, ckpt["step"])
+    check_resume(TrainFields(**cfg.flat()), saved, ckpt["step"])
     added = {k: getattr(TrainFields, k) for k in ADDED_FIELDS if k not in saved}
     if added:  # a run saved before these fields existed: it ran at their defaults, and resumes at them
         defaults = ", ".join(f"{k}={v!r}" for k, v in added.items())

@@ -19,6 +19,7 @@ from vespo.outputs import OutputError, OwnedDir, atomic_dir, claim, write_atomic
 from vespo.train.alarms import EssAlarm, warn_skipped_updates
 from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.config_io import load_yaml, to_yaml
+from vespo.train.fields import RunSettings
 from vespo.train.logs import Logger
 from vespo.train.progress import progress_bar, time_estimate
 from vespo.train.resume import CHECKPOINT, save_checkpoint
@@ -32,7 +33,7 @@ RUN_OUTPUTS = (
 (a dead one, or with --overwrite-output-dir) deletes. Any other file in the run dir is left alone."""
 
 
-def claim_run_dir(cfg: TrainConfig) -> OwnedDir:
+def claim_run_dir(cfg: RunSettings) -> OwnedDir:
     """Lock `cfg.run_dir` for this run and make sure it is vespo's (`vespo.outputs.claim`): new or empty, marked by an
     earlier vespo run, or a run of a vespo version before the marker (its config.yaml says so). ConfigError otherwise,
     and while another process holds it."""
@@ -59,13 +60,13 @@ def start_run(cfg: TrainConfig, out: OwnedDir, num_threads: int | None = None) -
     count the run uses (`num_threads`; None: `cfg`'s). A fresh run in a dir that holds a run (one that stopped before
     its first checkpoint, or any with `overwrite_output_dir`) first deletes that run's outputs, the names in the
     marker's manifest and nothing else, saying so on stderr."""
-    old = [] if cfg.resume else out.existing()
+    old = [] if cfg.run.resume else out.existing()
     if old:
         why = "replacing the run there" if (out.path / CHECKPOINT).exists() else "it holds no checkpoint; starting over"
         print(f"vespo train: run_dir {out.path}: {why} (deleting its {', '.join(old)})", file=sys.stderr)
         out.clear()
     # what the run is, not how this command started it: fed back with --config it starts the same run again
-    threads = cfg.num_threads if num_threads is None else num_threads
+    threads = cfg.run.num_threads if num_threads is None else num_threads
     saved = to_yaml(cfg, resume=False, overwrite_output_dir=False, allow_change=(), num_threads=threads)
     write_atomic(out.path / "config.yaml", saved)
     return out.path
@@ -75,10 +76,13 @@ class Run:
     """One run's bookkeeping as a loop sees it: the claimed run dir, its logs (metrics, completions, TensorBoard), the
     held-out evaluations when due, the ESS alarm, checkpoints and the progress bar. Nothing here changes a number."""
 
-    def __init__(self, cfg: TrainConfig, out: OwnedDir, start: int, evaluate: Callable[[], dict] | None):
-        self.cfg, self.dir, self.start = cfg, out.path, start
+    def __init__(self, cfg: RunSettings, out: OwnedDir, start: int, evaluate: Callable[[], dict] | None, *,
+                 total: int, alarm: EssAlarm, label: str):  # fmt: skip
+        """`cfg`: the run's settings; `total` rollout steps; `alarm`: the ESS alarm; `label`: the bar's (the
+        method)."""
+        self.cfg, self.dir, self.start, self.total, self.label = cfg, out.path, start, total, label
         self.logger = Logger(cfg, out.path, start)
-        self.alarm = EssAlarm(cfg.ess_alarm, cfg.ess_alarm_patience, cfg.stop_on_low_ess)
+        self.alarm = alarm
         self.evaluate = evaluate if cfg.eval_every > 0 else None
         self.bar = None
         self.began = self.eval_s = None  # when the first step began; how long one evaluation took (`time_estimate`)
@@ -87,7 +91,7 @@ class Run:
         """Log a fresh run's initial held-out evaluation (step 0), then show the progress bar."""
         if self.evaluate is not None and self.start == 0:
             self.logger.log(self._timed_evaluation(), 0)
-        self.bar = progress_bar(self.cfg, self.start)
+        self.bar = progress_bar(self.total, self.start, self.label) if self.cfg.progress else None
         self.began = time.perf_counter()
 
     def _timed_evaluation(self) -> dict:
@@ -101,19 +105,20 @@ class Run:
         the ESS, checkpoint when due (or when stopping; `loop`: the loop's own checkpoint entries), advance the bar
         (reward and metric `show`). Returns True when the ESS alarm stops the run."""
         cfg, step_s = self.cfg, time.perf_counter() - self.began
-        if self.evaluate is not None and (step % cfg.eval_every == 0 or step == cfg.total_training_steps):
+        if self.evaluate is not None and (step % cfg.eval_every == 0 or step == self.total):
             metrics |= self._timed_evaluation()
         self.logger.log(metrics, step)
         warn_skipped_updates(step, metrics)
         stop = self.alarm.update(step, metrics)
-        if step % cfg.save_every == 0 or step == cfg.total_training_steps or stop:
+        if step % cfg.save_every == 0 or step == self.total or stop:
             save_checkpoint(self.dir, step, learner, gen, loop, keep=cfg.save_total_limit)
         if self.bar is not None:
             self.bar.update(1)
             shown = {"reward": f"{metrics['reward/mean']:.3f}", show.split("/")[-1]: f"{metrics[show]:.1f}"}
             self.bar.set_postfix(shown)
         if self.bar is not None and step == self.start + 1:  # this process's first step: the run's time is known
-            estimate = time_estimate(cfg, step, step_s, self.eval_s if self.evaluate is not None else 0.0)
+            eval_s = self.eval_s if self.evaluate is not None else 0.0
+            estimate = time_estimate(self.total, cfg.eval_every, step, step_s, eval_s)
             if estimate is not None:
                 self.bar.write(estimate, file=sys.stderr)
         return stop

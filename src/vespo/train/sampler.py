@@ -16,11 +16,15 @@ import signal
 import sys
 import time
 import traceback
+import typing
 from dataclasses import dataclass
 
 import torch
 
 from vespo.train.shm import check_shared_memory  # one line, never torch's "unable to allocate shared memory"
+
+if typing.TYPE_CHECKING:
+    from vespo.rollout.types import SamplingSettings
 
 Tensor = torch.Tensor
 _POLL_S = 0.005  # admission / stop polling interval of an idle sampler
@@ -131,6 +135,22 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 @dataclass
+class SamplerSpec:
+    """What a sampler process reads of the run: its torch threads, the reward function (`module:function`), the
+    engine and its sampling settings, the run's seed (each batch's prompts and noise, `batch_seed`), the prompts per
+    batch (train_batch_size), and how prompts and advantages are made (`make_batch`)."""
+
+    threads: int
+    reward_fn: str
+    engine: str
+    sampling: SamplingSettings
+    seed: int
+    batch_size: int
+    chat: bool
+    norm_by_std: bool
+
+
+@dataclass
 class SampledBatch:
     """One generated batch as it travels through the queue (plain arrays: no shared-memory handles to leak)."""
 
@@ -171,7 +191,8 @@ def _die_with_parent(learner: int) -> None:
         os._exit(1)
 
 
-def sampler_main(rank, cfg, policy_path, problems, store, schedule, batches, events, stop, parent, environ) -> None:
+def sampler_main(rank, cfg: SamplerSpec, policy_path, problems, store, schedule, batches, events, stop, parent,
+                 environ) -> None:  # fmt: skip
     """Process entry point: generate scored batches with the newest admitted weights until `stop` is set. `environ`
     is the learner's environment when it started this sampler (the fork server keeps the one it started with).
 
@@ -199,7 +220,7 @@ def sampler_main(rank, cfg, policy_path, problems, store, schedule, batches, eve
             batches.cancel_join_thread()  # the learner has stopped reading: do not block exit flushing a batch
 
 
-def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, events, stop) -> None:
+def _sample_loop(rank, cfg: SamplerSpec, policy_path, problems, store, schedule, batches, events, stop) -> None:
     import transformers
 
     from vespo.rewards.batch import load_reward_fn
@@ -207,9 +228,9 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
     from vespo.train.produce import make_batch
 
     transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // (cfg.num_samplers + 1)))
+    torch.set_num_threads(cfg.threads)
     reward_fn = load_reward_fn(cfg.reward_fn)
-    engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=policy_path, seed=cfg.seed)
+    engine = build_engine(cfg.engine, cfg.sampling, policy_path=policy_path, seed=cfg.seed)
     version = store.pull(engine.load, -1)
     events.put(("ready", rank, None))
     idle_since = time.perf_counter()
@@ -222,8 +243,9 @@ def _sample_loop(rank, cfg, policy_path, problems, store, schedule, batches, eve
         t0 = time.perf_counter()
         seed = batch_seed(cfg.seed, batch)
         order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed))
-        chosen = [problems[i] for i in order[: cfg.train_batch_size].tolist()]
-        scored = make_batch(engine, chosen, reward_fn, torch.Generator().manual_seed(seed), cfg)
+        chosen = [problems[i] for i in order[: cfg.batch_size].tolist()]
+        scored = make_batch(engine, chosen, reward_fn, torch.Generator().manual_seed(seed), group=cfg.sampling.n,
+                            chat=cfg.chat, norm_by_std=cfg.norm_by_std)  # fmt: skip
         t2 = time.perf_counter()
         item = SampledBatch(
             batch=batch,

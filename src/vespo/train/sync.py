@@ -24,27 +24,32 @@ from vespo.train.system import clock, release_free_memory
 
 def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     """Run synchronous RL training per `cfg` in the claimed run dir `out`; returns the last step's metrics."""
-    settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
+    batch = cfg.batch
+    settings = update_settings(cfg, num_mini_batches=batch.num_mini_batches, shuffle=batch.shuffle)
     state = setup_run(cfg, out, settings)
     run, learner, tokenizer, gen = state.run, state.learner, state.tokenizer, state.gen
     model = learner.model
     device = next(model.parameters()).device
     # the inference engine: the policy itself, a low-precision copy, or vLLM; its weights synced every step
-    engine = build_engine(cfg.sampler_engine, cfg.sampling, policy_path=state.policy_path, seed=cfg.seed,
+    engine = build_engine(cfg.async_.sampler_engine, cfg.sampling, policy_path=state.policy_path, seed=cfg.run.seed,
                           model=model, tokenizer=tokenizer)  # fmt: skip
+    rollout_cfg, run_cfg = cfg.rollout, cfg.run
+    produce = {"group": batch.rollout_n, "chat": cfg.data.apply_chat_template,
+               "norm_by_std": cfg.algorithm.norm_adv_by_std, "clock": lambda: clock(device)}  # fmt: skip
+    probe_every = cfg.optimizer.probe_every
     run.begin()
     metrics = run.logger.last  # the checkpoint's step, should no step be left to run
-    for step in range(state.start + 1, cfg.total_training_steps + 1):
+    for step in range(state.start + 1, batch.total_training_steps + 1):
         t0 = clock(device)
         # 1. a rollout batch of prompts (order drawn from the global RNG, which is checkpointed)
-        idx = torch.randperm(len(state.train_set))[: cfg.train_batch_size].tolist()
+        idx = torch.randperm(len(state.train_set))[: batch.train_batch_size].tolist()
         # 2. the engine's weight sync (a no-op when it is the policy itself), then n responses per prompt with its
         # log-probs recorded, 3. rewards and group advantages
         engine.load(list(model.named_parameters()))
-        scored = make_batch(engine, [state.train_set[i] for i in idx], state.reward_fn, gen, cfg, lambda: clock(device))
+        scored = make_batch(engine, [state.train_set[i] for i in idx], state.reward_fn, gen, **produce)
         rollout, rewards, advantages = scored.rollout, scored.rewards, scored.advantages
-        if cfg.log_completions:
-            rows = completion_rows(tokenizer, rollout, rewards, advantages, cfg.num_completions_to_print)
+        if run_cfg.log_completions:
+            rows = completion_rows(tokenizer, rollout, rewards, advantages, run_cfg.num_completions_to_print)
             run.logger.log_completions(rows, step)
         # 4. the reference policy's log-probs, for the KL penalty (None without one)
         t_score = clock(device)
@@ -53,20 +58,20 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         # 5. N sequential optimizer steps over the mini-batches; the old log-probs mu are scored inside, under the
         # current weights (mini-batch 0's from its own forward), and the sampler's log-probs correct the mismatch;
         # in bypass mode the sampler's log-probs are mu themselves
-        bypass = cfg.bypass_mode
+        bypass = rollout_cfg.bypass_mode
         update = learner.update(
             rollout,
             advantages,
             old_log_prob=rollout.rollout_log_prob if bypass else None,
             ref_log_prob=ref_log_prob,
-            rollout_log_prob=rollout.rollout_log_prob if cfg.use_rollout_log_prob and not bypass else None,
+            rollout_log_prob=rollout.rollout_log_prob if rollout_cfg.use_rollout_log_prob and not bypass else None,
             rewards=rewards,
-            probe=cfg.probe_every > 0 and step % cfg.probe_every == 0,  # the gradient probe, at its stride
+            probe=probe_every > 0 and step % probe_every == 0,  # the gradient probe, at its stride
         )
         release_free_memory()
         t_update = clock(device)
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
-        step_metrics = rollout_metrics(rewards, rollout, cfg.max_response_length)
+        step_metrics = rollout_metrics(rewards, rollout, rollout_cfg.max_response_length)
         metrics = to_floats(step_metrics | update) | scored.grading
         metrics |= {  # the step's phases (veRL's timing_s/{gen,reward,ref,update_actor}); the rest of
             # time/step_s is bookkeeping: prompts, advantages, logged completions, metrics (evaluation and
