@@ -14,13 +14,8 @@ from typing import Any
 
 import torch
 
-try:  # the engine, imported when this module is (the core install has no TRL)
-    from trl import GRPOConfig, GRPOTrainer
-except ModuleNotFoundError as err:
-    hint = "pip install 'vespo[trl]'"
-    raise ModuleNotFoundError(f"vespo.integrations.trl needs TRL ({err}): {hint}", name=err.name) from err
-
 from vespo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
+from vespo.integrations import engine_names
 from vespo.losses import (
     CORRECTION_OPTIONS,
     BatchContext,
@@ -36,6 +31,8 @@ from vespo.losses import (
 )
 
 Tensor = torch.Tensor
+# the engine, imported when this module is (the core install has no TRL)
+GRPOConfig, GRPOTrainer = engine_names(__name__, "TRL", "pip install 'vespo[trl]'", "trl", "GRPOConfig", "GRPOTrainer")
 
 # Model-forward inputs TRL may carry for multimodal models; passed through unchanged.
 _IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's vLLM IS modes

@@ -21,13 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-try:  # the engine, imported when this module is (the core install has no veRL)
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
-    from verl.workers.config import PolicyLossConfig
-except ModuleNotFoundError as err:
-    hint = "bash .ci/install_verl.sh"
-    raise ModuleNotFoundError(f"vespo.integrations.verl needs veRL ({err}): {hint}", name=err.name) from err
-
+from vespo.integrations import engine_names
 from vespo.losses import (
     CORRECTION_OPTIONS,
     PolicyBatch,
@@ -39,6 +33,12 @@ from vespo.losses import (
 )
 
 Tensor = torch.Tensor
+# the engine, imported when this module is (the core install has no veRL)
+_ENGINE = (__name__, "veRL", "bash .ci/install_verl.sh")
+POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss = engine_names(
+    *_ENGINE, "verl.trainer.ppo.core_algos", "POLICY_LOSS_REGISTRY", "agg_loss", "register_policy_loss"
+)
+(PolicyLossConfig,) = engine_names(*_ENGINE, "verl.workers.config", "PolicyLossConfig")
 
 _BYPASS_MESSAGE = (
     "vespo losses do not support veRL's rollout_correction.bypass_mode: bypass mode replaces the configured "
