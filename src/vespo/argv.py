@@ -57,6 +57,27 @@ def unknown_flag(argv: Iterable[str], accepted: Iterable[str]) -> str | None:
     return None
 
 
+def from_text(text: str, hint: object) -> object:
+    """`text` (a command-line token, a sweep's extra setting) as the first type of annotation `hint` it reads as:
+    None for "None" or "null" where None is accepted, a bool for "true"/"false" (any case), an int, a float; else
+    the text itself (a string, a `Literal`'s member, or text for the caller's type check to refuse in its own
+    words). The one text-to-value rule of vespo's command lines."""
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    kinds = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    for kind in kinds:
+        if kind is type(None) and text in ("None", "null"):
+            return None
+        if kind is bool and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        if kind in (int, float):
+            with contextlib.suppress(ValueError):
+                return kind(text)
+    return text
+
+
 class _Renamed:
     """The type of `RENAMED`."""
 
