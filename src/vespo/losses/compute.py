@@ -7,13 +7,13 @@ Every method is a pure function registered with `register_method`:
 
 of float tensors of shape (B, T) (`advantages` is a (B, T) view, constant along a row, stride 0, when the caller
 gave one advantage per sequence; `mask` is float 0/1), returning the per-token loss matrix and a dict of 0-dim
-detached metric tensors. A method registered with `rollout_correction="fold"` also takes the keyword
-`rollout_log_w` (B,) or None: the log of the sequence's train-inference IS weight, to fold into its own W. A
-method names the other optional inputs it takes in `register_method(inputs=...)` (`registry.OPTIONAL_INPUTS`), each
-a keyword of its signature defaulting to None (a direct call computes its own): `log_ratio` (B, T) (detached
-log(pi/mu), clamped to [-20, 20]) and `seq_log_ratio` (B,) (its masked row sum, log W), computed once per call;
-`rollout_log_prob`, the sampler's log-probs as given; `batch_context`, the statistics of the whole mini-batch the
-batch-adaptive methods (`vespo.losses.adaptive`) decide from, passed through unchanged.
+detached metric tensors. A method declares the optional inputs it takes in `register_method(inputs=...)`
+(`registry.OPTIONAL_INPUTS`), each a keyword of its signature defaulting to None (a direct call computes its own):
+`rollout_log_w` (B,), the log of the sequence's train-inference IS weight to fold into its own W (the methods
+registered with `rollout_correction="fold"`, and only they); `log_ratio` (B, T) (detached log(pi/mu), clamped to
+[-20, 20]) and `seq_log_ratio` (B,) (its masked row sum, log W), computed once per call; `rollout_log_prob`, the
+sampler's log-probs as given; `batch_context`, the statistics of the whole mini-batch the batch-adaptive methods
+(`vespo.losses.adaptive`) decide from, passed through unchanged.
 Gradients flow into `log_prob` only. Hyperparameters are keyword-only arguments with the paper defaults; they are
 checked once, by `validate_hparams`, before the function runs, never inside it. Normalisation lives in
 `vespo.aggregation`.

@@ -76,7 +76,7 @@ def vespo(
     c2_neg: float = 2.0,
     length_norm: Literal["none", "sqrt", "linear"] = "none",
     positive_weight: Literal["phi", "one"] = "phi",
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """VESPO (paper Eq. 12 and Appendix I): loss = -sg(phi(W)) * A * log pi with W = prod_t pi/mu (no length norm).
 
     phi(W) = W^c1 exp(c2 (1 - W)), (c1, c2) = (c1_pos, c2_pos) for A >= 0 else (c1_neg, c2_neg), computed in log
@@ -128,7 +128,7 @@ def grpo(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.28,
     clip_ratio_c: float = 3.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """Token-level PPO clip with DAPO's decoupled bounds (1 - 0.2, 1 + 0.28) and dual clip c = 3 (paper Eq. 6).
 
     r_t = pi/mu per token; loss = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), capped at -A c for A < 0.
@@ -187,7 +187,7 @@ def bapo(
     ratio_upper_max: float = 2.0,
     ratio_upper_step: float = 0.05,
     clip_ratio_c: float = 3.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """BAPO (Xi et al. 2025) as the authors' code (WooooDyy/BAPO, recipe/bapo/policy_loss.py) computes it.
 
     PPO clip with dual clip whose ratio bounds (c_low, c_high) are searched per call: the positive contribution
@@ -249,7 +249,7 @@ def gspo(
     log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, *,
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """GSPO (Zheng et al. 2025): sequence ratio s = (pi/mu)^(1/|y|), clipped to [1 - 3e-4, 1 + 4e-4] (paper Eq. 7).
 
     Token-level stop-gradient form s_t = sg(s) * pi_t / sg(pi_t), so the gradient is s * A * mean_t grad log pi_t
@@ -279,7 +279,7 @@ def sapo(
     log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, *,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """SAPO (Gao et al. 2025): soft gate f(r) = sigma(tau (r - 1)) * 4 / tau per token, loss = -f(r) * A.
 
     tau = tau_pos for A > 0, tau_neg otherwise (as TRL / veRL). The gradient weight is f'(r) r = 4 sigma (1 - sigma) r,
@@ -299,7 +299,7 @@ def sapo(
 def topr(
     log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, mask: Tensor, *,
     ratio_level: Literal["product", "geometric"] = "product",
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """TOPR (Le Roux et al. 2025): weight 1 for A >= 0, sg(clip(W, 0, 1)) for A < 0; loss = -weight * A * log pi.
 
     `ratio_level="product"` uses W = prod_t pi/mu (the TOPR paper); "geometric" uses (prod_t pi/mu)^(1/|y|), the
@@ -335,7 +335,7 @@ def cispo(
     log_ratio: Tensor | None = None,
     ratio_max: float = 5.0,
     ratio_min: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """CISPO (MiniMax-M1, 2025): loss = -sg(clip(r, ratio_min, ratio_max)) * A * log pi per token.
 
     MiniMax-M1 sets no lower bound; the upper bound 5.0 is ScaleRL's recommendation (TRL's default for CISPO).

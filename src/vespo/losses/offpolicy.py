@@ -56,7 +56,7 @@ def m2po(
     log_ratio: Tensor | None = None,
     batch_context: BatchContext | None = None,
     m2_threshold: float = 0.04,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """M2PO (Zheng et al. 2025, arXiv 2510.01161): loss = -M * r * A per token, r = pi/mu, M in {0, 1}.
 
     M masks trust-region tokens (`core.trust_region_m2`: A > 0 with r > 1, or A < 0 with r < 1) with the largest
@@ -105,7 +105,7 @@ def opsm(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     off_policy_mask_threshold: float = 0.5,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """GRPO with DeepSeek-V3.2's off-policy sequence masking (its Eq. 9; TRL's `off_policy_mask_threshold`).
 
     PPO clip per token, r = pi/mu clipped to [1 - 0.2, 1 + 0.2] (no dual clip), times the mask
@@ -214,7 +214,7 @@ def _dppo_method(name: str, divergence: Literal["tv", "kl"], threshold: float, d
         clip_ratio_low: float = threshold,
         clip_ratio_high: float = threshold,
         clip_ratio_c: float | None = 20.0,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
         return _dppo(
             divergence, log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
         )
