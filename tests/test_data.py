@@ -171,7 +171,8 @@ def test_own_dataset_is_not_held_to_the_embedded_pool(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(16)))
     cfg = parse_args(["--dataset", str(path), "--eval-size", "1000", "--run-dir", str(tmp_path / "run")])
-    train_set, eval_set = load_data(cfg)
+    train_set, eval_set = load_data(cfg.data, cfg.embedded, eval_size=cfg.run.eval_size,
+                                    batch_size=cfg.batch.train_batch_size)  # fmt: skip
     assert len(train_set) == 16 and eval_set is None
 
 
