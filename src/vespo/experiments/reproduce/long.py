@@ -50,6 +50,7 @@ OUT = Path("benchmarks/results/paper_long")
 
 
 def design_results(out: Path, d: dict) -> list[dict]:
+    """A design's results.csv rows (designs/<name>/results.csv; none before its first seed finishes)."""
     path = out / DESIGN_DIR / d["design"] / "results.csv"
     return load_rows(path, PRIMARY) if path.is_file() else []
 

@@ -142,6 +142,7 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 
 def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) -> str:
+    """verdicts.md: how the verdicts are reached, one row per claim and checkpoint rule, and the counts per rule."""
     seeds = sorted({int(r["seed"]) for r in rows})
     lines = [
         "# The paper's staleness orderings: same sign as the paper, opposite, or unresolved",
@@ -201,6 +202,7 @@ def verdicts_markdown(found: list[dict], rows: list[dict], alpha: float = 0.05) 
 def run(
     out: Path, seeds: list[int], jobs: int, variants: list[str], num_mini_batches: list[int], smoke: bool
 ) -> SweepConfig:
+    """Run (or finish) the paper preset's grid in `out` (`--smoke`: `SMOKE` on a 2-step warm start cached in `out`)."""
     fields = {"seeds": tuple(seeds), "variants": tuple(variants), "num_mini_batches": tuple(num_mini_batches)}
     extra = {"tensorboard": "False"}
     if smoke:  # a 2-step warm start cached under out, not in the user's cache
@@ -232,6 +234,8 @@ def coverage(rows: list[dict]) -> str:
 
 
 def report(out: Path) -> list[dict]:
+    """From out's results.csv: the coverage line atop results.md, `vespo compare`'s tables per checkpoint rule, and
+    verdicts.md / .json / .csv / .png; returns the verdicts."""
     rows = load_rows(out / "results.csv", "best_eval_acc")
     results = out / "results.md"
     if results.is_file() and not results.read_text().startswith(COVERAGE):  # the sweep's tables, said what they cover

@@ -23,6 +23,7 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def git_root(path: Path) -> Path | None:
+    """The top of the git work tree that holds `path`, None outside git."""
     top = _git(path if path.is_dir() else path.parent, "rev-parse", "--show-toplevel")
     return Path(top.strip()) if top else None
 
@@ -34,6 +35,7 @@ def history(root: Path, rel: str) -> list[str]:
 
 
 def show(root: Path, commit: str, rel: str) -> str | None:
+    """`rel` as `commit` holds it, None where it does not."""
     return _git(root, "show", f"{commit}:{rel}")
 
 
@@ -112,6 +114,8 @@ def _names_in(text: str, name: str) -> bool:
 
 
 def design_plan_commit(name: str):
+    """The plan-commit reader of design `name` (`registration`'s `plan_commit_of`): the commit that added its plan."""
+
     def plan_commit(root: Path, out_rel: str, members: list[dict]) -> str | None:
         rel = f"{out_rel}/{PLANS}/{name}.md"
         text = _git(root, "log", "--reverse", "--diff-filter=A", "--format=%H", "--", rel)

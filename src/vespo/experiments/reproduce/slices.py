@@ -68,6 +68,8 @@ def slices_run(found: list[dict], rows: list[dict]) -> list[dict]:
 
 def config(out: Path, seeds: list[int] | None, jobs: int, variants: list[str], num_mini_batches: list[int],
            smoke: bool, **fields) -> SweepConfig:  # fmt: skip
+    """The SweepConfig of a slice of the paper-long table (the preset's regime under these fields; `--smoke`: `SMOKE`
+    and a 2-step warm start cached under `out`, never in the user's cache)."""
     fields |= {"variants": tuple(variants), "num_mini_batches": tuple(num_mini_batches)}
     if seeds is not None:
         fields["seeds"] = tuple(seeds)
@@ -193,7 +195,9 @@ def prepare_merge(out: Path, add: list[Path]) -> tuple[list[dict], str]:
         extra = load_rows(d / "results.csv", PRIMARY)
         rows = merge_rows(rows, extra, str(d / "results.csv"))
         if not ((d / "plan.md").exists() or (d / "plan.md").is_symlink()):
-            raise ValueError(f"{d}: no plan.md; a slice of the {PRESET} table is run by this script, which writes one")
+            raise ValueError(
+                f"{d}: no plan.md; a slice of the {PRESET} table is run by `vespo reproduce {PRESET}`, which writes one"
+            )
         texts.append(read_text(d / "plan.md"))
         planned = {
             v
