@@ -234,27 +234,15 @@ def sft_warm_start(
     """
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses: list[float] = []
-    start = 0
-    if state is not None:
-        model.load_state_dict(state[MODEL])
-        opt.load_state_dict(state[OPTIMIZER])
-        rng.setstate(state[RNG]["python"])
-        torch.set_rng_state(state[RNG]["torch"])
-        start, losses = state[STEP], list(state[LOSSES])
+    start, losses = _restore(state, model, opt, rng) if state is not None else (0, [])
     model.train()
 
     def snapshot(step: int) -> dict:
         rngs = {"python": rng.getstate(), "torch": torch.get_rng_state()}
         return {STEP: step, MODEL: model.state_dict(), OPTIMIZER: opt.state_dict(), RNG: rngs, LOSSES: losses}
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, initial=start, desc="SFT warm start", unit="step", mininterval=1.0)
-    t_probe = t_saved = time.perf_counter()
-    probing = announce is not None
+    bar = _progress_bar(steps, start) if progress else None
+    tick, t_saved = _pacer(start, steps, announce), time.perf_counter()
     try:
         with _sigint_between_steps() as stop:
             for step in range(start, steps):
@@ -263,14 +251,7 @@ def sft_warm_start(
                     if save is not None and step + 1 < steps:
                         save(snapshot(step + 1))
                     raise KeyboardInterrupt
-                now = time.perf_counter()
-                if step == start:
-                    t_probe = now  # the first step (allocation, warm-up) is not timed
-                elif probing and now - t_probe >= _PROBE_S:
-                    probing = False
-                    left = (steps - step - 1) * (now - t_probe) / (step - start)
-                    if left > ANNOUNCE_S:
-                        announce(left, step - start)
+                now = tick(step)
                 if save is not None and now - t_saved >= SAVE_EVERY_S and step + 1 < steps:
                     save(snapshot(step + 1))
                     t_saved = now
@@ -282,6 +263,42 @@ def sft_warm_start(
             bar.close()
     model.eval()
     return losses
+
+
+def _progress_bar(steps: int, start: int):
+    """The warm start's tqdm bar over its `steps`, from `start`."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=steps, initial=start, desc="SFT warm start", unit="step", mininterval=1.0)
+
+
+def _restore(state: dict, model, opt: torch.optim.Optimizer, rng: random.Random) -> tuple[int, list[float]]:
+    """Load a warm start's snapshot (weights, optimizer, RNG streams) in place; (its step, its losses)."""
+    model.load_state_dict(state[MODEL])
+    opt.load_state_dict(state[OPTIMIZER])
+    rng.setstate(state[RNG]["python"])
+    torch.set_rng_state(state[RNG]["torch"])
+    return state[STEP], list(state[LOSSES])
+
+
+def _pacer(start: int, steps: int, announce: Callable[[float, int], None] | None) -> Callable[[int], float]:
+    """`tick(step)` after each SFT step: the time now; once the steps after the first (untimed: allocation, warm-up)
+    have run `_PROBE_S`, `announce(seconds_left, steps_timed)` when more than `ANNOUNCE_S` is left."""
+    t_probe, probing = time.perf_counter(), announce is not None
+
+    def tick(step: int) -> float:
+        nonlocal t_probe, probing
+        now = time.perf_counter()
+        if step == start:
+            t_probe = now  # the first step (allocation, warm-up) is not timed
+        elif probing and now - t_probe >= _PROBE_S:
+            probing = False
+            left = (steps - step - 1) * (now - t_probe) / (step - start)
+            if left > ANNOUNCE_S:
+                announce(left, step - start)
+        return now
+
+    return tick
 
 
 @contextlib.contextmanager

@@ -223,7 +223,8 @@ class OptimizerSettings:
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    """Generation and the log-probs the loss gets of it (`cfg.rollout`)."""
+    """Generation and the log-probs the loss gets of it (`cfg.rollout`): the engine samples with these, and the
+    learner scores its log-probs with the same temperature and truncation."""
 
     max_response_length: int = 16
     """Max new tokens per response."""

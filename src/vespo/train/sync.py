@@ -36,7 +36,8 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
     rollout_cfg, run_cfg = cfg.rollout, cfg.run
     produce = {"group": batch.rollout_n, "chat": cfg.data.apply_chat_template,
                "norm_by_std": cfg.algorithm.norm_adv_by_std, "clock": lambda: clock(device)}  # fmt: skip
-    probe_every = cfg.optimizer.probe_every
+    probe_every, bypass = cfg.optimizer.probe_every, rollout_cfg.bypass_mode
+    correct = rollout_cfg.use_rollout_log_prob and not bypass  # the sampler's log-probs correct the mismatch
     run.begin()
     metrics = run.logger.last  # the checkpoint's step, should no step be left to run
     for step in range(state.start + 1, batch.total_training_steps + 1):
@@ -58,30 +59,19 @@ def train_sync(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
         # 5. N sequential optimizer steps over the mini-batches; the old log-probs mu are scored inside, under the
         # current weights (mini-batch 0's from its own forward), and the sampler's log-probs correct the mismatch;
         # in bypass mode the sampler's log-probs are mu themselves
-        bypass = rollout_cfg.bypass_mode
-        update = learner.update(
-            rollout,
-            advantages,
-            old_log_prob=rollout.rollout_log_prob if bypass else None,
-            ref_log_prob=ref_log_prob,
-            rollout_log_prob=rollout.rollout_log_prob if rollout_cfg.use_rollout_log_prob and not bypass else None,
-            rewards=rewards,
-            probe=probe_every > 0 and step % probe_every == 0,  # the gradient probe, at its stride
-        )
+        sampler_log_prob = rollout.rollout_log_prob
+        update = learner.update(rollout, advantages, old_log_prob=sampler_log_prob if bypass else None,
+                                ref_log_prob=ref_log_prob, rollout_log_prob=sampler_log_prob if correct else None,
+                                rewards=rewards, probe=probe_every > 0 and step % probe_every == 0)  # fmt: skip
         release_free_memory()
         t_update = clock(device)
         # 6. log: the step's tensors become floats here, once; evaluate, watch the ESS, checkpoint
         step_metrics = rollout_metrics(rewards, rollout, rollout_cfg.max_response_length)
         metrics = to_floats(step_metrics | update) | scored.grading
-        metrics |= {  # the step's phases (veRL's timing_s/{gen,reward,ref,update_actor}); the rest of
-            # time/step_s is bookkeeping: prompts, advantages, logged completions, metrics (evaluation and
-            # checkpoints come after it)
-            "time/step_s": clock(device) - t0,
-            "time/gen_s": scored.gen_s,
-            "time/reward_s": scored.reward_s,
-            "time/ref_log_prob_s": t_ref - t_score,
-            "time/update_s": t_update - t_ref,
-        }
+        # the step's phases (veRL's timing_s/{gen,reward,ref,update_actor}); the rest of time/step_s is bookkeeping:
+        # prompts, advantages, logged completions, metrics (evaluation and checkpoints come after it)
+        metrics |= {"time/step_s": clock(device) - t0, "time/gen_s": scored.gen_s, "time/reward_s": scored.reward_s,
+                    "time/ref_log_prob_s": t_ref - t_score, "time/update_s": t_update - t_ref}  # fmt: skip
         if run.end_step(step, metrics, learner, gen, show="response/length_mean"):
             break
     run.finish(model, tokenizer)
