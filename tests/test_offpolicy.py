@@ -479,5 +479,5 @@ def test_eval_top_p_is_the_held_out_nucleus(monkeypatch, eval_top_p, want):
     seen = {}
     monkeypatch.setattr(setup, "evaluate_records", lambda *a, **kw: seen.update(kw) or {"eval/heldout/avg@1": 0.5})
     cfg = TrainConfig(top_p=0.9, eval_top_p=eval_top_p, temperature=0.8)
-    assert setup.evaluate(None, None, [], cfg) == {"eval/accuracy": 0.5}
+    assert setup.evaluate(None, None, [], cfg.run, cfg.sampling, chat=False, chunk=1) == {"eval/accuracy": 0.5}
     assert (seen["top_p"], seen["temperature"]) == (want, 0.8)
