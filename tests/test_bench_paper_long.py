@@ -13,6 +13,7 @@ from vespo.experiments.compare import load_rows
 from vespo.experiments.presets import PRESETS, gate
 from vespo.experiments.reproduce import designs, long, plan, registration, slices, verdicts
 from vespo.experiments.stats import minimal_detectable_difference, paired_t
+from vespo.experiments.sweep import cells
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "benchmarks" / "results" / "paper_long"
@@ -568,3 +569,16 @@ def test_the_smoke_of_each_table_runs_from_the_vespo_command(tmp_path, table):
     for name in expected:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert not (cwd / "benchmarks").exists()
+
+
+def test_a_committed_designs_cells_keep_their_names():
+    """The cells of design confirm-n64 (running while the scripts became `vespo reproduce paper-long`) keep the keys
+    they were started under, so the same design continues them: its config from the committed plan, each cell named by
+    the hash of its `vespo train` config."""
+    d = designs.parse_design(designs.read_text(TABLE / "plans" / "confirm-n64.md"), "confirm-n64")
+    (w,) = [w for w in d["warm_starts"] if w["sft_seed"] == 0]
+    where = TABLE / "designs" / "confirm-n64" / "sft0"
+    cfg = slices.config(where, w["seeds"], 2, d["variants"], d["num_mini_batches"], False, extra={"sft_seed": "0"},
+                        **d["sweep"])  # fmt: skip
+    names = {c.name for c in cells(cfg)}
+    assert {"grpo/N64/seed100/ce8e4b9a0a4c", "grpo/N64/seed101/031076b4df78"} <= names and len(names) == 14
