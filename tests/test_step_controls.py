@@ -119,3 +119,20 @@ def test_one_clip_and_one_step_for_the_trainer_and_the_lab():
                          scheduler=None, step_inputs=inputs)  # fmt: skip
     assert theta.tolist() == pytest.approx([-0.75, -1.0]) and float(out["actor/step_scale"]) == 0.25
     assert float(out["actor/update_norm"]) == pytest.approx(1.25)
+
+
+def test_old_log_prob_is_input_only_and_mu_comes_back():
+    """`ppo_update` never writes into the caller's old log-probs: it returns mu. Given, mu is that tensor unchanged;
+    None, mu is scored under the weights before the first step (mini-batch 1 by a no-grad forward, mini-batch 0 by
+    its own forward), so it equals the log-probs taken before the update although the weights moved."""
+    model, rollout, adv, old = _setup()
+    settings = UpdateSettings(method="vespo", num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=4)
+    given = old + 0.1 * rollout.response_mask
+    before = given.clone()
+    m = copy.deepcopy(model)
+    _, mu = ppo_update(Learner(m, torch.optim.SGD(m.parameters(), lr=1e-2), settings), UpdateBatch(rollout, adv, given))
+    assert mu is given and torch.equal(given, before)
+    m = copy.deepcopy(model)
+    _, mu = ppo_update(Learner(m, torch.optim.SGD(m.parameters(), lr=1e-2), settings), UpdateBatch(rollout, adv))
+    torch.testing.assert_close(mu, old, rtol=0, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(m.parameters(), model.parameters(), strict=True))
