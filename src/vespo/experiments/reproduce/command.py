@@ -52,9 +52,9 @@ def paper_cli(argv: list[str]) -> int:
     try:
         if not args.report_only:
             paper.run(args.out_dir, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
-    except ValueError as exc:
+        paper.report(args.out_dir)
+    except ValueError as exc:  # a bad grid, or an out-dir without results.csv: one line
         p.error(str(exc))
-    paper.report(args.out_dir)
     print((args.out_dir / "verdicts.md").read_text())
     return 0
 
