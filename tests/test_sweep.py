@@ -8,9 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from vespo.experiments.presets import PAPER_LR, PRESETS
 from vespo.experiments.sweep import (
-    PAPER_LR,
-    PRESETS,
     Cell,
     SweepConfig,
     cells,
@@ -47,9 +46,7 @@ def test_topr_both_ways_and_controls_reach_the_cells():
     cfg = SweepConfig(methods=("topr", "topr-tokenmean"), num_mini_batches=(1,), seeds=(0,))
     modes = {c.variant: flat(cfg, c).loss_agg_mode for c in cells(cfg)}
     assert modes == {"topr": None, "topr-tokenmean": "token-mean"}  # None: the method's own, seq-mean-token-sum
-    controls = {
-        c.variant: flat(cfg, c) for c in cells(SweepConfig(preset="step_controls", num_mini_batches=(1,)))
-    }
+    controls = {c.variant: flat(cfg, c) for c in cells(SweepConfig(preset="step_controls", num_mini_batches=(1,)))}
     assert controls["vespo-meanphi"].step_scale == "mean_phi" and controls["vespo-targetkl"].target_kl == 0.02
 
 
