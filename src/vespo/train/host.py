@@ -19,6 +19,7 @@ from vespo.data.reasoning_gym import is_reasoning_gym
 from vespo.intervals import Interval
 from vespo.train.checks import SAMPLERS_REASON, ConfigError, check_range
 from vespo.train.config import EMBEDDED, TrainConfig
+from vespo.train.fields import HardwareSettings
 from vespo.train.shm import SAMPLER_PROCESS_BYTES, check_shared_memory
 
 
@@ -142,11 +143,12 @@ def _check_sampler_memory(cfg: TrainConfig) -> None:
             f"({per_sampler / 2**30:.2f} GiB per sampler: a process with torch and its {dtype} copy of the "
             f"policy) but {free / 2**30:.1f} GiB of memory is available: {fit}"
         )
-    check_shared_memory(_shared_weight_bytes(cfg))  # the learner's weights, shared
+    check_shared_memory(_shared_weight_bytes(cfg.data.model, cfg.hardware))  # the learner's weights, shared
 
 
-def _shared_weight_bytes(cfg: TrainConfig) -> int:
+def _shared_weight_bytes(name: str, hardware: HardwareSettings) -> int:
     """The /dev/shm the async weight store will take (`WeightStore.shared_bytes`), counted on the learner's policy
+    (`name`: the `model` setting; with `hardware`'s LoRA)
     built on the meta device from its config, no weight read (the embedded model, a model directory, a Hub model in
     the cache; LoRA adapters added as the run adds them); for a policy whose config this cannot build (a GGUF file, a
     Hub model not downloaded yet) the float32 size of its weight files."""
@@ -156,43 +158,44 @@ def _shared_weight_bytes(cfg: TrainConfig) -> int:
 
     try:
         with torch.device("meta"):
-            model = _meta_policy(cfg)
+            model = _meta_policy(name, hardware)
     except Exception:  # noqa: BLE001 (a config only the real load can judge: it says what is wrong, one line)
         model = None
     if model is None:
-        return _policy_bytes(cfg.data.model, "float32") + POOL_SHARED_BYTES
+        return _policy_bytes(name, "float32") + POOL_SHARED_BYTES
     return WeightStore.shared_bytes(model)
 
 
-def _meta_policy(cfg: TrainConfig):
-    """The run's policy as `vespo.train.setup` builds it (float32, LoRA when asked), under the caller's meta device;
-    None when its config is not on this machine or it is a GGUF file."""
+def _meta_policy(name: str, hardware: HardwareSettings):
+    """The run's policy (`name`: the `model` setting) as `vespo.train.setup` builds it (float32, `hardware`'s LoRA
+    when asked), under the caller's meta device; None when its config is not on this machine or it is a GGUF
+    file."""
     import torch
     import transformers
 
-    if cfg.data.model == EMBEDDED:
+    if name == EMBEDDED:
         from vespo.embedded.task import build_tiny_model, build_tokenizer
 
         model = build_tiny_model(build_tokenizer())
     else:
         from vespo.models import gguf_file
 
-        folder = Path(cfg.data.model).expanduser()
+        folder = Path(name).expanduser()
         if gguf_file(folder) is not None:
             return None
         if not (folder / "config.json").is_file():
             from huggingface_hub import try_to_load_from_cache
 
-            cached = try_to_load_from_cache(cfg.data.model, "config.json")
+            cached = try_to_load_from_cache(name, "config.json")
             if not isinstance(cached, str):
                 return None
             folder = Path(cached).parent
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if cfg.hardware.use_peft:
+    if hardware.use_peft:
         from vespo.models import add_lora
 
-        model = add_lora(model, cfg)
+        model = add_lora(model, hardware)
     return model
 
 

@@ -72,9 +72,11 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
         print(f"vespo train: {why}; --num-threads N to change", file=sys.stderr, flush=True)
     torch.set_num_threads(threads)
     start_run(cfg, out, threads)
-    policy_path = (embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.run.progress)
-                   if cfg.data.model == EMBEDDED else None)  # fmt: skip
-    model, tokenizer, policy_path = load_model(cfg.data.model, cfg.run, policy_path)
+    if cfg.data.model == EMBEDDED:
+        policy_path = embedded_policy_path(WarmStartSpec.of(cfg), progress=cfg.run.progress)
+    else:
+        policy_path = model_source(cfg.data.model, cfg.run)
+    model, tokenizer = load_model(policy_path)
     model, device = prepare_policy(model, cfg.hardware, disable=cfg.rollout.disable_dropout)
     learner = build_learner(model, cfg, settings, device)
     gen = seed_everything(cfg.run.seed, device)  # global streams + the sampling-noise generator, all checkpointed
@@ -93,14 +95,20 @@ def setup_run(cfg: TrainConfig, out: OwnedDir, settings: UpdateSettings) -> RunS
     return RunState(run, learner, tokenizer, policy_path, gen, start, loop, train_set, reward_fn, threads)
 
 
-def load_model(model: str, run: RunSettings, policy_path: Path | None):
-    """(policy, tokenizer, its path): `policy_path` (the embedded warm start) or the Hub id / local path `model`
-    (a GGUF: its converted cache in `run.cache_dir`); one that cannot be had is a ConfigError."""
+def model_source(model: str, run: RunSettings) -> str | Path:
+    """Where the Hub id or local path `model` loads from (a GGUF: its converted cache in `run.cache_dir`); one that
+    cannot be had is a ConfigError."""
     try:
-        if policy_path is None:
-            policy_path = model_path(model, cache_dir=run.cache_dir, progress=run.progress)
-        return (*load_policy(policy_path), policy_path)
+        return model_path(model, cache_dir=run.cache_dir, progress=run.progress)
     except ValueError as exc:  # a Hub id neither reachable nor cached; a cache entry vespo did not write
+        raise ConfigError(str(exc)) from None
+
+
+def load_model(path: str | Path):
+    """(policy, tokenizer) from a model folder; one that does not load is a ConfigError."""
+    try:
+        return load_policy(path)
+    except ValueError as exc:  # a cache entry vespo did not write
         raise ConfigError(str(exc)) from None
 
 
