@@ -7,7 +7,7 @@ import torch
 
 import vespo
 from vespo import compute_policy_loss
-from vespo.experiments.sweep import NAMED
+from vespo.experiments.presets import NAMED
 
 # 2 sequences x 2 tokens: log pi, per-token log(pi/mu), A = (+1, -2), all tokens valid (token-mean over 4 tokens)
 LP = [[-1.0, -2.0], [-0.5, -1.5]]

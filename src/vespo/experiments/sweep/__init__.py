@@ -15,7 +15,6 @@ results.csv / results.md), `plots` (the figures) and `command` (`vespo sweep`). 
 `vespo.experiments.presets`.
 """
 
-from vespo.experiments.presets import GATES, NAMED, PAPER_LR, PAPER_TABLE, PRESET_REGIMES, PRESETS, gate  # moved
 from vespo.experiments.sweep.cells import LATER_FIELDS, NOT_IDENTITY, cell_key, cells, optimizer_steps, train_config
 from vespo.experiments.sweep.command import cli
 from vespo.experiments.sweep.config import SWEEP_OWNED, Cell, SweepConfig, preset_config, resolve, variants
@@ -23,8 +22,7 @@ from vespo.experiments.sweep.plots import lr_robustness_figure, plot, plot_lr_ro
 from vespo.experiments.sweep.pool import SWEEP_OUTPUTS, run_cell, sweep, write_cell_config
 from vespo.experiments.sweep.report import PROBE_METRICS, read_summary, regime_summary, summarize, write_tables
 
-__all__ = [  # the presets' names moved to vespo.experiments.presets: here until their callers import them there
-    "GATES", "NAMED", "PAPER_LR", "PAPER_TABLE", "PRESET_REGIMES", "PRESETS", "gate",
+__all__ = [
     "LATER_FIELDS", "NOT_IDENTITY", "PROBE_METRICS", "SWEEP_OUTPUTS", "SWEEP_OWNED", "Cell", "SweepConfig", "cell_key",
     "cells", "cli", "lr_robustness_figure", "optimizer_steps", "plot", "plot_lr_robustness", "preset_config",
     "read_summary", "regime_summary", "resolve", "run_cell", "summarize", "sweep", "train_config", "variants",
