@@ -3,12 +3,10 @@ identity (`cell_key`) that names its run dir."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import types
-import typing
 from pathlib import Path
 
+from vespo.argv import from_text
 from vespo.experiments.grid import settings_key
 from vespo.experiments.presets import PRESET_REGIMES
 from vespo.experiments.sweep.config import SWEEP_OWNED, Cell, SweepConfig, resolve, variants
@@ -123,30 +121,17 @@ def train_config(cfg: SweepConfig, cell: Cell) -> TrainConfig:
 
 def _typed_extra(extra: dict[str, object]) -> dict[str, object]:
     """`extra` as TrainConfig fields (hyphens read as underscores) with values of the field's type, as `vespo train`'s
-    command line reads text: "None" is None where None is accepted, "True"/"False" a bool, a number where one is; a
-    value that is not text (an API caller's) is kept. A value that fits no type of its field is a one-line
+    command line reads text (`vespo.argv.from_text`, the one text-to-value rule); a value that is not text (an API
+    caller's) is kept. A value that fits no type of its field is a one-line
     ValueError."""
     typed = {}
     for key, value in extra.items():
         name = key.replace("-", "_")
         hint = FIELD_TYPES[name]
         if isinstance(value, str):
-            value = _from_text(value, hint)
+            value = from_text(value, hint)
         if not conforms(value, hint):
             raise ValueError(f"extra: {key} must be {describe_type(hint)}, got {value!r}")
         typed[name] = value
     return typed
 
-
-def _from_text(text: str, hint: object) -> object:
-    """`text` as the first type of `hint` it reads as (None, bool, int, float), else the text itself."""
-    kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    for kind in kinds:
-        if kind is type(None) and text == "None":
-            return None
-        if kind is bool and text in ("True", "False"):
-            return text == "True"
-        if kind in (int, float):
-            with contextlib.suppress(ValueError):
-                return kind(text)
-    return text
