@@ -119,7 +119,12 @@ def test_async_choices_are_refused_by_the_parser(argv, message):
 
 def test_async_flag_and_sigterm_become_one_shutdown_path():
     cfg = parse_args(["--async", "--max-staleness", "8", "--sync-every", "2", "--num-samplers", "2"])
-    assert (cfg.mode, cfg.max_staleness, cfg.sync_every, cfg.num_samplers) == ("async", 8, 2, 2)
+    assert (cfg.async_.mode, cfg.async_.max_staleness, cfg.async_.sync_every, cfg.async_.num_samplers) == (
+        "async",
+        8,
+        2,
+        2,
+    )
     with pytest.raises(KeyboardInterrupt), _sigterm_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler interrupts this
@@ -278,7 +283,11 @@ def test_shuffle_permutes_rows_before_cutting_mini_batches():
         r, adv = r.select(perm), adv[perm]
         with torch.no_grad():
             old, _ = policy_log_probs(
-                model, r, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+                model,
+                r,
+                torch.arange(16),
+                micro_batch_size=cfg.batch.micro_batch_size,
+                temperature=cfg.rollout.temperature,
             )
         torch.manual_seed(7)
         hist = _update(model, torch.optim.SGD(model.parameters(), lr=0.1), r, adv, old, cfg)

@@ -212,7 +212,7 @@ def test_hparams_are_typed_by_the_methods_own_signature(argv, expected):
     floats, and veRL's "lower_upper" thresholds stay text (a number parser reads "0.5_5" as 0.55)."""
     from vespo.train.config_io import parse_args
 
-    got = parse_args(argv).hparams
+    got = parse_args(argv).algorithm.hparams
     assert got == expected and all(type(got[k]) is type(v) for k, v in expected.items())
 
 
@@ -365,7 +365,7 @@ def test_trl_names_are_read_as_vespo_fields_in_vespos_units(tmp_path, trl, vespo
 
     base = ["--run-dir", str(tmp_path)] if "{root}" not in " ".join(trl) else []
     cfg = parse_args(base + [a.replace("{root}", str(tmp_path)) for a in trl])
-    got = {k: getattr(cfg, k) for k in vespo}
+    got = {k: cfg.flat()[k] for k in vespo}
     assert got == {k: str(tmp_path) if v == "{root}" else v for k, v in vespo.items()}
 
 
@@ -389,10 +389,10 @@ def test_trl_batch_and_steps_mean_what_trls_own_config_makes_of_them(
              "steps-per-generation": steps_per_generation, "output-dir": tmp_path / "run"}  # fmt: skip
     cfg = parse_args([x for k, v in flags.items() for x in (f"--{k}", str(v))])
     assert args.world_size * args.gradient_accumulation_steps == 1
-    assert cfg.train_batch_size == args.generation_batch_size // args.num_generations
-    assert cfg.ppo_mini_batch_size == args.per_device_train_batch_size // args.num_generations
-    assert cfg.total_training_steps == args.max_steps // args.steps_per_generation
-    assert cfg.rollout_n == args.num_generations
+    assert cfg.batch.train_batch_size == args.generation_batch_size // args.num_generations
+    assert cfg.batch.ppo_mini_batch_size == args.per_device_train_batch_size // args.num_generations
+    assert cfg.batch.total_training_steps == args.max_steps // args.steps_per_generation
+    assert cfg.batch.rollout_n == args.num_generations
 
 
 @pytest.mark.parametrize(
@@ -429,7 +429,12 @@ def test_trl_names_match_the_yaml_given_fields(tmp_path):
     with pytest.raises(ConfigError, match="--num-generations is TRL's name for --rollout-n"):
         parse_args(["--config", str(tmp_path / "c.yaml"), "--num-generations", "8"])
     cfg = parse_args(["--config", str(tmp_path / "c.yaml"), "--per-device-train-batch-size", "8"])
-    assert (cfg.rollout_n, cfg.lr, cfg.ppo_mini_batch_size, cfg.train_batch_size) == (4, 0.001, 2, 2)
+    assert (cfg.batch.rollout_n, cfg.optimizer.lr, cfg.batch.ppo_mini_batch_size, cfg.batch.train_batch_size) == (
+        4,
+        0.001,
+        2,
+        2,
+    )
 
 
 # --- the run's time, printed after its first step (issue 39 item 3)
@@ -495,9 +500,9 @@ def test_an_old_flag_name_still_works_with_one_deprecation_line(capsys):
     assert cfg.num_mini_batches == (8,) and capsys.readouterr().err == ""
     from vespo.train.config_io import parse_args  # issue 55 item 5: train takes N by the same name, the same line
 
-    assert parse_args(["--staleness", "4", "--ppo-mini-batch-size", "2"]).num_mini_batches == 4
+    assert parse_args(["--staleness", "4", "--ppo-mini-batch-size", "2"]).batch.num_mini_batches == 4
     assert capsys.readouterr().err == "vespo train: --staleness is deprecated; use --num-mini-batches\n"
-    assert parse_args(["--num-mini-batches", "4", "--ppo-mini-batch-size", "2"]).train_batch_size == 8
+    assert parse_args(["--num-mini-batches", "4", "--ppo-mini-batch-size", "2"]).batch.train_batch_size == 8
     assert capsys.readouterr().err == ""
     assert renamed_flags(SweepConfig) == {"--staleness": "--num-mini-batches"}
     warn_renamed("bench.py", ["--seeds", "1", "--sync-staleness", "4"], {"--sync-staleness": "--sync-n"})

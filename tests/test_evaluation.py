@@ -193,7 +193,7 @@ def test_eval_samples_what_the_trainers_engine_samples(tmp_path):
         )
     (engine,) = engines
     assert type(engine).__name__ == "HFEngine" and engine.shared and engine.model is model  # no copy, no 2nd path
-    trainer = build_engine(cfg.sampler_engine, cfg.sampling, model=model, tokenizer=tokenizer)
+    trainer = build_engine(cfg.async_.sampler_engine, cfg.sampling, model=model, tokenizer=tokenizer)
     rollout = trainer.generate([r["prompt"] for r in records], torch.Generator().manual_seed(7))  # chunk 0: seed + 0
     flat = decode_responses(tokenizer, rollout)
     assert texts == [flat[0:2], flat[2:4], flat[4:6]]

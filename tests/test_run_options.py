@@ -180,9 +180,11 @@ def test_a_flag_for_n_overrides_the_config_files_other_spelling_of_it(tmp_path):
     (tmp_path / "batch.yaml").write_text("train_batch_size: 32\nppo_mini_batch_size: 4\n")
     (tmp_path / "n.yaml").write_text("staleness: 2\nppo_mini_batch_size: 4\n")
     (tmp_path / "both.yaml").write_text("staleness: 2\ntrain_batch_size: 32\nppo_mini_batch_size: 4\n")
-    assert parse_args(["--config", str(tmp_path / "batch.yaml"), "--num-mini-batches", "4"]).train_batch_size == 16
-    assert parse_args(["--config", str(tmp_path / "batch.yaml")]).num_mini_batches == 8
-    assert parse_args(["--config", str(tmp_path / "n.yaml"), "--train-batch-size", "12"]).num_mini_batches == 3
+    assert (
+        parse_args(["--config", str(tmp_path / "batch.yaml"), "--num-mini-batches", "4"]).batch.train_batch_size == 16
+    )
+    assert parse_args(["--config", str(tmp_path / "batch.yaml")]).batch.num_mini_batches == 8
+    assert parse_args(["--config", str(tmp_path / "n.yaml"), "--train-batch-size", "12"]).batch.num_mini_batches == 3
     with pytest.raises(ConfigError, match="staleness=2 .* train_batch_size=32 was also given"):
         parse_args(["--config", str(tmp_path / "both.yaml")])
 

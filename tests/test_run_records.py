@@ -44,7 +44,7 @@ def test_a_resumed_runs_config_yaml_feeds_back_with_config(random_model, tmp_pat
     saved = load_yaml(run / "config.yaml")
     assert saved["resume"] is False and saved["allow_change"] == () and saved["total_training_steps"] == 2
     cfg = parse_args(["--config", str(run / "config.yaml"), "--run-dir", str(tmp_path / "again")])
-    assert cfg.total_training_steps == 2 and not cfg.resume
+    assert cfg.batch.total_training_steps == 2 and not cfg.run.resume
 
 
 def test_docs_state_the_split_the_code_uses():

@@ -35,7 +35,7 @@ def _saved_run(tmp_path, step=3, **kw) -> TrainConfig:
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), total_training_steps=10, tensorboard=False, **kw)
     start_run(cfg, claim_run_dir(cfg.run))
     model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, betas=cfg.optimizer.betas)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     save_checkpoint(tmp_path / "run", step, _learner(model, opt), torch.Generator().manual_seed(1))
@@ -47,7 +47,7 @@ def test_checkpoint_round_trips_model_optimizer_and_every_rng_stream(tmp_path):
     gen = torch.Generator().manual_seed(5)
     torch.manual_seed(7), random.seed(7), np.random.seed(7)
     model, opt = torch.nn.Linear(3, 2), None
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr)
     save_checkpoint(tmp_path / "run", 4, _learner(model, opt), gen)
     expected = (torch.rand(3), random.random(), np.random.rand(3), torch.rand(3, generator=gen))
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
@@ -179,7 +179,7 @@ def test_the_same_command_continues_its_run_and_another_run_is_refused_naming_th
     holding a checkpoint of another config is refused naming the difference and what to type, without reading the
     checkpoint. --overwrite-output-dir and a fresh dir leave the fields as given."""
     cfg = _saved_run(tmp_path)
-    fields = TrainFields(run_dir=cfg.run_dir, total_training_steps=10, tensorboard=False)
+    fields = TrainFields(run_dir=cfg.run.run_dir, total_training_steps=10, tensorboard=False)
     again = continue_same_run(fields)
     assert again == dataclasses.replace(fields, resume=True)
     assert capsys.readouterr().err == (f"vespo train: run_dir {tmp_path / 'run'} holds this run's checkpoint; "
@@ -247,15 +247,15 @@ def test_a_foreign_config_yaml_is_never_replaced(tmp_path):
     with pytest.raises(ConfigError, match="not empty and was not created by vespo.*--overwrite-output-dir"):
         claim_run_dir(TrainConfig(run_dir=str(tmp_path)).run)
     with pytest.raises(ConfigError, match="already holds config.yaml, which vespo did not write"):
-        claim_run_dir(TrainConfig(run_dir=str(tmp_path), overwrite_output_dir=True))
+        claim_run_dir(TrainConfig(run_dir=str(tmp_path), overwrite_output_dir=True).run)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
     assert (tmp_path / "config.yaml").read_text() == "model: resnet\nepochs: 3\n"
 
 
 def test_default_run_dir_is_per_method():
-    assert TrainConfig(method="grpo").run_dir == "runs/grpo"
-    assert TrainConfig().run_dir == "runs/vespo"
-    assert TrainConfig(method="grpo", run_dir="x").run_dir == "x"
+    assert TrainConfig(method="grpo").run.run_dir == "runs/grpo"
+    assert TrainConfig().run.run_dir == "runs/vespo"
+    assert TrainConfig(method="grpo", run_dir="x").run.run_dir == "x"
 
 
 def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
@@ -264,7 +264,7 @@ def test_torn_last_metrics_line_is_ignored_and_dropped_on_resume(tmp_path):
     path = tmp_path / "run" / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "rewa')
     assert read_metrics(tmp_path / "run") == rows
-    Logger(cfg, tmp_path / "run", start_step=3).log({"reward/mean": 0.9}, 4)
+    Logger(cfg.run, tmp_path / "run", start_step=3).log({"reward/mean": 0.9}, 4)
     assert read_metrics(tmp_path / "run") == [*rows[:4], {"step": 4, "reward/mean": 0.9}]
     path.write_text('{"step": 0}\n{oops\n{"step": 2}\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2"):

@@ -107,7 +107,12 @@ def test_missing_dataset_field_fails_before_training(local_model_and_data, tmp_p
 def test_yaml_config_with_cli_override(tmp_path):
     (tmp_path / "c.yaml").write_text("method: grpo\nlr: 0.01\nstaleness: 4\nppo_mini_batch_size: 2\n")
     cfg = parse_args(["--config", str(tmp_path / "c.yaml"), "--lr", "0.5"])
-    assert (cfg.method, cfg.lr, cfg.train_batch_size, cfg.num_mini_batches) == ("grpo", 0.5, 8, 4)
+    assert (cfg.algorithm.method, cfg.optimizer.lr, cfg.batch.train_batch_size, cfg.batch.num_mini_batches) == (
+        "grpo",
+        0.5,
+        8,
+        4,
+    )
     (tmp_path / "bad.yaml").write_text("learning_rate: 1\n")
     with pytest.raises(ValueError, match="unknown config key"):
         parse_args(["--config", str(tmp_path / "bad.yaml")])
@@ -134,11 +139,11 @@ def test_mini_batches_are_sequential_and_increasingly_stale():
     rows = torch.arange(12)
     with torch.no_grad():
         old, _ = policy_log_probs(
-            model, rollout, rows, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+            model, rollout, rows, micro_batch_size=cfg.batch.micro_batch_size, temperature=cfg.rollout.temperature
         )
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr)
     history = _update(model, opt, rollout, adv, old, cfg)
-    assert len(history) == cfg.num_mini_batches == 3
+    assert len(history) == cfg.batch.num_mini_batches == 3
     # first mini-batch: the weights have not moved since mu was computed -> W == 1 exactly for every sequence
     assert history[0]["is/log_w_min"] == history[0]["is/log_w_max"] == 0.0
     # later mini-batches see weights updated 1 and 2 times -> W != 1
@@ -162,13 +167,15 @@ def test_mechanism_metrics_update_size_and_weight_concentration():
     rows = torch.arange(12)
     with torch.no_grad():
         old, _ = policy_log_probs(
-            model, rollout, rows, micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+            model, rollout, rows, micro_batch_size=cfg.batch.micro_batch_size, temperature=cfg.rollout.temperature
         )
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr, weight_decay=0.0)
     history = _update(model, opt, rollout, adv, old, cfg)
     n_moved = sum(int((p.grad != 0).sum()) for p in model.parameters() if p.grad is not None)
     first = history[0]["actor/update_norm"]
-    assert first == pytest.approx(cfg.lr * n_moved**0.5, rel=0.02)  # bias-corrected Adam: |step| = lr per weight
+    assert first == pytest.approx(
+        cfg.optimizer.lr * n_moved**0.5, rel=0.02
+    )  # bias-corrected Adam: |step| = lr per weight
     assert history[0]["is/top1pct_w_share"] == pytest.approx(1 / 4)  # W == 1 for all 4 sequences: top 1 of 4
     assert all(0 < h["is/top1pct_w_share"] <= 1 for h in history)
     assert _top_share(torch.tensor([0.0, math.log(3.0)])) == pytest.approx(0.75)
@@ -179,14 +186,14 @@ def test_optimizer_option_sets_the_step_rule(optim, eps):
     """One step on a fixed gradient g: SGD moves -lr * g; AdamW's first step is -lr * g / (|g| + eps) per weight."""
     model, rollout, adv = _batch()
     cfg = TrainConfig(optim=optim, adam_epsilon=eps, lr=0.1, weight_decay=0.0)
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, cfg.optimizer)
     before = [p.detach().clone() for p in model.parameters()]
     grads = [torch.linspace(-2.0, 2.0, p.numel()).reshape(p.shape) for p in model.parameters()]
     for p, g in zip(model.parameters(), grads, strict=True):
         p.grad = g.clone()
     opt.step()
     for p, b, g in zip(model.parameters(), before, grads, strict=True):
-        expected = -cfg.lr * g if optim == "sgd" else -cfg.lr * g / (g.abs() + eps)
+        expected = -cfg.optimizer.lr * g if optim == "sgd" else -cfg.optimizer.lr * g / (g.abs() + eps)
         torch.testing.assert_close(p.detach() - b, expected, rtol=1e-4, atol=1e-7)
 
 
@@ -206,9 +213,13 @@ def test_micro_batch_accumulation_equals_one_big_batch():
             )
             with torch.no_grad():
                 old, _ = policy_log_probs(
-                    model, rollout, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+                    model,
+                    rollout,
+                    torch.arange(16),
+                    micro_batch_size=cfg.batch.micro_batch_size,
+                    temperature=cfg.rollout.temperature,
                 )
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.optimizer.lr)
             hist = _update(model, opt, rollout, adv, old, cfg)
             results.append(([p.detach().clone() for p in model.parameters()], [h["loss/pg"] for h in hist]))
     (p_small, l_small), (p_small2, l_small2), (p_big, l_big), (p_big2, l_big2) = results
@@ -229,7 +240,11 @@ def test_inputs_are_validated_once_per_rollout_batch_not_per_micro_batch(monkeyp
     cfg = TrainConfig(method="vespo", train_batch_size=4, ppo_mini_batch_size=2, rollout_n=4, micro_batch_size=3)
     with torch.no_grad():
         old, _ = policy_log_probs(
-            model, rollout, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+            model,
+            rollout,
+            torch.arange(16),
+            micro_batch_size=cfg.batch.micro_batch_size,
+            temperature=cfg.rollout.temperature,
         )
     _update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollout, adv, old, cfg)
     assert len(calls) == 1  # 2 mini-batches x 3 micro-batches, one check
@@ -244,7 +259,11 @@ def test_a_non_finite_gradient_skips_the_update_and_is_counted():
     cfg = TrainConfig(method="vespo", train_batch_size=3, ppo_mini_batch_size=1, rollout_n=4, micro_batch_size=4)
     with torch.no_grad():
         old, _ = policy_log_probs(
-            model, rollout, torch.arange(12), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+            model,
+            rollout,
+            torch.arange(12),
+            micro_batch_size=cfg.batch.micro_batch_size,
+            temperature=cfg.rollout.temperature,
         )
     before = [p.detach().clone() for p in model.parameters()]
     poison = next(model.parameters()).register_hook(lambda g: torch.full_like(g, math.nan))
@@ -447,10 +466,12 @@ def test_train_with_top_p_top_k_and_the_rollout_correction_catalogue(local_model
     argv = ["--top-p", "0.9", "--top-k", "5", "--hparams", "rollout_is", "sequence", "rollout_is_threshold", "0.5_2",
             "rollout_rs", "seq_mean_k1", "rollout_rs_threshold", "0.9_1.1"]  # fmt: skip
     cfg = parse_args(argv)
-    assert cfg.hparams["rollout_is_threshold"] == "0.5_2"  # not the number 0.52 the command-line parser would read
+    assert (
+        cfg.algorithm.hparams["rollout_is_threshold"] == "0.5_2"
+    )  # not the number 0.52 the command-line parser would read
     run_dir = tmp_path / "run"
     cfg = _cfg(local_model_and_data, run_dir, total_training_steps=2, eval_every=0, top_p=0.9, top_k=5,
-               hparams=cfg.hparams, rollout_logit_noise=0.3)  # fmt: skip
+               hparams=cfg.algorithm.hparams, rollout_logit_noise=0.3)  # fmt: skip
     train(cfg)
     rows = [r for r in read_metrics(run_dir) if "is/log_w_max/first_mini_batch" in r]
     assert len(rows) == 2

@@ -82,7 +82,7 @@ def test_verl_parquet_data_loads_through_the_record_loader(tmp_path):
     train, _ = load_data(
         cfg.data, cfg.embedded, eval_size=cfg.run.eval_size, batch_size=cfg.batch.train_batch_size
     )  # the trainer's loader, with veRL's own reward function adapted
-    reward = load_reward_fn(cfg.reward_fn)
+    reward = load_reward_fn(cfg.data.reward_fn)
     assert reward(["\\boxed{4}", "\\boxed{5}"], answer=["4", "4"], data_source=["gsm8k"] * 2) == [1.0, 0.0]
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1?"}]
     _write_parquet(tmp_path / "chat.parquet", [rows[0] | {"prompt": chat}])
@@ -145,7 +145,7 @@ def test_a_verl_yaml_trains_with_verls_defaults_read_from_verls_own_config(tmp_p
     assert (got["weight_decay"], got["betas"]) == (optim["weight_decay"], tuple(optim["betas"]))
     assert (got["lora_alpha"], got["lora_target_modules"]) == (model["lora_alpha"], (model["target_modules"],))
     cfg = TrainConfig(**got)  # a valid run
-    assert cfg.use_peft and cfg.lora_r == 8
+    assert cfg.hardware.use_peft and cfg.hardware.lora_r == 8
 
 
 def test_verls_constant_schedule_warms_up_and_the_coefficient_needs_use_kl_loss(tmp_path):
