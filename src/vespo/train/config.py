@@ -64,6 +64,8 @@ class TrainConfig:
         """Build every section from the settings by their flat names (`vespo.train.fields.TrainFields`'s), in order;
         a name of no section is a TypeError, as for any dataclass."""
         unknown = sorted(set(flat) - set(SECTION_OF))
+        if unknown and set(unknown) <= set(SECTIONS):  # dataclasses.replace passes the sections
+            raise TypeError("TrainConfig takes settings by flat name: cfg.replace(lr=...), not dataclasses.replace")
         if unknown:
             raise TypeError(f"TrainConfig() got unexpected keyword argument(s) {unknown}")
         for attr, section in SECTIONS.items():
