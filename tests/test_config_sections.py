@@ -67,6 +67,8 @@ def test_each_section_is_valid_once_built_and_frozen():
     with pytest.raises(TypeError, match="unexpected keyword"):
         TrainConfig(no_such_field=1)
     assert TrainConfig(lr=1e-3).replace(seed=3).flat() == TrainConfig(lr=1e-3, seed=3).flat()
+    with pytest.raises(TypeError, match=r"cfg\.replace"):
+        dataclasses.replace(TrainConfig(), lr=0.1)
 
 
 WHOLE_CONFIG = {
