@@ -156,8 +156,8 @@ def run_vespo(b: Bench, *, steps: int, seed: int, tag: str, variant: str = "sync
     train(cfg)
     e2e = time.perf_counter() - t0
     rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
-    seqs = cfg.train_batch_size * b.n
-    per = b.prompts // cfg.train_batch_size  # rollout steps per sync rollout step: rewards are regrouped to match
+    seqs = cfg.batch.train_batch_size * b.n
+    per = b.prompts // cfg.batch.train_batch_size  # rollout steps per sync rollout step: rewards are regrouped to match
     rewards = [statistics.fmean(r["reward/mean"] for r in rows[i : i + per]) for i in range(0, len(rows), per)]
     return summarise(
         b,
@@ -404,7 +404,7 @@ def main() -> None:
             max_new_tokens=a.max_new_tokens,
             steps=a.steps,
             temperature=a.temperature,
-            lr=a.lr if a.lr is not None else TrainConfig().lr,
+            lr=a.lr if a.lr is not None else TrainConfig().optimizer.lr,
             threads=a.threads,
             reward_window=min(a.reward_window, a.steps),
             model_dir=prepare_model(Path(tmp), smoke=a.smoke),

@@ -10,7 +10,7 @@ from vespo.train.step_metrics import to_floats
 def run_update(model, optimizer, rollout, advantages, old_log_prob, cfg, **kw):
     """The learner's N-mini-batch update with the settings of a TrainConfig; per mini-batch metrics as floats. `kw`:
     the batch's other inputs (`UpdateBatch`)."""
-    settings = update_settings(cfg, num_mini_batches=cfg.num_mini_batches, shuffle=cfg.shuffle)
+    settings = update_settings(cfg, num_mini_batches=cfg.batch.num_mini_batches, shuffle=cfg.batch.shuffle)
     history, _ = ppo_update(Learner(model, optimizer, settings), UpdateBatch(rollout, advantages, old_log_prob, **kw))
     return [to_floats(h) for h in history]
 

@@ -283,9 +283,13 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
         )
         with torch.no_grad():
             old, _ = policy_log_probs(
-                model, rollout, torch.arange(16), micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature
+                model,
+                rollout,
+                torch.arange(16),
+                micro_batch_size=cfg.batch.micro_batch_size,
+                temperature=cfg.rollout.temperature,
             )
-        hist = _update(model, torch.optim.SGD(model.parameters(), lr=cfg.lr), rollout, adv, old, cfg)
+        hist = _update(model, torch.optim.SGD(model.parameters(), lr=cfg.optimizer.lr), rollout, adv, old, cfg)
         return torch.cat([p.detach().flatten() for p in model.parameters()]), hist
 
     one, hist = update(16, "vespo_selfnorm")
@@ -295,8 +299,9 @@ def test_trainer_micro_batches_update_like_one_pass(monkeypatch):
     # deciding from each micro-batch alone moves the weights elsewhere: the test above can fail
     import vespo.train.learner as learner
 
-    monkeypatch.setattr(learner, "_batch_context", lambda *a, index, **kw: BatchContext(mini_batch_index=index,
-                                                                                         num_mini_batches=4))
+    monkeypatch.setattr(
+        learner, "_batch_context", lambda *a, index, **kw: BatchContext(mini_batch_index=index, num_mini_batches=4)
+    )
     local, _ = update(3, "vespo_selfnorm")
     assert not torch.allclose(local, one, rtol=1e-5, atol=1e-6)
 

@@ -141,21 +141,16 @@ def _trace(argv: list[str]) -> tuple[dict[str, set[str]], set[str], collections.
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["sync", "async"])
-def test_no_helper_receives_a_section_it_does_not_read(tmp_path, monkeypatch, loop):
+def test_no_helper_receives_a_section_it_does_not_read(tmp_path, loop):
     """A tiny embedded run (evaluation, logged completions, a checkpoint), every call recorded: each function given a
     section reads at least one of its fields (itself or through its callees), only `WHOLE_CONFIG` gets the whole
-    config, and vespo.train's code never reads a setting by its flat name (`TrainConfig.__getattr__`, kept for
-    callers outside it)."""
+    config (a flat read, `cfg.lr`, is an AttributeError: `test_a_setting_is_read_through_its_section`)."""
     import transformers.models.llama.modeling_llama  # noqa: F401  (imported before tracing: the profile hook is slow)
 
     import vespo.embedded.warm_start  # noqa: F401
     import vespo.train.launch  # noqa: F401
     import vespo.train.sync  # noqa: F401
 
-    def flat_read(self, name):
-        raise AssertionError(f"vespo.train read the flat setting {name!r}; read its section")
-
-    monkeypatch.setattr(TrainConfig, "__getattr__", flat_read)
     argv = ["train", "--total-training-steps", "2", "--eval-every", "1", "--eval-size", "4", "--sft-steps", "2",
             "--train-batch-size", "2", "--ppo-mini-batch-size", "1", "--rollout-n", "2", "--log-completions",
             "--save-every", "1", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
@@ -169,3 +164,11 @@ def test_no_helper_receives_a_section_it_does_not_read(tmp_path, monkeypatch, lo
             "vespo.train.runs.Run.__init__", "vespo.train.logs.Logger.__init__"} <= set(received)  # fmt: skip
     assert received["vespo.train.setup.build_optimizer"] == {"optimizer"}
     assert received["vespo.train.setup.load_data"] == {"data", "embedded"}
+
+
+def test_a_setting_is_read_through_its_section():
+    """One place per setting: `cfg.optimizer.lr`, never a flat `cfg.lr` (the flat names are for input, `flat()`)."""
+    cfg = TrainConfig(lr=0.5)
+    assert cfg.optimizer.lr == 0.5 and cfg.flat()["lr"] == 0.5
+    with pytest.raises(AttributeError):
+        cfg.lr  # noqa: B018

@@ -142,7 +142,7 @@ def _tiny_update(
     from vespo.advantages import group_advantages
     from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
     from vespo.rollout import sample
-    from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
+    from vespo.train.learner import Learner, UpdateBatch, UpdateSettings, policy_log_probs, ppo_update
 
     tok = build_tokenizer()
     model = build_tiny_model(tok, num_hidden_layers=1, seed=0)
@@ -155,7 +155,7 @@ def _tiny_update(
     cfg = UpdateSettings(method=method, hparams=hparams or {}, num_mini_batches=n_mini_batches,
                          seqs_per_mini_batch=16 // n_mini_batches, micro_batch_size=micro_batch_size, **kw)  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas)
-    hist = ppo_update(model, opt, rollout, adv, old, cfg, probe=probe)
+    hist, _ = ppo_update(Learner(model, opt, cfg), UpdateBatch(rollout, adv, old), probe=probe)
     return hist, [p.detach().clone() for p in model.parameters()]
 
 
@@ -179,7 +179,7 @@ def _lab_step_stats(method: str = "vespo"):
 
 
 def test_learner_and_lab_report_the_diagnostics():
-    from vespo.train.learner import summarize_update, to_floats
+    from vespo.train.step_metrics import summarize_update, to_floats
 
     hist = _learner_history()
     summary = to_floats(summarize_update(hist))
@@ -217,10 +217,10 @@ def test_ess_and_top_share_are_the_losses_own():
     """The lab keeps no ESS or top-share of its own: it calls the functions the losses and the learner call."""
     import vespo.experiments.lab_model as lab_model
     import vespo.losses.core as core
-    import vespo.train.learner as learner
+    import vespo.train.step_metrics as step_metrics
     from vespo.kernels import effective_sample_size
 
-    assert lab_model.top_share is core.top_share is learner.top_share
+    assert lab_model.top_share is core.top_share is step_metrics.top_share
     assert lab_model.effective_sample_size is effective_sample_size
 
 

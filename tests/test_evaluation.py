@@ -204,7 +204,7 @@ def test_eval_generates_with_the_trainers_thread_count_and_restores_the_callers(
     """Issue 55: torch's default (every core) made `vespo eval` ~10x slower per sample than training on a loaded box;
     it now takes `vespo train`'s count for its model (`threads_for`), says so once, honours --num-threads, and gives
     the caller's count back."""
-    import vespo.train.host as host
+    import vespo.machine as machine
     from vespo.embedded.task import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -215,7 +215,8 @@ def test_eval_generates_with_the_trainers_thread_count_and_restores_the_callers(
     seen = []
     _fake_generation(monkeypatch, lambda p, n: seen.append(torch.get_num_threads()) or ["\\boxed{2}"] * n)
     chosen = []
-    monkeypatch.setattr(host, "threads_for", lambda model, processes=1: chosen.append(model) or (3, "3 torch threads"))
+    chose = lambda model, processes=1: chosen.append(model) or (3, "3 torch threads")  # noqa: E731
+    monkeypatch.setattr(machine, "threads_for", chose)
     argv = ["--model", str(tmp_path / "model"), "--benchmarks", str(bench), "--k", "1", "--max-new-tokens", "2"]
     before = torch.get_num_threads()
     assert evaluation.cli([*argv, "--out", str(tmp_path / "a")]) == 0
@@ -233,6 +234,7 @@ def test_trainer_and_eval_choose_threads_by_one_rule(tmp_path, monkeypatch):
     """`vespo train`'s default (`default_num_threads`) is `threads_for` its model, with its async samplers sharing the
     free cores; `vespo eval` is one process of the same rule."""
 
+    import vespo.machine as machine
     import vespo.train.host as host
     from vespo.train.config import TrainConfig
 
@@ -240,10 +242,10 @@ def test_trainer_and_eval_choose_threads_by_one_rule(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"\0" * 1000)
-    monkeypatch.setattr(host, "_usable_cores", lambda: 16)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 16)
     monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
-    monkeypatch.setattr(host, "_policy_bytes", lambda *a: 8 << 30)  # every free core: 12 of 16
+    monkeypatch.setattr(machine, "policy_bytes", lambda *a: 8 << 30)  # every free core: 12 of 16
     cfg = TrainConfig(model=str(model))
-    assert host.default_num_threads(cfg) == host.threads_for(str(model)) and host.threads_for(str(model))[0] == 12
+    assert host.default_num_threads(cfg) == machine.threads_for(str(model)) and machine.threads_for(str(model))[0] == 12
     async_cfg = cfg.replace(mode="async", num_samplers=2)
-    assert host.default_num_threads(async_cfg)[0] == host.threads_for(str(model), 3)[0] == 4
+    assert host.default_num_threads(async_cfg)[0] == machine.threads_for(str(model), 3)[0] == 4

@@ -14,7 +14,7 @@ from vespo.models import resolve_device
 from vespo.rollout import sample
 from vespo.train.config import ConfigError, TrainConfig
 from vespo.train.host import check_host
-from vespo.train.learner import UpdateSettings, policy_log_probs, ppo_update
+from vespo.train.learner import Learner, UpdateBatch, UpdateSettings, policy_log_probs, ppo_update
 from vespo.train.logs import read_metrics
 from vespo.train.setup import build_reference, build_scheduler
 
@@ -60,7 +60,8 @@ def test_update_runs_on_the_device_and_is_on_policy_at_k0(device):
     model, _, rollout, adv, old = _setup(device)
     assert rollout.input_ids.device.type == device and old.device.type == device
     settings = UpdateSettings(method="vespo", num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=4)
-    hist = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, settings)
+    hist, _ = ppo_update(Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-2), settings),
+                         UpdateBatch(rollout, adv, old))  # fmt: skip
     assert all(p.device.type == device for p in model.parameters())
     assert float(hist[0]["is/log_w_mean"]) == 0.0 and float(hist[1]["is/log_w_mean"]) != 0.0
 
@@ -70,7 +71,8 @@ def test_scoring_mu_inside_the_update_equals_scoring_it_first(method):
     """`Learner.update` without old log-probs (TRL's on-policy shortcut: mini-batch 0's mu from its own forward, the
     stale rows scored before the first step) takes the same steps as scoring every row first, logs the same metrics,
     and measures the same train-inference gap; with dropout active it scores separately and still agrees."""
-    from vespo.train.learner import Learner, mismatch_metrics
+    from vespo.train.learner import Learner
+    from vespo.train.step_metrics import mismatch_metrics
 
     model, _, rollout, adv, old = _setup()
     settings = UpdateSettings(method=method, num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=4,
@@ -116,7 +118,8 @@ def test_low_precision_autocast_is_finite_close_to_fp32_and_on_policy(dtype):
         m = copy.deepcopy(model)
         settings = UpdateSettings(method="vespo", seqs_per_mini_batch=16, micro_batch_size=8, autocast_dtype=cast)
         scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 and cast else None
-        hist = ppo_update(m, torch.optim.AdamW(m.parameters(), lr=1e-3), rollout, adv, lp, settings, scaler=scaler)
+        learner = Learner(m, torch.optim.AdamW(m.parameters(), lr=1e-3), settings, scaler=scaler)
+        hist, _ = ppo_update(learner, UpdateBatch(rollout, adv, lp))
         losses[name] = float(hist[0]["loss/pg"])
         assert float(hist[0]["is/log_w_mean"]) == 0.0  # same precision on both sides: on-policy exactly
         assert float(hist[0]["actor/nonfinite_grad"]) == 0.0
@@ -130,7 +133,8 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale():
     before = [p.detach().clone() for p in model.parameters()]
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)
     settings = UpdateSettings(method="grpo", seqs_per_mini_batch=16, micro_batch_size=8, autocast_dtype=torch.float16)
-    hist = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rollout, adv, old, settings, scaler=scaler)
+    learner = Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-2), settings, scaler=scaler)
+    hist, _ = ppo_update(learner, UpdateBatch(rollout, adv, old))
     assert float(hist[0]["actor/nonfinite_grad"]) == 1.0
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
     assert scaler.get_scale() < 2.0**60
@@ -154,7 +158,8 @@ def test_lr_schedule_per_optimizer_step(kind, warmup, expected):
     settings = UpdateSettings(method="grpo", num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=8)
     seen = []
     for _ in range(4):
-        seen += [float(h["actor/lr"]) for h in ppo_update(model, opt, rollout, adv, old, settings, scheduler=sched)]
+        hist, _ = ppo_update(Learner(model, opt, settings, scheduler=sched), UpdateBatch(rollout, adv, old))
+        seen += [float(h["actor/lr"]) for h in hist]
     assert seen == pytest.approx([0.1 * e for e in expected], rel=1e-6, abs=1e-9)  # logged as float32
 
 
@@ -198,7 +203,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_base():
     settings = UpdateSettings(method="vespo", seqs_per_mini_batch=16, micro_batch_size=8, kl_coef=0.1)
     for _ in range(3):
         ref = reference(rollout, rows, **lp_args)
-        ppo_update(policy, opt, rollout, adv, old, settings, ref_log_prob=ref)
+        ppo_update(Learner(policy, opt, settings), UpdateBatch(rollout, adv, old, ref_log_prob=ref))
     changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
     assert changed and changed <= trainable
     with torch.no_grad():
@@ -244,7 +249,7 @@ def test_gradient_checkpointing_gives_the_same_update():
     settings = UpdateSettings(method="vespo", num_mini_batches=2, seqs_per_mini_batch=8, micro_batch_size=4)
     for m in (plain, ckpt):
         m.train()
-        ppo_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), rollout, adv, old, settings)
+        ppo_update(Learner(m, torch.optim.AdamW(m.parameters(), lr=1e-2), settings), UpdateBatch(rollout, adv, old))
     for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters(), strict=True))

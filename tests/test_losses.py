@@ -24,8 +24,23 @@ BATCH_INDEPENDENT = [m for m in METHODS if m != "bapo" and not vespo.losses.uses
 
 def test_registry_names():
     assert vespo.available_methods() == sorted(
-        ["aipo", "bapo", "cispo", "dppo_kl", "dppo_tv", "grpo", "gspo", "luspo", "m2po", "opsm", "reinforce", "sapo",
-         "topr", "vcpo", "vespo"]
+        [
+            "aipo",
+            "bapo",
+            "cispo",
+            "dppo_kl",
+            "dppo_tv",
+            "grpo",
+            "gspo",
+            "luspo",
+            "m2po",
+            "opsm",
+            "reinforce",
+            "sapo",
+            "topr",
+            "vcpo",
+            "vespo",
+        ]
         + list(ADAPTIVE_METHODS)
     )
     with pytest.raises(ValueError, match="already registered"):

@@ -159,7 +159,7 @@ def test_trainer_micro_batches_decide_m2po_like_one_pass(monkeypatch):
                           rollout_n=4, micro_batch_size=micro, lr=0.05)  # fmt: skip
         with torch.no_grad():
             old, _ = policy_log_probs(model, rollout, torch.arange(16), micro_batch_size=16, temperature=1.0)
-        hist = run_update(model, torch.optim.SGD(model.parameters(), lr=cfg.lr), rollout, adv, old, cfg)
+        hist = run_update(model, torch.optim.SGD(model.parameters(), lr=cfg.optimizer.lr), rollout, adv, old, cfg)
         return torch.cat([p.detach().flatten() for p in model.parameters()]), hist
 
     one, hist = update(16)
@@ -168,8 +168,9 @@ def test_trainer_micro_batches_decide_m2po_like_one_pass(monkeypatch):
     assert float(hist[-1]["m2po/masked_frac"]) > 0  # stale mini-batch: the mask acted
     import vespo.train.learner as learner
 
-    monkeypatch.setattr(learner, "_batch_context", lambda *a, index, **kw: BatchContext(mini_batch_index=index,
-                                                                                         num_mini_batches=4))
+    monkeypatch.setattr(
+        learner, "_batch_context", lambda *a, index, **kw: BatchContext(mini_batch_index=index, num_mini_batches=4)
+    )
     local, _ = update(3)
     assert not torch.allclose(local, one, rtol=1e-5, atol=1e-6)
 

@@ -130,7 +130,7 @@ def test_readme_train_commands_run_in_order_each_in_its_own_run_dir():
 
     commands = _readme_train_commands()
     assert len(commands) >= 2 and commands[0] == [], commands  # command 1, then at least the real-model one
-    run_dirs = [parse_args(argv).run_dir for argv in commands]
+    run_dirs = [parse_args(argv).run.run_dir for argv in commands]
     assert len(set(run_dirs)) == len(run_dirs), run_dirs
 
 

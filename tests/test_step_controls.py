@@ -98,7 +98,7 @@ def test_controls_are_validated_before_compute():
         TrainConfig(method="grpo", step_scale="mean_phi")
     with pytest.raises(ConfigError, match="target_kl"):
         TrainConfig(target_kl=0.0)
-    assert TrainConfig(method="vespo_selfnorm", step_scale="mean_phi", target_kl=0.05).target_kl == 0.05
+    assert TrainConfig(method="vespo_selfnorm", step_scale="mean_phi", target_kl=0.05).optimizer.target_kl == 0.05
 
 
 def test_one_clip_and_one_step_for_the_trainer_and_the_lab():

@@ -237,7 +237,9 @@ def test_chain_task_needs_room_for_its_response():
         parse_args(["--task", "chain", "--num-operands", "30", "--max-response-length", "40"])
     with pytest.raises(ValueError, match=r"--task must be one of \['arithmetic', 'chain', 'scratchpad'\]"):
         parse_args(["--task", "chains"])  # `task` is a Literal: the parser lists the accepted ones
-    assert parse_args(["--task", "chain", "--num-operands", "3"]).max_response_length == 16  # 3 steps: 14 tokens
+    assert (
+        parse_args(["--task", "chain", "--num-operands", "3"]).rollout.max_response_length == 16
+    )  # 3 steps: 14 tokens
 
 
 def test_lr_robustness_figure_reads_finished_cells(tmp_path):
@@ -438,6 +440,6 @@ def test_a_cell_runs_from_its_config_file(tmp_path, monkeypatch):
             run_cell(cfg, cell)
         assert started.pop() == [sys.executable, "-m", "vespo", "train", "--config", str(path), *resume]
         assert parse_args(["--config", str(path)]) == tc
-        (Path(tc.run_dir) / CHECKPOINT).parent.mkdir(parents=True, exist_ok=True)
-        (Path(tc.run_dir) / CHECKPOINT).write_bytes(b"")
+        (Path(tc.run.run_dir) / CHECKPOINT).parent.mkdir(parents=True, exist_ok=True)
+        (Path(tc.run.run_dir) / CHECKPOINT).write_bytes(b"")
     assert path.read_text().splitlines()[1] == f"#   vespo train --config {path}"

@@ -6,7 +6,7 @@ import torch
 
 
 def test_default_threads_one_for_the_embedded_model_and_the_free_cores_otherwise(tmp_path, monkeypatch):
-    import vespo.train.host as host
+    import vespo.machine as machine
     from vespo.train.config import TrainConfig
     from vespo.train.host import default_num_threads
 
@@ -15,14 +15,14 @@ def test_default_threads_one_for_the_embedded_model_and_the_free_cores_otherwise
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"\0" * 1000)  # a small model: at most SMALL_MODEL_THREADS
-    monkeypatch.setattr(host, "_usable_cores", lambda: 16)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 16)
     cfg = TrainConfig(model=str(model))
     for load, want in ((0.2, 4), (13.6, 2), (40.0, 1)):  # 16 cores, 14 busy: 2 free
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         threads, why = default_num_threads(cfg)
         assert threads == want and f"load {load:.1f}" in why, (load, threads, why)
     monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
-    monkeypatch.setattr(host, "_policy_bytes", lambda *a: 8 << 30)  # an 8 GB model: every free core, shared
+    monkeypatch.setattr(machine, "policy_bytes", lambda *a: 8 << 30)  # an 8 GB model: every free core, shared
     assert default_num_threads(cfg)[0] == 12
     assert default_num_threads(cfg.replace(mode="async", num_samplers=2))[0] == 4
 

@@ -174,7 +174,7 @@ def test_dropout_is_disabled_so_the_first_mini_batch_is_on_policy(tmp_path):
     train_mode = model(ids).logits
     model.eval()
     torch.testing.assert_close(train_mode, model(ids).logits, rtol=0, atol=0)
-    assert TrainConfig().disable_dropout
+    assert TrainConfig().rollout.disable_dropout
 
 
 def test_a_run_checks_its_config_once(tmp_path, monkeypatch):
@@ -194,7 +194,7 @@ def test_a_run_checks_its_config_once(tmp_path, monkeypatch):
         assert main(argv) == 0
     finally:
         torch.set_num_threads(threads)
-    assert len(checks) == 1 and checks[0].num_threads is None
+    assert len(checks) == 1 and checks[0].run.num_threads is None
     assert "num_threads: 1\n" in (tmp_path / "run" / "config.yaml").read_text()
 
 

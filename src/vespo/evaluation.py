@@ -359,9 +359,9 @@ def cli(argv: list[str]) -> int:
         parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.top_k < 0:
         parser.error(f"--top-k must be an integer >= 0 (0: off), got {args.top_k}")
+    from vespo.machine import THREADS_PER_CORE, THREADS_REASON
     from vespo.models import check_model_source, resolve_device  # torch, transformers
     from vespo.rollout.vllm import vllm_available
-    from vespo.train.host import THREADS_PER_CORE, THREADS_REASON
 
     if args.num_threads is not None and args.num_threads > THREADS_PER_CORE * (os.cpu_count() or 1):
         parser.error(f"--num-threads must be in [1, {THREADS_PER_CORE * (os.cpu_count() or 1)}] ({THREADS_REASON})")
@@ -432,12 +432,12 @@ def _sigint_in_this_process_only():
 @contextlib.contextmanager
 def _torch_threads(model: str, threads: int | None):
     """torch's CPU threads while evaluating: `threads`, or the count `vespo train` would choose for `model`
-    (`vespo.train.host.threads_for`, said once on stderr), so generation runs as it does in training (torch's
+    (`vespo.machine.threads_for`, said once on stderr), so generation runs as it does in training (torch's
     default, every core, made it ~10x slower per sample on a loaded 2-core box: thread oversubscription); the
     caller's count is restored after."""
     import torch
 
-    from vespo.train.host import threads_for
+    from vespo.machine import threads_for
 
     if threads is None:
         threads, why = threads_for(model)

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from vespo.data.hub import hub_offline_reason
+
 
 def looks_local(value: str) -> bool:
     """A path rather than a Hub id ("org/name"): absolute, relative with ./ or ~, or more than one slash."""
@@ -379,25 +381,6 @@ def resolve_device(name: str) -> torch.device:
     if index and int(index) >= torch.cuda.device_count():
         raise ValueError(f"{name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(name)
-
-
-def hub_offline_reason(timeout: float = 3.0) -> str | None:
-    """Why the Hugging Face Hub cannot be used right now (offline mode set, or its endpoint unreachable within
-    `timeout` seconds), or None: a Hub id then fails in seconds with one line instead of minutes of retries."""
-    import urllib.error
-    import urllib.request
-
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
-            return f"{var} is set"
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
-    except urllib.error.HTTPError:
-        return None  # the server answered
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"{endpoint} is unreachable ({getattr(exc, 'reason', exc)})"
-    return None
 
 
 def quiet_hf_progress() -> None:

@@ -41,7 +41,7 @@ LIVECODEBENCH_FILES = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl"
 def _load_hub(hub_id: str, split: str, **kwargs):
     """`datasets.load_dataset`, failing in seconds with one line when the Hub cannot be reached and no cached copy
     exists (offline mode reads the cache)."""
-    from vespo.models import hub_offline_reason
+    from vespo.data.hub import hub_offline_reason
 
     reason = hub_offline_reason()
     if reason is not None:

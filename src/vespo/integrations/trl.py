@@ -166,7 +166,7 @@ def _check_hub_model(model: object) -> None:
     unreachable) the cached copy is read without retries, and without one a ValueError says so before TRL starts."""
     if not isinstance(model, str) or Path(model).expanduser().exists():
         return
-    from vespo.models import hub_offline_reason
+    from vespo.data.hub import hub_offline_reason
 
     reason = hub_offline_reason()
     if reason is None:

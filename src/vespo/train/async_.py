@@ -33,9 +33,9 @@ from vespo.rollout import Rollout
 from vespo.train.config import TrainConfig
 from vespo.train.fields import AsyncSettings, BatchSettings
 from vespo.train.forkserver import sampler_context
-from vespo.train.learner import rollout_metrics, to_floats
 from vespo.train.sampler import SampledBatch, SamplerSpec, Schedule, WeightStore, batch_seed, sampler_main
 from vespo.train.setup import completion_rows, setup_run, update_settings
+from vespo.train.step_metrics import rollout_metrics, to_floats
 from vespo.train.system import clock, release_free_memory
 
 _MAX_RESTARTS = 3  # sampler crashes tolerated per run before the run fails

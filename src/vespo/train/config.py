@@ -84,17 +84,6 @@ class TrainConfig:
         """This config with `changes` to settings by their flat names, checked as a new one."""
         return TrainConfig(**(self.flat() | changes))
 
-    def __getattr__(self, name: str) -> object:
-        """A setting read by its flat name (`cfg.lr` for `cfg.optimizer.lr`, `cfg.num_mini_batches`): kept only for
-        the callers outside vespo.train until they read sections (experiments, benchmarks, tests/_support.py);
-        vespo.train's own code reads sections (tests/test_config_sections.py)."""
-        if name == "num_mini_batches":
-            return self.batch.num_mini_batches
-        section = SECTION_OF.get(name)
-        if section is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(getattr(self, section), name)
-
     @property
     def sampling(self) -> SamplingSettings:
         """What the generation engine gets of this config (training rollouts; held-out evaluation shares all but n

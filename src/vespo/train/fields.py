@@ -20,9 +20,9 @@ import tyro
 
 from vespo.argv import RENAMED, flat_dataclass
 from vespo.data.reasoning_gym import is_reasoning_gym, parse_spec
+from vespo.machine import EMBEDDED
 from vespo.train.checks import ConfigError, check_fields, fill
 
-EMBEDDED = "embedded"
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 DEFAULT_TRAIN_BATCH_SIZE = 16
 """Prompts per rollout step when neither train_batch_size nor N (`staleness`) is given."""

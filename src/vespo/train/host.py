@@ -9,14 +9,13 @@ thread count from here.
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import os
 import re
 from pathlib import Path
 
 from vespo.data.reasoning_gym import is_reasoning_gym
 from vespo.intervals import Interval
+from vespo.machine import THREADS_PER_CORE, THREADS_REASON, policy_bytes, threads_for, usable_cores
 from vespo.train.checks import SAMPLERS_REASON, ConfigError, check_range
 from vespo.train.config import EMBEDDED, TrainConfig
 from vespo.train.fields import HardwareSettings
@@ -28,7 +27,7 @@ def check_host(cfg: TrainConfig) -> TrainConfig:
     usable cores, torch threads within its cores, a rollout step within memory, output directories writable, data
     files present, the device, the packages asked for (peft, wandb, trackio, vLLM with CUDA), memory and /dev/shm for
     the async samplers, the model, and the reward function."""
-    check_range("num_samplers", cfg.async_.num_samplers, Interval(f"[1, {_usable_cores()}]", SAMPLERS_REASON))
+    check_range("num_samplers", cfg.async_.num_samplers, Interval(f"[1, {usable_cores()}]", SAMPLERS_REASON))
     if cfg.run.num_threads is not None:
         threads = Interval(f"[1, {THREADS_PER_CORE * (os.cpu_count() or 1)}]", THREADS_REASON)
         check_range("num_threads", cfg.run.num_threads, threads)
@@ -108,9 +107,6 @@ def _check_model(value: str) -> None:
         raise ConfigError(f"model: {exc}") from None
 
 
-THREADS_PER_CORE = 4
-THREADS_REASON = f"at most {THREADS_PER_CORE} per core of this machine; more only contend, and 100000 crashed torch"
-"""Why `num_threads` is bounded by the machine's cores (`os.cpu_count()`)."""
 ROLLOUT_BYTES_PER_TOKEN = 24
 """The least a rollout step keeps per response token: its id and attention mask (int64), its sampler and old
 log-probs (float32); the generation's KV cache and the learner's logits come on top."""
@@ -134,7 +130,7 @@ def _check_sampler_memory(cfg: TrainConfig) -> None:
     """The async samplers fit: each a process with torch and its own copy of the policy in memory (RAM, or the GPU
     for vLLM), and the learner's float32 weights, shared with them, in /dev/shm."""
     dtype, samplers = cfg.rollout.sampler_dtype, cfg.async_.num_samplers
-    weights = _policy_bytes(cfg.data.model, dtype) if cfg.async_.sampler_engine == "hf" else 0  # vLLM: on the GPU
+    weights = policy_bytes(cfg.data.model, dtype) if cfg.async_.sampler_engine == "hf" else 0  # vLLM: on the GPU
     per_sampler, free = SAMPLER_PROCESS_BYTES + weights, _available_memory()
     if free is not None and samplers * per_sampler > free:
         fit = f"at most {free // per_sampler} sampler(s) fit" if free >= per_sampler else "not even one sampler fits"
@@ -162,7 +158,7 @@ def _shared_weight_bytes(name: str, hardware: HardwareSettings) -> int:
     except Exception:  # noqa: BLE001 (a config only the real load can judge: it says what is wrong, one line)
         model = None
     if model is None:
-        return _policy_bytes(name, "float32") + POOL_SHARED_BYTES
+        return policy_bytes(name, "float32") + POOL_SHARED_BYTES
     return WeightStore.shared_bytes(model)
 
 
@@ -199,98 +195,10 @@ def _meta_policy(name: str, hardware: HardwareSettings):
     return model
 
 
-def _usable_cores() -> int:
-    """CPU cores this process may run on: its affinity mask, lowered by a cgroup v2 CPU quota (a container's
-    `--cpus`)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        return max(1, min(cores, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):  # no cgroup v2 file, or "max" (no quota)
-        return cores
-
-
-SMALL_MODEL_BYTES = 400 << 20
-"""Weights below this size (about 100M float32 parameters) gain little from more than `SMALL_MODEL_THREADS` threads:
-their matrices are too small to split, and every extra thread contends with the other jobs on the machine."""
-SMALL_MODEL_THREADS = 4
-
-
 def default_num_threads(cfg: TrainConfig) -> tuple[int, str]:
     """torch threads per process of a run when `num_threads` is None, and why: `threads_for` its model, the learner
     and its async samplers sharing the free cores."""
     return threads_for(cfg.data.model, 1 + (cfg.async_.num_samplers if cfg.async_.mode == "async" else 0))
-
-
-def threads_for(model: str, processes: int = 1) -> tuple[int, str]:
-    """torch threads for each of `processes` processes running `model`, and why (one phrase for the start-up line):
-    `vespo train`'s and `vespo eval`'s default, so evaluation generates at training's speed.
-
-    The embedded model (~0.15M parameters) runs fastest on one thread: its matrices are 64 wide, so more threads only
-    add synchronisation, and on a busy machine each one waits for a core (`vespo train --total-training-steps 10
-    --eval-every 0` on 2 cores at load 5-6: 21-25 s wall on one thread, 63-67 s on torch's default of two). Other
-    models get the free cores (usable cores minus the 1-minute load average, at least 1), at most
-    `SMALL_MODEL_THREADS` below `SMALL_MODEL_BYTES` of weights, shared between the processes."""
-    if model == EMBEDDED:
-        return 1, "1 torch thread (the embedded model runs fastest on one)"
-    usable = _usable_cores()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average on this platform
-        load = 0.0
-    free = max(1, usable - round(load))
-    size = _policy_bytes(model, "float32")
-    cap = SMALL_MODEL_THREADS if 0 < size < SMALL_MODEL_BYTES else usable
-    threads = max(1, min(free // processes, cap))
-    where = f"{free} of {usable} usable cores free at load {load:.1f}" + (f", {processes} processes" * (processes > 1))
-    small = f", a {size / 2**20:.0f} MB model" if cap == SMALL_MODEL_THREADS else ""
-    return threads, f"{threads} torch thread{'s' * (threads > 1)} per process ({where}{small})"
-
-
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}  # safetensors dtype names
-
-
-def _policy_bytes(model: str, dtype: str) -> int:
-    """Bytes of one `dtype` copy of the policy, from its weight files (a model directory, or the Hub cache's copy) or
-    a GGUF file's tensor table; 0 when they are not on this machine yet, or for the embedded model (a few hundred
-    KB)."""
-    if model == EMBEDDED:
-        return 0
-    folder = Path(model).expanduser()
-    wanted = _DTYPE_BYTES[{"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]]
-    from vespo.models import check_gguf_file, gguf_file
-
-    try:
-        source = gguf_file(folder)
-        if source is not None:
-            return check_gguf_file(source) * wanted  # dequantised, each weight takes `wanted` bytes
-    except (ValueError, ImportError):  # several GGUF files, a damaged one, or no gguf package: `_check_model` says so
-        return 0
-    if not folder.is_dir():
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(model, "config.json")
-        except ValueError:  # not a valid Hub id: `_check_model` says so
-            return 0
-        if not isinstance(cached, str):
-            return 0
-        folder = Path(cached).parent
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    size = sum(f.stat().st_size for f in files)
-    stored = _safetensors_dtype_bytes(files[0]) if files and files[0].suffix == ".safetensors" else None
-    return size * wanted // stored if stored else size
-
-
-def _safetensors_dtype_bytes(file: Path) -> int | None:
-    """Bytes per weight of a safetensors file (the dtype of the first tensor in its JSON header); None if unknown."""
-    try:
-        with open(file, "rb") as f:
-            header = json.loads(f.read(min(int.from_bytes(f.read(8), "little"), 1 << 24)))
-        first = next(v for k, v in header.items() if k != "__metadata__")
-        return _DTYPE_BYTES.get(first["dtype"])
-    except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
-        return None
 
 
 _CGROUP_MEMORY = (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"))

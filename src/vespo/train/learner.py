@@ -5,7 +5,6 @@ the gradient probe (`train.probe`) and the step's metrics (`train.step_metrics`:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -27,13 +26,10 @@ from vespo.losses import (
     kl_k3,
     uses_batch_context,
 )
-from vespo.losses.core import top_share  # noqa: F401  (re-exported: tests/test_diagnostics.py checks it is the core's)
 from vespo.rollout import Rollout, response_log_probs
 from vespo.train import opob, step_metrics
 from vespo.train.probe import gradient_probe
-
-# rollout_metrics, to_floats re-exported until the lead switches train/sync.py, train/async_.py, tests to step_metrics
-from vespo.train.step_metrics import mismatch_metrics, rollout_metrics, summarize_update, to_floats  # noqa: F401
+from vespo.train.step_metrics import mismatch_metrics, summarize_update
 
 Tensor = torch.Tensor
 _ADDITIVE = ("loss/pg", "actor/kl_loss")  # metrics that are micro-batch shares of a mini-batch total
@@ -237,20 +233,6 @@ def policy_log_probs(
     return logp, ent
 
 
-def _old_call_too(update):
-    """Transitional (until tests/test_hardware.py, test_diagnostics.py are switched): the old call, -> history."""
-
-    @functools.wraps(update)
-    def call(first, *args, probe=False, scheduler=None, scaler=None, **kw):
-        if not isinstance(first, torch.nn.Module):
-            return update(first, *args, probe=probe, **kw)
-        learner = Learner(first, args[0], args[4], scheduler=scheduler, scaler=scaler)
-        return update(learner, UpdateBatch(*args[1:4], **kw), probe=probe)[0]
-
-    return call
-
-
-@_old_call_too
 def ppo_update(learner: Learner, batch: UpdateBatch, *, probe: bool = False) -> tuple[list[dict[str, Tensor]], Tensor]:
     """One optimizer step per mini-batch, in order (rows shuffled first with `settings.shuffle`); returns each
     mini-batch's metrics (0-dim tensors) and mu (B, T), the log-probs its importance weights were taken against.

@@ -16,9 +16,9 @@ import torch
 from vespo.outputs import OwnedDir
 from vespo.rollout import build_engine
 from vespo.train.config import TrainConfig
-from vespo.train.learner import rollout_metrics, to_floats
 from vespo.train.produce import make_batch
 from vespo.train.setup import completion_rows, setup_run, update_settings
+from vespo.train.step_metrics import rollout_metrics, to_floats
 from vespo.train.system import clock, release_free_memory
 
 

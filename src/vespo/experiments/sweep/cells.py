@@ -134,4 +134,3 @@ def _typed_extra(extra: dict[str, object]) -> dict[str, object]:
             raise ValueError(f"extra: {key} must be {describe_type(hint)}, got {value!r}")
         typed[name] = value
     return typed
-

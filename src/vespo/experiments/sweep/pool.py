@@ -29,7 +29,7 @@ from vespo.train.config_io import to_yaml  # torch, scipy, matplotlib: imported 
 def write_cell_config(tc: TrainConfig) -> list[str]:
     """Write a cell's config beside its run dir (`<key>.yaml`, headed by the command that runs it by hand) and return
     the command the sweep runs it with: `vespo train --config <key>.yaml` in a process of its own."""
-    run_dir = Path(tc.run_dir)
+    run_dir = Path(tc.run.run_dir)
     path = run_dir.parent / f"{run_dir.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     where = "" if path.is_absolute() else " from the directory the sweep ran in"
@@ -48,7 +48,7 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
     from vespo.train.resume import CHECKPOINT
 
     tc = train_config(cfg, cell)
-    run_dir = Path(tc.run_dir)
+    run_dir = Path(tc.run.run_dir)
     done = run_dir / "summary.json"
     if os.path.lexists(done):  # finished: summarised afresh from its metrics when present (newer summaries say more)
         saved = read_summary(done)
