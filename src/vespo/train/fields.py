@@ -245,9 +245,10 @@ class RolloutSettings:
     bypass_mode: bool = False
     """The sampler's log-probs are the old log-probs mu (veRL's `algorithm.rollout_correction.bypass_mode`): the
     learner does not score mu under its weights (a no-grad forward per rollout batch saved: a quarter of a long
-    update, benchmarks/results/update_kernels.md), and W = pi / mu carries staleness and the train-inference
-    mismatch together, the behaviour policy being the sampler's (paper Sec. 2); `use_rollout_log_prob` then has
-    nothing left to correct. Async mode does this already unless `use_decoupled_loss`."""
+    update, a retired measurement: `git show 57ade47:benchmarks/results/update_kernels.md`), and W = pi / mu carries
+    staleness and the train-inference mismatch together, the behaviour policy being the sampler's (paper Sec. 2);
+    `use_rollout_log_prob` then has nothing left to correct. Async mode does this already unless
+    `use_decoupled_loss`."""
     disable_dropout: bool = True
     """Set every dropout probability of the policy to 0 (TRL's name), so the update (train mode) and the old
     log-probs (eval mode) compute one policy and W == 1 on the first mini-batch."""
@@ -274,7 +275,7 @@ class HardwareSettings:
     torch_compile: bool = False
     """`torch.compile` the decoder body for the learner's log-prob passes (old, reference and update; generation stays
     eager), with dynamic shapes (TRL's name). Off by default: on CPU the compile costs 45 s (warm cache) to minutes
-    and pays back only on long runs (benchmarks/results/torch_compile.md)."""
+    and pays back only on long runs (a retired measurement: `git show 57ade47:benchmarks/results/torch_compile.md`)."""
     torch_compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     """The `torch.compile` backend (transformers' name); eager / aot_eager trace without generating kernels (debug)."""
     use_peft: bool = False
