@@ -4,8 +4,10 @@
 the default `runs/vespo`, the warm start the default cache's) and writes
 benchmarks/results/default_train/summary.json: the training reward per step, the held-out accuracy per evaluation,
 and the README's two summaries of them (training reward: mean of the first 5 and of the last 10 steps; held-out: the
-first and the last evaluation). The run is deterministic on its one torch thread, so the same commit gives the same
-file; `docs/gen_results.py` puts its numbers in the README and tests/test_docs.py reruns its first steps against it.
+first and the last evaluation), with the CPU it ran on (`vespo.machine.cpu_signature`). The run is deterministic on
+its one torch thread and one CPU, so the same commit on the same kind of CPU gives the same file (another vector ISA
+sums in another order and the sampled tokens drift apart); `docs/gen_results.py` puts its numbers in the README and
+tests/e2e/test_readme.py reruns its first steps against it.
 `--steps K` runs only the first K steps (`--total-training-steps K`), `--smoke --out-dir DIR` two steps into DIR.
 """
 
@@ -18,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vespo.machine import cpu_signature
 from vespo.outputs import write_atomic
 
 OUT = Path(__file__).resolve().parent / "results" / "default_train"
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         extra += ["--total-training-steps", str(args.steps)]
     with tempfile.TemporaryDirectory(prefix="vespo-command1-") as tmp:
         rows = run(extra, Path(tmp))
-    summary = {"command": "vespo train" + "".join(f" {a}" for a in extra), **summarise(rows)}
+    summary = {"command": "vespo train" + "".join(f" {a}" for a in extra), "cpu": cpu_signature(), **summarise(rows)}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
     print(

@@ -216,8 +216,9 @@ def trl_trainer(b: Bench, *, steps: int, seed: int, out_dir: str, reward):
     from vespo.train.config import TrainConfig
 
     defaults = TrainConfig()
+    task = defaults.embedded
     train_set, _ = arithmetic_split(
-        num_operands=defaults.num_operands, max_operand=defaults.max_operand, eval_size=defaults.eval_size
+        num_operands=task.num_operands, max_operand=task.max_operand, eval_size=defaults.run.eval_size
     )
     dataset = Dataset.from_dict({"prompt": [p.prompt for p in train_set], "answer": [p.answer for p in train_set]})
     args = GRPOConfig(
@@ -241,10 +242,10 @@ def trl_trainer(b: Bench, *, steps: int, seed: int, out_dir: str, reward):
         learning_rate=b.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        adam_beta1=defaults.betas[0],
-        adam_beta2=defaults.betas[1],
-        weight_decay=defaults.weight_decay,
-        max_grad_norm=defaults.grad_clip,
+        adam_beta1=defaults.optimizer.betas[0],
+        adam_beta2=defaults.optimizer.betas[1],
+        weight_decay=defaults.optimizer.weight_decay,
+        max_grad_norm=defaults.optimizer.grad_clip,
         beta=0.0,  # no KL / reference model (vespo's default too)
         scale_rewards="group",  # A = (R - mean) / std per group, vespo's norm_adv_by_std=True
     )

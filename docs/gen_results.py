@@ -4,7 +4,7 @@ hyperparameter tables of the Methods pages from the loss registry.
 One script, so that a number shown anywhere cannot drift from the file it comes from:
 `python docs/gen_results.py` rewrites docs/results/index.md, docs/methods/hyperparameters.md and the blocks between
 `<!-- gen:NAME -->` and `<!-- /gen:NAME -->` of the README and the Methods pages; `python docs/gen_results.py --check`
-writes nothing and exits 1 naming each output that is not current (tests/test_docs.py runs it). Each section names
+writes nothing and exits 1 naming each output that is not current (tests/e2e/test_docs.py runs it). Each section names
 the command that produced its summary. Tables computed here use `vespo.experiments.stats.format_ci` (mean ± 95%
 t CI over seeds); the benchmarks' own markdown summaries, which their scripts generate from the same runs, are
 included as they are.

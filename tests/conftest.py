@@ -20,7 +20,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory) -> SimpleNamespace:
     """The tiny model briefly warm-started once per session (`_support.warm_tiny_model`, on one thread, as the pinned
-    metrics of tests/test_train_layout.py were taken): `.model` (its directory: read it, never write into it),
+    metrics of tests/train/test_train_layout.py were taken): `.model` (its directory: read it, never write into it),
     `.train` and `.heldout` (the arithmetic task's split)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@
 # Decoupled mode (bypass_mode=False): separate_async snapshots pi_old at the first mini-batch of each sync cycle and
 # recomputes every later mini-batch's old log-probs under it; veRL hands vespo w = pi_old / mu per sequence,
 # untruncated (1e9 > exp(20), veRL's clamp of log w), so W = pi / mu (docs/guides/verl.md, "Fully-async training and
-# partial rollouts"). Composed against veRL 0.9.1's config (tests/test_verl_v1.py), never launched here (no GPU).
+# partial rollouts"). Composed against veRL 0.9.1's config (tests/integrations/test_verl_v1.py), never launched here (no GPU).
 set -euo pipefail
 NNODES=${NNODES:-2}                                  # training nodes (common.sh: trainer.nnodes)
 source "$(dirname "$0")/common.sh"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 EMBEDDED = "embedded"
@@ -104,3 +105,20 @@ def _safetensors_dtype_bytes(file: Path) -> int | None:
         return _DTYPE_BYTES.get(first["dtype"])
     except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
         return None
+
+
+def cpu_signature() -> str:
+    """What a float result on this CPU depends on beyond the code and the seed: the processor, the vector ISA torch
+    dispatches its kernels to, and torch's version (the same run on another ISA sums in another order, so its
+    sampled tokens drift apart within steps). Recorded beside numbers that are reproduced exactly."""
+    import platform
+
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        models = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        name = models[0].strip() if models else name
+    except OSError:  # no /proc (not Linux)
+        pass
+    return f"{name}; {torch.backends.cpu.get_cpu_capability()}; torch {torch.__version__}"

@@ -12,7 +12,7 @@ MAX_DATA_BYTES = 256 << 20
 """Most text (and other values) a data file may hold once loaded: a JSON/JSONL file's size, a Parquet file's values
 decoded (dictionary-encoded strings counted at every use, computed from the dictionaries before any row is built).
 The records live in the learner and in every sampler process; a 113 KB dictionary-encoded Parquet file of 200,000
-rows decodes into 953 MiB (tests/test_input_bombs.py)."""
+rows decodes into 953 MiB (tests/train/test_input_bombs.py)."""
 MAX_PROMPT_CHARS = 1 << 18
 """Longest prompt, in characters: ~64K tokens at ~4 characters a token, twice the 32K-token context of the paper's
 Qwen3 models; a longer prompt cannot be trained on, and a record's prompt is tokenised and padded in every batch."""

@@ -98,7 +98,7 @@ shortest_path simple_equations simple_geometry simple_integration sokoban spell_
 string_insertion string_manipulation string_splitting string_synthesis sudoku survo syllogism time_intervals
 tower_of_hanoi tsumego word_ladder word_sequence_reversal word_sorting zebra_puzzles
 """.split()
-"""reasoning-gym's task registry (`reasoning_gym.factory.DATASETS`) as of `KNOWN_TASKS_VERSION` (tests/test_cli.py
+"""reasoning-gym's task registry (`reasoning_gym.factory.DATASETS`) as of `KNOWN_TASKS_VERSION` (tests/e2e/test_cli.py
 holds them equal): a task name is checked without importing reasoning-gym (1.4 s) when that version is installed."""
 
 

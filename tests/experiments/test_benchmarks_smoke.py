@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
 SCRIPTS += ["gpu_check.py"] if (BENCHMARKS / "gpu_check.py").is_file() else []

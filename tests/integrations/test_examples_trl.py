@@ -11,7 +11,7 @@ import pytest
 import torch
 from _optional import require
 
-SCRIPT = Path(__file__).parents[1] / "examples" / "trl" / "vespo_grpo.py"
+SCRIPT = Path(__file__).parents[2] / "examples" / "trl" / "vespo_grpo.py"
 HEAVY = ("torch", "trl", "transformers", "datasets", "vllm")
 
 

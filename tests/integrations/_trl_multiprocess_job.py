@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # tests/
 
 METHODS = {  # method -> (hparams making the control active on these batches, metrics of the chosen kernel)
     "vespo_selfnorm": ({}, ("adaptive/Z_pos", "adaptive/Z_neg")),

@@ -390,7 +390,7 @@ def test_hydra_overrides_reach_the_loss():
         )
 
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "verl")
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "verl")
 SCRIPTS = [
     ("qwen3_30b_a3b_megatron.sh", {"N": "16"}, "vespo", 4096),
     ("dense_fsdp.sh", {"MODEL": "meta-llama/Llama-3.2-3B-Instruct"}, "vespo", 2048),

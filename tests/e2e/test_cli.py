@@ -516,7 +516,7 @@ def test_cli_is_the_dispatcher_only_and_the_argv_toolkit_sits_below_every_room()
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
 
     def from_cli(path: Path) -> set[str]:
         """The names `path` imports from vespo.cli ("*" for `import vespo.cli`)."""

@@ -1,5 +1,5 @@
 """The training side's shape: fixed-seed sync and async runs give the metrics recorded before the learner/setup
-redesign (tests/data/pinned_train_metrics.json, made by the pre-redesign code on the same settings), the async loop
+redesign (tests/train/pinned_train_metrics.json, made by the pre-redesign code on the same settings), the async loop
 passes the user's flags to the learner unchanged, dropout is off so W == 1 on the first mini-batch, and the import
 graph has no cycle, no private import across modules, no library -> experiments, no loop -> loop arrow, and the
 embedded warm start and the checkpoint and output modules it uses do not import the trainer."""
@@ -17,8 +17,8 @@ from vespo.cli import main
 from vespo.embedded.task import build_tiny_model, build_tokenizer
 from vespo.train.logs import read_metrics
 
-SRC = Path(__file__).parents[1] / "src" / "vespo"
-PINNED = json.loads((Path(__file__).parent / "data" / "pinned_train_metrics.json").read_text())
+SRC = Path(__file__).parents[2] / "src" / "vespo"
+PINNED = json.loads((Path(__file__).parent / "pinned_train_metrics.json").read_text())
 # bug fixes of the redesign: async logged a train-inference gap of mu against itself (always 0); new metrics
 FIXED = ("mismatch/",)
 NEW = (
@@ -278,7 +278,7 @@ def test_the_sync_runs_config_comes_back_to_a_module_at_most_10_times(tmp_path):
     import vespo.train.sync  # noqa: F401
 
     spec = importlib.util.spec_from_file_location(
-        "trace_config", Path(__file__).parents[1] / "benchmarks" / "trace_config.py"
+        "trace_config", Path(__file__).parents[2] / "benchmarks" / "trace_config.py"
     )
     trace_config = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(trace_config)

@@ -1,5 +1,5 @@
 """The embedded model's SFT warm start: kept on Ctrl-C, resumed bit for bit, announced when long (its kept state is
-used only for exactly its settings: tests/test_checkpoints.py)."""
+used only for exactly its settings: tests/train/test_checkpoints.py)."""
 
 import time
 from pathlib import Path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
 
 # module -> the source file whose `__all__` lists its public names (read statically: TRL and veRL need not be here)

@@ -1,5 +1,5 @@
 """One rank of veRL 0.9.1's V1 `separate_async` training step with a vespo loss, on CPU; started by
-tests/test_verl_v1.py.
+tests/integrations/test_verl_v1.py.
 
 Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python _verl_v1_job.py MODEL_DIR OUT_JSON
 

@@ -319,7 +319,7 @@ def test_adaptive_accumulation_equals_one_pass(method, tokenizer, dataset, tmp_p
 @pytest.mark.slow
 def test_adaptive_decision_is_gathered_across_two_processes(tmp_path):
     """Two CPU processes (accelerate on gloo), two micro-batches each: both decide on all four micro-batches, and
-    their mean gradient equals one pass over all four (tests/_trl_multiprocess_job.py)."""
+    their mean gradient equals one pass over all four (tests/integrations/_trl_multiprocess_job.py)."""
     import json
     import os
     import socket
@@ -332,7 +332,7 @@ def test_adaptive_decision_is_gathered_across_two_processes(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([os.path.join(here, "..", "src"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([os.path.join(here, "..", "..", "src"), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": port,
@@ -522,7 +522,7 @@ def test_trl_example_builds_its_config_without_trls_sequence_mask_default(tmp_pa
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "examples" / "trl" / "vespo_grpo.py"
+    path = Path(__file__).parents[2] / "examples" / "trl" / "vespo_grpo.py"
     spec = importlib.util.spec_from_file_location("vespo_trl_example", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 HEAVY = ("transformers", "datasets", "math_verify", "matplotlib", "scipy", "tensorboard", "tyro", "yaml", "trl", "verl")

@@ -15,7 +15,7 @@ from vespo.experiments.reproduce import designs, long, plan, registration, slice
 from vespo.experiments.stats import minimal_detectable_difference, paired_t
 from vespo.experiments.sweep import cells
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "benchmarks" / "results" / "paper_long"
 
 

@@ -1,4 +1,4 @@
-"""One rank of veRL's real actor update with a vespo loss, on CPU; started by tests/test_verl_workers.py.
+"""One rank of veRL's real actor update with a vespo loss, on CPU; started by tests/integrations/test_verl_workers.py.
 
 Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python _verl_worker_job.py MODEL_DIR OUT_JSON
 

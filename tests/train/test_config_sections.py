@@ -16,7 +16,7 @@ from vespo.train.config import TrainConfig
 from vespo.train.config_io import to_yaml
 from vespo.train.fields import SECTIONS, BatchSettings, DataSettings, HardwareSettings, OptimizerSettings
 
-SRC = Path(__file__).parents[1] / "src" / "vespo"
+SRC = Path(__file__).parents[2] / "src" / "vespo"
 
 
 def _pinned_config() -> TrainConfig:

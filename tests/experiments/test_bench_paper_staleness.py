@@ -91,7 +91,7 @@ def test_the_committed_verdicts_recompute_bit_identically_from_the_package(tmp_p
     import shutil
     from pathlib import Path
 
-    table = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "paper_staleness"
+    table = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "paper_staleness"
     names = ("verdicts.md", "verdicts.json", "verdicts.csv", "compare_vespo_best_eval_acc.md",
              "compare_vespo_final_eval_acc.md", "results.md")  # fmt: skip
     for name in ("results.csv", "results.md"):  # results.md: the sweep's tables, headed by the coverage line

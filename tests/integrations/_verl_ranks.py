@@ -27,7 +27,7 @@ def run_world_sizes(job: str, tmp, world_sizes: tuple[int, ...], timeout: float)
     tokenizer = build_tokenizer()
     build_tiny_model(tokenizer).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    src = os.path.join(HERE, "..", "src")
+    src = os.path.join(HERE, "..", "..", "src")
     base_env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),

@@ -14,11 +14,11 @@ from vespo.kernels import phi_max
 from vespo.losses import default_loss_agg_mode, register_method
 from vespo.losses.adaptive import ADAPTIVE_METHODS
 
-# vespo_schedule needs the index of its mini-batch (a BatchContext); tests/test_adaptive.py covers it.
+# vespo_schedule needs the index of its mini-batch (a BatchContext); tests/losses/test_adaptive.py covers it.
 METHODS = [m for m in vespo.available_methods() if m != "vespo_schedule"]
 # BAPO picks its clip bounds from the whole batch, so per-row or per-micro-batch calls differ from one batch by design;
-# so do M2PO and the adaptive VESPO variants unless given the mini-batch's statistics (tests/test_adaptive.py,
-# tests/test_offpolicy.py).
+# so do M2PO and the adaptive VESPO variants unless given the mini-batch's statistics (tests/losses/test_adaptive.py,
+# tests/train/test_offpolicy.py).
 BATCH_INDEPENDENT = [m for m in METHODS if m != "bapo" and not vespo.losses.uses_batch_context(m)]
 
 
@@ -120,7 +120,7 @@ def test_default_aggregation_is_each_primary_sources():
     assert {m: default_loss_agg_mode(m) for m in vespo.available_methods()} == want
     from pathlib import Path
 
-    table = (Path(__file__).parents[1] / "docs" / "methods" / "index.md").read_text().split("## The methods", 1)[1]
+    table = (Path(__file__).parents[2] / "docs" / "methods" / "index.md").read_text().split("## The methods", 1)[1]
     for m, mode in want.items():  # the docs table says the same
         row = next(line for line in table.splitlines() if line.startswith(f"| `{m}` |"))
         assert f"| {mode} |" in row, row
@@ -885,7 +885,7 @@ def test_docs_list_exactly_the_registered_methods():
     import re
     from pathlib import Path
 
-    pages = sorted((Path(__file__).parents[1] / "docs" / "methods").glob("*.md"))
+    pages = sorted((Path(__file__).parents[2] / "docs" / "methods").glob("*.md"))
     text = "\n".join(p.read_text() for p in pages)
     table = (pages[0].parent / "index.md").read_text().split("## The methods", 1)[1].split("\n\n", 2)[1]
     assert sorted(re.findall(r"^\| `([a-z0-9_]+)` \|", table, flags=re.M)) == vespo.available_methods()
