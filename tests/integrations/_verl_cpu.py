@@ -162,8 +162,8 @@ def copy_snapshots_to_host() -> None:
     `DetachActorWorker.save_model_to_cpu` (V1 separate_async, decoupled mode) keeps each parameter shard as
     `shard.detach().cpu()`: a device-to-host copy on a GPU, but the very same storage when the shard already lives
     in host memory, so the "snapshot" follows every later optimizer step. This wraps veRL's helper so that the
-    saved shards are cloned, which is what `.cpu()` does for device tensors; tests/integrations/_verl_v1_job.py records the
-    unwrapped helper's aliasing first.
+    saved shards are cloned, which is what `.cpu()` does for device tensors; tests/integrations/_verl_v1_job.py
+    records the unwrapped helper's aliasing first.
     """
     from verl.utils import fsdp_utils
 

@@ -3,7 +3,8 @@
 1. A V1 training step, 1 and 2 data-parallel ranks (torch.distributed on gloo): veRL's
    `PPOTrainerSeparateAsync.step` with `parameter_sync_step` = 4 in decoupled mode drives a `DetachActorWorker`
    (FSDP2 engine) whose policy loss is vespo's, registered through the `verl.plugins` entry point; what V1 needs a
-   cluster for (TransferQueue, the Ray worker group, rollout) is stood in for as tests/integrations/_verl_v1_job.py says. Each
+   cluster for (TransferQueue, the Ray worker group, rollout) is stood in for as tests/integrations/_verl_v1_job.py
+   says. Each
    mini-batch's loss and the four SGD(lr=1) updates are replayed with `vespo.compute_policy_loss` under pi_old = the
    cycle's first weights.
 2. examples/verl/v1_separate_async_megatron.sh composed against veRL's own V1 config, with what V1's separate_async
@@ -96,7 +97,8 @@ def test_v1_separate_async_keeps_pi_old_for_the_whole_sync_cycle(runs, world):
             assert r[name]["snapshots"] == expected
             assert r[name]["old_log_prob_err"] < 1e-5
             # on host memory veRL's FSDP2 snapshot helper returns the live storage: the job clones it (as .cpu()
-            # does from a GPU); when veRL copies by itself this fails and tests/integrations/_verl_cpu.py's wrapper can go
+            # does from a GPU); when veRL copies by itself this fails and tests/integrations/_verl_cpu.py's wrapper
+            # can go
             assert r[name]["snapshot_aliases"] is True
     drift = runs[world][0]["vespo"]["drift"]  # max |log pi_k - log pi_old| over mini-batch k's tokens
     assert drift[0] == 0 and min(drift[1:]) > 0.1  # without the snapshot, mini-batches 1-3 would see pi_k

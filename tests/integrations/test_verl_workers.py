@@ -2,7 +2,8 @@
 
 Hydra `ppo_trainer` config with the documented override lines -> `ActorRolloutRefWorker` -> FSDP2 engine ->
 `ppo_loss` -> vespo's registered policy loss -> `agg_loss` with veRL's global batch info. Each world size is one
-set of subprocesses (tests/integrations/_verl_worker_job.py; the CPU platform is process-wide) that runs every scenario; the
+set of subprocesses (tests/integrations/_verl_worker_job.py; the CPU platform is process-wide) that runs every
+scenario; the
 assertions here read what they recorded.
 """
 

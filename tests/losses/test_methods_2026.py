@@ -1,6 +1,6 @@
 """Issue 54's methods: DPPO (TV and KL), LUSPO, Kimi K2.5's squared log-ratio penalty (`kl_tau`, any method) and
-veRL's IcePop preset, against hand-computed values. Engine parity: tests/integrations/test_integration_verl.py (veRL's dppo_*),
-tests/integrations/test_integration_trl.py (TRL's luspo)."""
+veRL's IcePop preset, against hand-computed values. Engine parity: tests/integrations/test_integration_verl.py
+(veRL's dppo_*), tests/integrations/test_integration_trl.py (TRL's luspo)."""
 
 import math
 

@@ -3,8 +3,8 @@ machine can hold, floats the sampler or optimizer cannot compute with, and a dat
 each one line naming the field (or file:line) and what is accepted, exit code 2, before any model loads.
 
 All cases run in one subprocess (`vespo.cli.main` per case, model loading booby-trapped, as in
-tests/train/test_bad_inputs.py) whose address space is capped and whose cases are timed out, so a bomb that still goes off
-fails its case in seconds instead of filling the machine.
+tests/train/test_bad_inputs.py) whose address space is capped and whose cases are timed out, so a bomb that still goes
+off fails its case in seconds instead of filling the machine.
 """
 
 import json

@@ -129,8 +129,8 @@ VERL_DEFAULTS = {
 }
 """veRL's defaults (verl/trainer/config: actor/actor.yaml, model/hf_model.yaml, optim/fsdp.yaml) where vespo's differ
 and the veRL YAML says what it wants without them: the KL weight of `use_kl_loss: true`, LoRA's alpha and modules of
-`lora_rank: r`, the AdamW and schedule of an `optim` section (veRL's "constant" warms up). tests/integrations/test_verl_configs.py
-reads them from veRL's own files."""
+`lora_rank: r`, the AdamW and schedule of an `optim` section (veRL's "constant" warms up).
+tests/integrations/test_verl_configs.py reads them from veRL's own files."""
 
 
 def from_verl_keys(data: dict, *, where: str) -> dict:
