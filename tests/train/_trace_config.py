@@ -3,26 +3,24 @@
 Runs `vespo train` in-process under `sys.setprofile` and records the module of every Python function called with a
 TrainConfig among its arguments (identity, not equality). The config followed is the one `train_sync` (`--async`:
 `train_async`) receives, together with the configs it was made from and those made from it by
-`dataclasses.replace` (the run's num_threads, its saved config.yaml): one config, however many objects. Prints
+`TrainConfig.replace` (the run's num_threads, its saved config.yaml): one config, however many objects. Prints
   modules  the distinct modules entered,
   returns  how often the call sequence (consecutive repeats collapsed) comes back to a module it had already left,
            with the returns by module, and the sequence itself.
-Main thread only: sampler processes and helper threads are not followed.
-
-    PYTHONPATH=src python benchmarks/trace_config.py [--async]
+Main thread only: sampler processes and helper threads are not followed. A test helper
+(tests/train/test_train_layout.py); by hand: `python tests/train/_trace_config.py [--async]`.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import sys
 import tempfile
 
 
 def trace(argv: list[str]) -> tuple[list[tuple[str, str, int]], dict[int, int]]:
     """The (module, function, config id) of every call that received a TrainConfig, in call order, and the
-    `dataclasses.replace` edges (child id -> parent id); every config seen is kept alive until the run ends, so an id
+    `TrainConfig.replace` edges (child id -> parent id); every config seen is kept alive until the run ends, so an id
     names one object."""
     from vespo.cli import main
     from vespo.train.config import TrainConfig
@@ -30,13 +28,13 @@ def trace(argv: list[str]) -> tuple[list[tuple[str, str, int]], dict[int, int]]:
     calls: list[tuple[str, str, int]] = []
     parent: dict[int, int] = {}
     alive: list[object] = []
-    replace = dataclasses.replace.__code__
+    replace = TrainConfig.replace.__code__
 
     def profile(frame, event, arg):
         code = frame.f_code
         if event == "return" and code is replace and type(arg) is TrainConfig:
             alive.append(arg)
-            parent[id(arg)] = id(frame.f_locals["obj"])
+            parent[id(arg)] = id(frame.f_locals["self"])
         if event != "call":
             return
         n = code.co_argcount + code.co_kwonlyargcount
@@ -64,7 +62,7 @@ def trace(argv: list[str]) -> tuple[list[tuple[str, str, int]], dict[int, int]]:
 
 def count(calls: list[tuple[str, str, int]], parent: dict[int, int], loop: str):
     """(distinct modules, returns, returns by module, collapsed module sequence) of the config `loop` received, its
-    ancestors and its descendants through `dataclasses.replace`."""
+    ancestors and its descendants through `TrainConfig.replace`."""
     target = next(i for m, f, i in calls if f == loop)
     family, i = {target}, target
     while i in parent:  # ancestors
