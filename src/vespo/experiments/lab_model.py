@@ -36,7 +36,7 @@ import torch
 
 from vespo import diagnostics
 from vespo.advantages import group_advantages
-from vespo.experiments.lab_config import ChainSpec
+from vespo.experiments.lab_config import ChainSpec, LabConfig
 from vespo.kernels import effective_sample_size
 from vespo.losses import BatchContext, compute_policy_loss, uses_batch_context
 from vespo.losses.core import seq_log_ratio, top_share
@@ -257,7 +257,7 @@ LAB_STEP_METRICS = (
 )  # fmt: skip
 
 
-def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) -> dict[str, Tensor]:
+def lab_step(cfg: LabConfig, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) -> dict[str, Tensor]:
     """One optimizer step of a lab cell (either preset) on mini-batch k of N through `compute_policy_loss`, clipped
     and taken by the learner's functions (`clip_gradient`, `optimizer_step`; grad_clip 0: unclipped), and what
     explains a collapse (`LAB_STEP_METRICS`): sequence log W against mu (exact: no per-token guard), the gradient
@@ -278,13 +278,13 @@ def lab_step(cfg, cell, opt, params, lp, old_lp, adv, mask, k, rollout_lp=None) 
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = clip_gradient(params, cfg.grad_clip)  # before clipping
-    if getattr(cfg, "momentum_scale", "none") == "mean_phi":  # damp the echo: m <- Z m before the step
+    if cfg.momentum_scale == "mean_phi":  # damp the echo: m <- Z m before the step
         _scale_momentum(opt, params, metrics[diagnostics.MEAN_PHI].clamp(max=1.0))  # Z: this mini-batch's mean phi
     momentum_share = diagnostics.momentum_share(opt)  # the state before the step, the clipped gradient
     u_g, _ = diagnostics.momentum_parts(opt)
     # the learner's step, scaled by the step control; always taken (a non-finite cell shows in its summary)
     inputs = (metrics, lp.detach(), old_lp, rollout_lp, mask)
-    step = optimizer_step(opt, params, True, step_scale=getattr(cfg, "step_scale", "none"), log_update_norm=True,
+    step = optimizer_step(opt, params, True, step_scale=cfg.step_scale, log_update_norm=True,
                           scaler=None, scheduler=None, step_inputs=inputs)  # fmt: skip
     stats = {
         "grad_norm": grad_norm,
