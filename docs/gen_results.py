@@ -30,7 +30,15 @@ README = ROOT / "README.md"
 BEST = "best_eval_acc"  # the paper's checkpoint rule: the best held-out evaluation of a run
 
 sys.path.insert(0, str(ROOT / "src"))
+from vespo.experiments.presets import PRESET_REGIMES  # noqa: E402
 from vespo.experiments.stats import format_ci  # noqa: E402
+
+EVAL_SAMPLES = PRESET_REGIMES["paper-long"][0]["eval_size"] * PRESET_REGIMES["paper-long"][0]["eval_n"]
+"""Sampled responses per held-out evaluation of a paper-long cell (its binomial noise floor)."""
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 def _rows(rel: str) -> list[dict]:
@@ -99,9 +107,10 @@ def _by_cell(rows: list[dict], metric: str) -> dict[tuple[str, int], list[float]
     return cells
 
 
-def _grid(rel: str, metric: str = BEST) -> tuple[str, float]:
-    """Mean ± 95% CI per variant (rows, VESPO first) and N (columns), and the warm start's accuracy."""
-    rows = _rows(rel)
+def _grid(rel: str, metric: str = BEST, rows: list[dict] | None = None) -> tuple[str, float]:
+    """Mean ± 95% CI per variant (rows, VESPO first) and N (columns), and the warm start's accuracy (of `rows`
+    where given, else of the summary `rel`)."""
+    rows = _rows(rel) if rows is None else rows
     cells = _by_cell(rows, metric)
     ns = sorted({n for _, n in cells})
     variants = sorted({v for v, _ in cells}, key=lambda v: (v != "vespo", v))
@@ -139,6 +148,56 @@ def section_command1() -> str:
     )
 
 
+def _confirmed() -> str:
+    """One line per confirmatory comparison of the primary rule that has run: its difference, CI, Holm p and verdict
+    (with the MDD where unresolved), from verdicts.csv; a line saying which planned designs have not run."""
+    rows = [
+        r for r in _rows("paper_long/verdicts.csv") if r["registration"] == "confirmatory" and r["primary"] == "True"
+    ]
+    ran = [r for r in rows if r["tested_seeds"] != "[]" and r["diff"] not in ("", "nan")]
+    lines = []
+    for r in ran:
+        verdict = r["verdict"] + (f" (MDD {float(r['mdd']):.3f})" if r["verdict"] == "unresolved" else "")
+        lines.append(
+            f"- {r['design']}: {r['name']}, {r['rule']}: {float(r['diff']):+.4f} [{float(r['ci_low']):+.3f}, "
+            f"{float(r['ci_high']):+.3f}] over {r['seeds']} seeds, Holm p {float(r['p_adjusted']):.3g} "
+            f"(m = {r['family_m']}): {verdict}."
+        )
+    pending = sorted({r["design"] for r in rows} - {r["design"] for r in ran})
+    if pending:
+        lines.append("- Planned and committed, cells not run yet: " + ", ".join(pending) + ".")
+    head = (
+        "What the confirmatory designs (plan committed before any of its cells) show, primary rule; a difference is "
+        "the other method's accuracy minus VESPO's (fraction):"
+    )
+    return head + "\n\n" + "\n".join(lines)
+
+
+def _design_grids() -> list[str]:
+    """Each run design's own grid per warm start (its cells are not in the table above: other seeds, warm starts or
+    step counts, so their levels differ from it)."""
+    out = []
+    for path in sorted((RESULTS / "paper_long" / "designs").glob("*/results.csv")):
+        rel = str(path.relative_to(RESULTS))
+        by_warm = defaultdict(list)
+        for r in _rows(rel):
+            by_warm[r.get("sft_seed") or "0"].append(r)
+        for sft, rows in sorted(by_warm.items(), key=lambda kv: int(kv[0])):
+            table, start = _grid(rel, rows=rows)
+            seeds = sorted({int(r["seed"]) for r in rows})
+            text = (f"Design `{path.parent.name}`, warm start of SFT seed {sft} (scores {start:.3f}), RL seeds "
+                    f"{seeds[0]}-{seeds[-1]}, best checkpoint:")  # fmt: skip
+            gain = max(_mean([float(r[BEST]) - float(r["initial_eval_acc"]) for r in rows if r["variant"] == v])
+                       for v in {r["variant"] for r in rows})  # fmt: skip
+            floor = 2 * (start * (1 - start) / EVAL_SAMPLES) ** 0.5
+            if gain < floor:
+                text += (f" no method rises more than {floor:.3f} (two binomial SDs of one evaluation) above this warm "
+                         "start, so its pairs hold no information on the methods' difference; they still count in "
+                         "the planned pooled test, whose CI and MDD they narrow.")  # fmt: skip
+            out.append(f"{text}\n\n{table}")
+    return out
+
+
 def section_long() -> str:
     table, start = _grid("paper_long/results.csv")
     return "\n\n".join(
@@ -148,6 +207,8 @@ def section_long() -> str:
             "embedded chain task with 128-token responses, each cell gated on its regime diagnostics. Held-out "
             f"accuracy, best checkpoint, mean ± 95% CI over the gated seeds (warm start {start:.3f}):",
             table,
+            _confirmed(),
+            *_design_grids(),
             "The tests, their families and the registration of each design, as the command writes them:",
             _md("paper_long/verdicts.md"),
             _source("paper_long/results.csv", "paper_long/verdicts.csv", "paper_long/verdicts.md"),
