@@ -582,3 +582,20 @@ def test_a_committed_designs_cells_keep_their_names():
                         **d["sweep"])  # fmt: skip
     names = {c.name for c in cells(cfg)}
     assert {"grpo/N64/seed100/ce8e4b9a0a4c", "grpo/N64/seed101/031076b4df78"} <= names and len(names) == 14
+
+
+def test_ctrl_c_of_a_design_run_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while a design's cells run (the sweep's GridInterrupted, raised by `run_design`): the command prints
+    the sweep's one line of what was kept, no traceback, and exits 130 without writing the report."""
+    from vespo.experiments.grid import GridInterrupted
+    from vespo.experiments.reproduce.command import paper_long_cli
+
+    def stopped(*args):
+        raise GridInterrupted("0 of 8 cells finished and kept in X; the same command continues the sweep")
+
+    monkeypatch.setattr(long, "run_design", stopped)
+    monkeypatch.setattr(long, "report", lambda out: pytest.fail("no report after an interrupt"))
+    assert paper_long_cli(["--design", "confirm-n64", "--out-dir", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["vespo reproduce paper-long: interrupted; 0 of 8 cells finished and kept in X; the same command "
+                   "continues the sweep"]  # fmt: skip

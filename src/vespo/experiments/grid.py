@@ -72,8 +72,13 @@ def grid_cli(
     except OutputError as exc:  # raised by the claim, before the grid's first cell
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # one line, exit 130 (128 + SIGINT), as `vespo train`
-        kept = str(exc) if isinstance(exc, GridInterrupted) else "finished cells are kept; the same command continues"
-        print(f"{prog}: interrupted; {kept}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupted(prog, exc)
     return 0
+
+
+def interrupted(prog: str, exc: KeyboardInterrupt) -> int:
+    """Ctrl-C of a grid command: one line saying what was kept, exit 130 (128 + SIGINT), as `vespo train`."""
+    kept = str(exc) if isinstance(exc, GridInterrupted) else "finished cells are kept; the same command continues"
+    print(f"{prog}: interrupted; {kept}", file=sys.stderr)
+    return 130

@@ -7,6 +7,7 @@ import datetime
 from pathlib import Path
 
 from vespo.argv import ArgumentParser, warn_renamed
+from vespo.experiments.grid import interrupted
 
 TABLES = {
     "paper": "the paper's staleness table on the free-length task, a verdict on every ordering it claims",
@@ -55,6 +56,8 @@ def paper_cli(argv: list[str]) -> int:
         paper.report(args.out_dir)
     except ValueError as exc:  # a bad grid, or an out-dir without results.csv: one line
         p.error(str(exc))
+    except KeyboardInterrupt as exc:
+        return interrupted(p.prog, exc)
     print((args.out_dir / "verdicts.md").read_text())
     return 0
 
@@ -152,4 +155,6 @@ def paper_long_cli(argv: list[str]) -> int:
         _design(args) if args.design is not None else _table(args)
     except ValueError as exc:
         p.error(str(exc))
+    except KeyboardInterrupt as exc:
+        return interrupted(p.prog, exc)
     return 0
