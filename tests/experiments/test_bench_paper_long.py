@@ -599,3 +599,46 @@ def test_ctrl_c_of_a_design_run_is_one_line_and_exit_130(tmp_path, monkeypatch, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["vespo reproduce paper-long: interrupted; 0 of 8 cells finished and kept in X; the same command "
                    "continues the sweep"]  # fmt: skip
+
+
+def test_a_design_run_of_other_n_adds_to_its_results_and_never_drops_a_cell(tmp_path, monkeypatch):
+    """N = 4 first, N = 64 later (`--num-mini-batches`, each a fresh process whose cells/ may be gone): results.csv
+    ends with both; a cell run again replaces its own row only, never a row of another N or seed."""
+    out = tmp_path / "repo"
+    out.mkdir()
+    _git(out, "init", "-q")
+    found = [plan.at_n("grpo", n, "toy3: VESPO vs GRPO") for n in (4, 64)]
+    design = designs._design("toy3", "q?", ["vespo", "grpo"], [4, 64], designs._seed_plan((0,), 100, 2), found,
+                           {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
+    monkeypatch.setitem(designs.DESIGNS, "toy3", lambda table: design)
+    _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
+    designs.write_plan(out, "toy3")
+    _git(out, "add", "plans/toy3.md")
+    _git(out, "commit", "-q", "-m", "plan")
+    acc = {4: 0.3, 64: 0.6}
+
+    def fake_sweep(cfg):
+        summary = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "False", "final_train_reward": "0.5",
+                   "initial_length": "128", "final_length": "128"}  # fmt: skip
+        return [slices.typed_row(_chain(v, n, s, acc[n] + 0.01 * s - 0.02 * (v == "grpo")) | summary)
+                for v in cfg.variants for n in cfg.num_mini_batches for s in cfg.seeds]  # fmt: skip
+
+    monkeypatch.setattr(long, "sweep", fake_sweep)
+    results = out / "designs" / "toy3" / "results.csv"
+
+    def cells_now():
+        return {
+            (r["variant"], r["N"], r["seed"]): float(r["best_eval_acc"]) for r in load_rows(results, "best_eval_acc")
+        }
+
+    long.run_design(out, "toy3", 2, [4], None)
+    after_4 = cells_now()
+    assert {k[1] for k in after_4} == {"4"} and len(after_4) == 4
+    long.run_design(out, "toy3", 2, [64], None)
+    both = cells_now()
+    assert len(both) == 8 and {k: v for k, v in both.items() if k[1] == "4"} == after_4
+    acc[4] = 0.35  # N = 4 run again: its rows are replaced, N = 64's kept
+    long.run_design(out, "toy3", 2, [4], None)
+    again = cells_now()
+    assert len(again) == 8 and all(again[k] == pytest.approx(v + 0.05) for k, v in after_4.items())
+    assert {k: v for k, v in again.items() if k[1] == "64"} == {k: v for k, v in both.items() if k[1] == "64"}

@@ -41,7 +41,7 @@ from vespo.experiments.reproduce.registration import (
     registration,
     table_plan_commit,
 )
-from vespo.experiments.reproduce.slices import config, slices_run, table_plan
+from vespo.experiments.reproduce.slices import config, slices_run, table_plan, typed_row
 from vespo.experiments.reproduce.verdicts import caveats, verdicts, verdicts_markdown
 from vespo.experiments.sweep import SweepConfig, cells, sweep, write_tables
 from vespo.outputs import write_atomic
@@ -122,11 +122,17 @@ def report(out: Path, rows: list[dict] | None = None, dest: Path | None = None) 
     return found
 
 
+def _cell(row: dict) -> tuple:
+    """A design cell's identity in its results.csv: warm start, seed, variant, N."""
+    return int(row["sft_seed"]), int(row["seed"]), row["variant"], int(row["N"])
+
+
 def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: datetime.datetime | None) -> None:
     """Run a committed design's cells seed by seed (the design's seeds interleaved over its warm starts, so pairs
     finish together), each seed a sweep of the design's variants into designs/<name>/sft<k>/ (a warm start is built,
     on one thread, by the first sweep that needs it); after each seed, designs/<name>/results.csv and the report. No
-    seed starts after `until` (UTC)."""
+    seed starts after `until` (UTC). The results.csv already there is kept: a run of other N adds its cells to it,
+    and a cell run again replaces its own row only."""
     import torch
 
     torch.set_num_threads(1)
@@ -147,13 +153,15 @@ def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: dat
         cells(c)  # every cell validated before any runs
     order = [(w["sft_seed"], s) for i in range(max(len(w["seeds"]) for w in d["warm_starts"]))
              for w in d["warm_starts"] if i < len(w["seeds"]) for s in [w["seeds"][i]]]  # fmt: skip
-    summaries: list[dict] = []
+    done = where / "results.csv"  # kept: a run of other N (or after its cells/ are gone) adds to it, never drops
+    summaries = [typed_row(r) for r in load_rows(done, PRIMARY)] if done.exists() else []
     for k, s in order:
         if until is not None and datetime.datetime.now(datetime.timezone.utc) >= until:
             print(f"design {name}: {until:%H:%M} UTC reached; no more seeds start (rerun to continue)", flush=True)
             break
-        summaries = [r for r in summaries if not (r["sft_seed"] == k and r["seed"] == s)]
-        summaries += [r | {"sft_seed": k} for r in sweep(cfg_of(k, [s]))]
+        new = [r | {"sft_seed": k} for r in sweep(cfg_of(k, [s]))]
+        rerun = {_cell(r) for r in new}
+        summaries = [r for r in summaries if _cell(r) not in rerun] + new
         where.mkdir(parents=True, exist_ok=True)
         write_tables(where, summaries, eval_prompts=cfgs[k].eval_size * cfgs[k].eval_n)
         report(out)
