@@ -1,10 +1,11 @@
-"""One wall-clock deadline for work in the main thread that may hang or run away (a grader, a third-party generator):
-SIGALRM raises an exception of the caller's choice when the time is up."""
+"""Signals in the main thread: one wall-clock deadline for work that may hang or run away (a grader, a third-party
+generator: SIGALRM raises an exception of the caller's choice when the time is up), and SIGTERM read as Ctrl-C."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 
 
@@ -26,3 +27,21 @@ def deadline(seconds: float, error: type[BaseException] = DeadlineExceeded) -> I
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM (a scheduler's or `kill`'s stop) into KeyboardInterrupt in the main thread, so both unwind through
+    the same shutdown path: workers stopped, what was kept said in one line. Elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

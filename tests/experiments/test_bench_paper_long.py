@@ -642,3 +642,24 @@ def test_a_design_run_of_other_n_adds_to_its_results_and_never_drops_a_cell(tmp_
     again = cells_now()
     assert len(again) == 8 and all(again[k] == pytest.approx(v + 0.05) for k, v in after_4.items())
     assert {k: v for k, v in again.items() if k[1] == "64"} == {k: v for k, v in both.items() if k[1] == "64"}
+
+
+def test_sigterm_of_a_design_run_stops_it_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a scheduler's stop, `kill`) while the cells run unwinds as Ctrl-C: the sweep's KeyboardInterrupt path
+    stops its cell processes, one line, exit 130 (before, the sweep died and its cells ran on as orphans)."""
+    import os
+    import signal
+    import time
+
+    from vespo.experiments.reproduce.command import paper_long_cli
+
+    def terminated(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler interrupts this at once
+        pytest.fail("SIGTERM did not interrupt the run")
+
+    monkeypatch.setattr(long, "run_design", terminated)
+    assert paper_long_cli(["--design", "confirm-n64", "--out-dir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "vespo reproduce paper-long: interrupted; finished cells are kept; the same command continues"]  # fmt: skip
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the run's only

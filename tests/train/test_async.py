@@ -14,12 +14,13 @@ import torch
 from _clock import HANG_GUARD_S
 from _commands import alive, descendants, sigint_default
 
+from vespo.deadline import sigterm_as_interrupt
 from vespo.embedded.task import arithmetic_split, build_tiny_model, build_tokenizer
 from vespo.rewards import math_reward
 from vespo.rollout import pack_rollout, sample
 from vespo.train import async_ as async_trainer
 from vespo.train import train
-from vespo.train.async_ import _sigterm_as_interrupt, lag_bucket
+from vespo.train.async_ import lag_bucket
 from vespo.train.config import TrainConfig
 from vespo.train.config_io import parse_args
 from vespo.train.logs import read_metrics
@@ -125,7 +126,7 @@ def test_async_flag_and_sigterm_become_one_shutdown_path():
         2,
         2,
     )
-    with pytest.raises(KeyboardInterrupt), _sigterm_as_interrupt():
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler interrupts this
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from vespo.argv import parse_flags
+from vespo.deadline import sigterm_as_interrupt
 from vespo.outputs import OutputError, OwnedDir, claim, read_regular
 
 C = TypeVar("C")
@@ -68,7 +69,8 @@ def grid_cli(
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        run(cfg)
+        with sigterm_as_interrupt():
+            run(cfg)
     except OutputError as exc:  # raised by the claim, before the grid's first cell
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

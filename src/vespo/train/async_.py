@@ -18,15 +18,14 @@ import dataclasses
 import json
 import os
 import queue
-import signal
 import sys
-import threading
 import time
 
 import numpy as np
 import torch
 
 from vespo.checkpoints import ASYNC, NEXT_BATCH
+from vespo.deadline import sigterm_as_interrupt
 from vespo.outputs import OwnedDir, write_atomic
 from vespo.rewards.batch import GraderHostError
 from vespo.rollout import Rollout
@@ -321,7 +320,7 @@ def train_async(cfg: TrainConfig, out: OwnedDir) -> dict[str, float]:
                        next_batch=next_batch)  # fmt: skip
     steps = _Steps(cfg, pool, learner, run, tokenizer)
     metrics, t_loop = run.logger.last, time.perf_counter()
-    with _sigterm_as_interrupt(), contextlib.closing(pool):
+    with sigterm_as_interrupt(), contextlib.closing(pool):
         pool.start(model, opt_step)
         run.begin()
         for step in range(state.start + 1, cfg.batch.total_training_steps + 1):
@@ -449,20 +448,3 @@ def _step_metrics(per_unit: list[dict], rewards: list[torch.Tensor], num_mini_ba
     metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
     metrics["actor/num_mini_batches"] = float(num_mini_batches)
     return metrics
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Turn SIGTERM into KeyboardInterrupt in the learner, so both unwind through the same shutdown path."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

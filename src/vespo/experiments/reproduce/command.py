@@ -7,6 +7,7 @@ import datetime
 from pathlib import Path
 
 from vespo.argv import ArgumentParser, warn_renamed
+from vespo.deadline import sigterm_as_interrupt
 from vespo.experiments.grid import interrupted
 
 TABLES = {
@@ -52,7 +53,8 @@ def paper_cli(argv: list[str]) -> int:
     warn_renamed(p.prog, argv, RENAMED)
     try:
         if not args.report_only:
-            paper.run(args.out_dir, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
+            with sigterm_as_interrupt():
+                paper.run(args.out_dir, args.seeds, args.jobs, args.variants, args.num_mini_batches, args.smoke)
         paper.report(args.out_dir)
     except ValueError as exc:  # a bad grid, or an out-dir without results.csv: one line
         p.error(str(exc))
@@ -152,7 +154,8 @@ def paper_long_cli(argv: list[str]) -> int:
     args = p.parse_args(argv)
     warn_renamed(p.prog, argv, RENAMED)
     try:
-        _design(args) if args.design is not None else _table(args)
+        with sigterm_as_interrupt():
+            _design(args) if args.design is not None else _table(args)
     except ValueError as exc:
         p.error(str(exc))
     except KeyboardInterrupt as exc:
