@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vespo.embedded.warm_start import fingerprint
 from vespo.experiments.presets import PAPER_LR, PRESETS
 from vespo.experiments.sweep import (
     Cell,
@@ -188,6 +189,9 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert {(r["variant"], r["N"]) for r in rows} == {("vespo", "1"), ("vespo", "2"), ("grpo", "1"), ("grpo", "2")}
     assert "probe_cos_grpo" in rows[0]  # the gradient probe's column (empty where every advantage was 0)
+    # every cell names the warm-start build it started from: the weights' hash, the same for all four
+    (built,) = [p for p in (tmp_path / "cache").glob("embedded-*") if p.is_dir()]
+    assert {r["warm_start"] for r in rows} == {fingerprint(built)} and len(fingerprint(built)) == 12
     md = (tmp_path / "sw" / "results.md").read_text()
     assert "| vespo |" in md and "N=2" in md
     assert "(n=1)" in md and "± 0.000" not in md  # one seed: the mean alone, never a fake CI
@@ -204,9 +208,11 @@ def test_tiny_grid_end_to_end_and_resume(tmp_path, capsys):
     # a torn summary.json (an older vespo wrote it in place and crashed) is summarised again, not a JSONDecodeError
     done.write_text("")
     again = sweep(cfg)
-    assert [{k: v for k, v in s.items() if k != "wall_s"} for s in again] == [
-        {k: v for k, v in s.items() if k != "wall_s"} for s in summaries
+    # ... and keeps every number; its wall time and warm-start build were in the torn file only
+    assert [{k: v for k, v in s.items() if k not in ("wall_s", "warm_start")} for s in again] == [
+        {k: v for k, v in s.items() if k not in ("wall_s", "warm_start")} for s in summaries
     ]
+    assert [s.get("warm_start") for s in again].count(None) == 1
     assert json.loads(done.read_text())["N"] == 2
     assert "is damaged; summarised again from its metrics.jsonl" in capsys.readouterr().err
 

@@ -61,3 +61,15 @@ def test_a_long_warm_start_says_how_long_and_how_it_is_cached(tmp_path, capsys, 
     err = capsys.readouterr().err.splitlines()
     said = [line for line in err if "will take about" in line]
     assert len(said) == 1 and f"cached in {path}" in said[0] and "Ctrl-C keeps its progress" in said[0], err
+
+
+def test_a_warm_start_fingerprint_is_the_hash_of_its_weights_and_changes_with_them(tmp_path):
+    """`fingerprint`: 12 hex digits of SHA-256 over model.safetensors, by hand; one changed byte changes it."""
+    import hashlib
+
+    from vespo.embedded.warm_start import fingerprint
+
+    (tmp_path / "model.safetensors").write_bytes(b"weights" * 1000)
+    assert fingerprint(tmp_path) == hashlib.sha256(b"weights" * 1000).hexdigest()[:12]
+    (tmp_path / "model.safetensors").write_bytes(b"weights" * 999 + b"weightS")
+    assert fingerprint(tmp_path) == hashlib.sha256(b"weights" * 999 + b"weightS").hexdigest()[:12]

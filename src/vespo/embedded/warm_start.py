@@ -155,6 +155,17 @@ def _build(model, tokenizer, train_set, cfg, steps, progress, state, partial, ke
         )
 
 
+def fingerprint(path: Path) -> str:
+    """The first 12 hex digits of the SHA-256 of a built warm start's weights (model.safetensors): which build a cell
+    started from. The same settings on another CPU build other weights (float sums in another order drift apart over
+    thousands of SFT steps), so cells are paired only within one build."""
+    digest = hashlib.sha256()
+    with open(Path(path) / "model.safetensors", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
 def cache_paths(cfg: WarmStartSpec) -> tuple[Path, Path]:
     """(the finished warm start's directory, the file an unfinished one is kept in) for these settings."""
     path = Path(cfg.cache_dir).expanduser() / f"embedded-{sft_cache_key(cfg)}"

@@ -39,11 +39,12 @@ def write_cell_config(tc: TrainConfig) -> list[str]:
     return [sys.executable, "-m", "vespo", "train", "--config", str(path)]
 
 
-def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
+def run_cell(cfg: SweepConfig, cell: Cell, warm_start: str = "") -> dict:
     """Run one cell in a `vespo train` process on its config file (`write_cell_config`), resuming a half-finished one;
-    returns its summary (also saved as summary.json). Nothing is deleted: the cell's run dir is its own (named by
-    `cell_key`). A finished cell whose summary.json is damaged (a crash of an older vespo that wrote it in place) is
-    summarised again from its metrics, saying so."""
+    returns its summary (also saved as summary.json), with `warm_start`, the fingerprint of the build it started
+    from, when it runs now (a finished cell keeps what it recorded). Nothing is deleted: the cell's run dir is its
+    own (named by `cell_key`). A finished cell whose summary.json is damaged (a crash of an older vespo that wrote it
+    in place) is summarised again from its metrics, saying so."""
     from vespo.train.logs import read_metrics
     from vespo.train.resume import CHECKPOINT
 
@@ -61,7 +62,8 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
                 print(f"vespo sweep: cell {cell.name}: {done} is damaged; summarised again from its metrics.jsonl",
                       file=sys.stderr)  # fmt: skip
                 write_atomic(done, json.dumps(summary | {"wall_s": float("nan")}))
-            return summary | {"wall_s": (saved or {}).get("wall_s", float("nan"))}
+            kept = {k: saved[k] for k in ("wall_s", "warm_start") if saved and k in saved}
+            return summary | {"wall_s": float("nan")} | kept
         print(f"vespo sweep: cell {cell.name}: {done} is damaged and the cell has no metrics.jsonl; running it again",
               file=sys.stderr)  # fmt: skip
         done.unlink()
@@ -77,6 +79,7 @@ def run_cell(cfg: SweepConfig, cell: Cell) -> dict:
         raise RuntimeError(f"cell {cell.name} failed (exit {returncode}); see {log}")
     summary = summarize(cell, read_metrics(run_dir), cfg.collapse_ratio)
     summary = _gated(cfg, cell, summary) | {"wall_s": time.perf_counter() - t0}
+    summary |= {"warm_start": warm_start} if warm_start else {}
     write_atomic(done, json.dumps(summary))
     return summary
 
@@ -158,7 +161,7 @@ def sweep(cfg: SweepConfig) -> list[dict]:
 def _run_grid(cfg: SweepConfig, grid: list[Cell]) -> list[dict]:
     from tqdm.auto import tqdm
 
-    from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path
+    from vespo.embedded.warm_start import WarmStartSpec, embedded_policy_path, fingerprint
 
     out_dir = Path(cfg.out_dir)
 
@@ -166,10 +169,12 @@ def _run_grid(cfg: SweepConfig, grid: list[Cell]) -> list[dict]:
     _CELLS = _Cells()  # a fresh set per sweep (an API caller may run several)
     pool = ThreadPoolExecutor(max_workers=cfg.jobs)
     try:
-        for task in cfg.task:  # warm start once per task, before the parallel cells race for it
-            embedded_policy_path(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
+        warm = {}  # warm start once per task, before the parallel cells race for it
+        for task in cfg.task:
+            path = embedded_policy_path(WarmStartSpec.of(train_config(cfg, next(c for c in grid if c.task == task))))
+            warm[task] = fingerprint(path)
         with tqdm(total=len(grid), desc="vespo sweep") as bar:
-            futures = [pool.submit(run_cell, cfg, c) for c in grid]
+            futures = [pool.submit(run_cell, cfg, c, warm[c.task]) for c in grid]
             summaries = []
             for fut in futures:
                 summaries.append(fut.result())
