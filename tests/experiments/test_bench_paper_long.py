@@ -92,6 +92,18 @@ def test_a_comparison_without_two_gated_seeds_is_not_tested_and_counts_as_p_1():
     assert math.isnan(r["diff"])
 
 
+def test_a_pair_from_two_warm_start_builds_is_not_a_pair():
+    """Seed 2's GRPO cell started from another build of the warm start (another CPU): dropped from both sides, as a
+    gate miss is; rows that record no build (older cells) still pair."""
+    rows = [_row(v, 64, s, 0.4 + 0.02 * s - 0.03 * (v == "grpo")) | {"warm_start": "b" if (v, s) == ("grpo", 2)
+            else "a"} for v in ("vespo", "grpo") for s in range(4)]  # fmt: skip
+    (r, _) = verdicts.verdicts(rows, plan.comparisons(["vespo", "grpo"], (64,)))
+    assert r["tested_seeds"] == [0, 1, 3] and r["seeds_run"] == 4 and r["diff"] == pytest.approx(-0.03)
+    (r, _) = verdicts.verdicts([{k: v for k, v in x.items() if k != "warm_start"} for x in rows],
+                               plan.comparisons(["vespo", "grpo"], (64,)))  # fmt: skip
+    assert r["tested_seeds"] == [0, 1, 2, 3]
+
+
 def test_gate_of_a_cell():
     ok = {"grad_clipped_frac": 0.05, "clip_frac_stalest": 0.04, "log_w_std_stalest": 1.2}
     assert gate("paper-long", "grpo", 64, ok) == "ok"

@@ -31,6 +31,16 @@ def _gated_seeds(rows: list[dict], cells: list[tuple[str, int]]) -> set | None:
     return {s for s in seeds if all((v, n, s) in ok for v, n in cells)}
 
 
+def _mixed_builds(rows: list[dict], cells: list[tuple[str, int]]) -> set:
+    """Seeds whose cells (variant, N) started from different warm-start builds (`warm_start`, where recorded): such a
+    pair compares two starting policies as well as two methods, so it is not a pair."""
+    builds: dict[int, set] = {}
+    for r in rows:
+        if (r["variant"], int(r["N"])) in cells and r.get("warm_start") not in (None, ""):
+            builds.setdefault(int(r["seed"]), set()).add(r["warm_start"])
+    return {s for s, b in builds.items() if len(b) > 1}
+
+
 def _mean(rows: list[dict], variant: str, n: int, key: str) -> float | None:
     values = [float(r[key]) for r in rows if r["variant"] == variant and int(r["N"]) == n and r.get(key) not in
               (None, "")]  # fmt: skip
@@ -44,7 +54,8 @@ DIAG_KEYS = ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", *PRO
 
 def verdicts(rows: list[dict], plan: list[dict]) -> list[dict]:
     """Every planned comparison under each checkpoint rule: our difference (the signed sum of its cells, per seed,
-    over the seeds whose cells all pass the gate; a fraction of held-out accuracy), its paired t-test with the 95% CI
+    over the seeds whose cells all pass the gate and share one warm-start build; a fraction of held-out accuracy), its
+    paired t-test with the 95% CI
     of the mean difference, the p-value Holm-adjusted over its family (a comparison without 2 gated seeds counts as
     p = 1 and stays in its family), the verdict and its MDD (measured SD, Holm's first-step level), the gate values
     and the probe's cosines."""
@@ -57,7 +68,8 @@ def verdicts(rows: list[dict], plan: list[dict]) -> list[dict]:
             cells = comparison_cells(c)
             ran = set.intersection(*(set(values.get(k, {})) for k in cells))
             keep = _gated_seeds(rows, cells)
-            seeds = sorted(s for s in ran if keep is None or s in keep)
+            mixed = _mixed_builds(rows, cells)
+            seeds = sorted(s for s in ran if (keep is None or s in keep) and s not in mixed)
             d = [sum(sign * values[(v, int(n))][s] for sign, v, n in c["terms"]) for s in seeds]
             row = c | {"rule": rule, "metric": metric, "primary": metric == PRIMARY, "seeds": len(seeds),
                        "seeds_run": len(ran), "tested_seeds": seeds}  # fmt: skip
