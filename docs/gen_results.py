@@ -181,11 +181,12 @@ def _design_grids() -> list[str]:
         rel = str(path.relative_to(RESULTS))
         by_warm = defaultdict(list)
         for r in _rows(rel):
-            by_warm[r.get("sft_seed") or "0"].append(r)
-        for sft, rows in sorted(by_warm.items(), key=lambda kv: int(kv[0])):
+            by_warm[r.get("sft_seed") or "0", r.get("warm_start") or ""].append(r)
+        for (sft, build), rows in sorted(by_warm.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
             table, start = _grid(rel, rows=rows)
             seeds = sorted({int(r["seed"]) for r in rows})
-            text = (f"Design `{path.parent.name}`, warm start of SFT seed {sft} (scores {start:.3f}), RL seeds "
+            built = f" (build {build})" if build else ""
+            text = (f"Design `{path.parent.name}`, warm start of SFT seed {sft}{built} (scores {start:.3f}), RL seeds "
                     f"{seeds[0]}-{seeds[-1]}, best checkpoint:")  # fmt: skip
             gain = max(_mean([float(r[BEST]) - float(r["initial_eval_acc"]) for r in rows if r["variant"] == v])
                        for v in {r["variant"] for r in rows})  # fmt: skip
