@@ -512,30 +512,40 @@ def test_a_design_runs_only_from_its_committed_unchanged_plan_and_a_plan_is_writ
         registration.plan_committed(out, "toy")
 
 
+_CELL_SUMMARY = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "False", "final_train_reward": "0.5",
+                 "initial_length": "128", "final_length": "128"}  # fmt: skip
+"""The rest of a faked sweep's cell summary."""
+
+
+def _committed_design(tmp_path, monkeypatch, name, ns, warm, seeds):
+    """A git repo holding a table and the committed plan of design `name`: VESPO vs GRPO at each N in `ns`, `seeds`
+    fresh seeds from 100 over the warm starts `warm`."""
+    out = tmp_path / "repo"
+    out.mkdir()
+    _git(out, "init", "-q")
+    found = [plan.at_n("grpo", n, f"{name}: VESPO vs GRPO") for n in ns]
+    design = designs._design(name, "q?", ["vespo", "grpo"], ns, designs._seed_plan(warm, 100, seeds), found,
+                           {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
+    monkeypatch.setitem(designs.DESIGNS, name, lambda table: design)
+    _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
+    designs.write_plan(out, name)
+    _git(out, "add", f"plans/{name}.md")
+    _git(out, "commit", "-q", "-m", "plan")
+    return out
+
+
 def test_a_design_runs_seed_by_seed_across_its_warm_starts(tmp_path, monkeypatch):
     """`run_design` (the sweep faked): seeds interleaved over the warm starts (pairs finish together), each seed's
     sweep in designs/<name>/sft<k> with that SFT seed, the summaries with their sft_seed in designs/<name>/results.csv,
     and no seed started after --until."""
     import datetime
 
-    out = tmp_path / "repo"
-    out.mkdir()
-    _git(out, "init", "-q")
-    found = [plan.at_n("grpo", 64, "toy2: VESPO vs GRPO at N=64")]
-    design = designs._design("toy2", "q?", ["vespo", "grpo"], [64], designs._seed_plan((0, 100), 100, 4), found,
-                           {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
-    monkeypatch.setitem(designs.DESIGNS, "toy2", lambda table: design)
-    _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
-    designs.write_plan(out, "toy2")
-    _git(out, "add", "plans/toy2.md")
-    _git(out, "commit", "-q", "-m", "plan")
+    out = _committed_design(tmp_path, monkeypatch, "toy2", [64], (0, 100), 4)
     ran = []
 
     def fake_sweep(cfg):
         ran.append((Path(cfg.out_dir).name, cfg.extra["sft_seed"], cfg.seeds))
-        summary = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "False", "final_train_reward": "0.5",
-                   "initial_length": "128", "final_length": "128"}  # fmt: skip
-        return [slices.typed_row(_chain(v, 64, s, 0.5 - 0.05 * (v == "grpo") + 0.01 * s) | summary)
+        return [slices.typed_row(_chain(v, 64, s, 0.5 - 0.05 * (v == "grpo") + 0.01 * s) | _CELL_SUMMARY)
                 for v in cfg.variants for s in cfg.seeds]  # fmt: skip
 
     monkeypatch.setattr(long, "sweep", fake_sweep)
@@ -616,23 +626,11 @@ def test_ctrl_c_of_a_design_run_is_one_line_and_exit_130(tmp_path, monkeypatch, 
 def test_a_design_run_of_other_n_adds_to_its_results_and_never_drops_a_cell(tmp_path, monkeypatch):
     """N = 4 first, N = 64 later (`--num-mini-batches`, each a fresh process whose cells/ may be gone): results.csv
     ends with both; a cell run again replaces its own row only, never a row of another N or seed."""
-    out = tmp_path / "repo"
-    out.mkdir()
-    _git(out, "init", "-q")
-    found = [plan.at_n("grpo", n, "toy3: VESPO vs GRPO") for n in (4, 64)]
-    design = designs._design("toy3", "q?", ["vespo", "grpo"], [4, 64], designs._seed_plan((0,), 100, 2), found,
-                           {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
-    monkeypatch.setitem(designs.DESIGNS, "toy3", lambda table: design)
-    _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
-    designs.write_plan(out, "toy3")
-    _git(out, "add", "plans/toy3.md")
-    _git(out, "commit", "-q", "-m", "plan")
+    out = _committed_design(tmp_path, monkeypatch, "toy3", [4, 64], (0,), 2)
     acc = {4: 0.3, 64: 0.6}
 
     def fake_sweep(cfg):
-        summary = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "False", "final_train_reward": "0.5",
-                   "initial_length": "128", "final_length": "128"}  # fmt: skip
-        return [slices.typed_row(_chain(v, n, s, acc[n] + 0.01 * s - 0.02 * (v == "grpo")) | summary)
+        return [slices.typed_row(_chain(v, n, s, acc[n] + 0.01 * s - 0.02 * (v == "grpo")) | _CELL_SUMMARY)
                 for v in cfg.variants for n in cfg.num_mini_batches for s in cfg.seeds]  # fmt: skip
 
     monkeypatch.setattr(long, "sweep", fake_sweep)

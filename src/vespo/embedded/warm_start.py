@@ -29,7 +29,7 @@ from vespo.embedded.task import (
     scratchpad_noise,
     solution_text,
 )
-from vespo.outputs import atomic_dir
+from vespo.outputs import atomic_dir, read_regular
 
 
 @dataclass(frozen=True)
@@ -159,11 +159,11 @@ def fingerprint(path: Path) -> str:
     """The first 12 hex digits of the SHA-256 of a built warm start's weights (model.safetensors): which build a cell
     started from. The same settings on another CPU build other weights (float sums in another order drift apart over
     thousands of SFT steps), so cells are paired only within one build."""
-    digest = hashlib.sha256()
-    with open(Path(path) / "model.safetensors", "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:12]
+    return hashlib.sha256(read_regular(Path(path) / "model.safetensors", cap=MAX_WEIGHTS_BYTES)).hexdigest()[:12]
+
+
+MAX_WEIGHTS_BYTES = 1 << 30
+"""The most `fingerprint` reads: far above an embedded policy's weights (a few MiB)."""
 
 
 def cache_paths(cfg: WarmStartSpec) -> tuple[Path, Path]:

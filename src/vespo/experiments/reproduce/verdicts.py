@@ -55,10 +55,9 @@ DIAG_KEYS = ("log_w_std_stalest", "clip_frac_stalest", "grad_clipped_frac", *PRO
 def verdicts(rows: list[dict], plan: list[dict]) -> list[dict]:
     """Every planned comparison under each checkpoint rule: our difference (the signed sum of its cells, per seed,
     over the seeds whose cells all pass the gate and share one warm-start build; a fraction of held-out accuracy), its
-    paired t-test with the 95% CI
-    of the mean difference, the p-value Holm-adjusted over its family (a comparison without 2 gated seeds counts as
-    p = 1 and stays in its family), the verdict and its MDD (measured SD, Holm's first-step level), the gate values
-    and the probe's cosines."""
+    paired t-test with the 95% CI of the mean difference, the p-value Holm-adjusted over its family (a comparison
+    without 2 gated seeds counts as p = 1 and stays in its family), the verdict and its MDD (measured SD, Holm's
+    first-step level), the gate values and the probe's cosines."""
     sizes = families(plan)
     out = []
     for metric, rule in RULES.items():
