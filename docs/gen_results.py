@@ -31,6 +31,7 @@ BEST = "best_eval_acc"  # the paper's checkpoint rule: the best held-out evaluat
 
 sys.path.insert(0, str(ROOT / "src"))
 from vespo.experiments.presets import PRESET_REGIMES  # noqa: E402
+from vespo.experiments.reproduce.designs import parse_design, read_text  # noqa: E402
 from vespo.experiments.stats import format_ci  # noqa: E402
 
 EVAL_SAMPLES = PRESET_REGIMES["paper-long"][0]["eval_size"] * PRESET_REGIMES["paper-long"][0]["eval_n"]
@@ -148,6 +149,12 @@ def section_command1() -> str:
     )
 
 
+def _plan(name: str) -> dict:
+    """A committed design's JSON, from its plan file."""
+    path = RESULTS / "paper_long" / "plans" / f"{name}.md"
+    return parse_design(read_text(path), str(path))
+
+
 def _confirmed() -> str:
     """One line per confirmatory comparison of the primary rule that has run: its difference, CI, Holm p and verdict
     (with the MDD where unresolved), from verdicts.csv; a line saying which planned designs have not run."""
@@ -166,6 +173,10 @@ def _confirmed() -> str:
     pending = sorted({r["design"] for r in rows} - {r["design"] for r in ran})
     if pending:
         lines.append("- Planned and committed, cells not run yet: " + ", ".join(pending) + ".")
+    unbuilt = [d for d in pending if "builds" not in _plan(d)]
+    if unbuilt:
+        lines.append(f"- {', '.join(unbuilt)} name the table's warm start and run only where that build is cached; "
+                     "no later machine has rebuilt it (docs/guides/paper.md, 'A warm start is a build').")  # fmt: skip
     head = (
         "What the confirmatory designs (plan committed before any of its cells) show, primary rule; a difference is "
         "the other method's accuracy minus VESPO's (fraction):"
@@ -196,6 +207,13 @@ def _design_grids() -> list[str]:
                          "start, so its pairs hold no information on the methods' difference; they still count in "
                          "the planned pooled test, whose CI and MDD they narrow.")  # fmt: skip
             out.append(f"{text}\n\n{table}")
+    for path in sorted((RESULTS / "paper_long" / "designs").glob("*/pilots.csv")):
+        rows = _rows(str(path.relative_to(RESULTS)))
+        tried = [f"SFT seed {r['sft_seed']} (build {r['warm_start']}): {r['variant']} at N = {r['N']}, RL seed "
+                 f"{r['seed']}, {float(r['initial_eval_acc']):.3f} -> {float(r['best_eval_acc']):.3f}, "
+                 + ("passes" if r["passed"] == "True" else "fails") for r in rows]  # fmt: skip
+        out.append(f"Design `{path.parent.name}` chose its warm start by the pilot rule its plan fixed (the first "
+                   "candidate whose pilot cell rises 0.05 above its start): " + "; ".join(tried) + ".")  # fmt: skip
     return out
 
 

@@ -517,15 +517,15 @@ _CELL_SUMMARY = {"rollout_steps": "8", "initial_eval_acc": "0.2", "collapsed": "
 """The rest of a faked sweep's cell summary."""
 
 
-def _committed_design(tmp_path, monkeypatch, name, ns, warm, seeds):
+def _committed_design(tmp_path, monkeypatch, name, ns, warm, seeds, **candidates):
     """A git repo holding a table and the committed plan of design `name`: VESPO vs GRPO at each N in `ns`, `seeds`
-    fresh seeds from 100 over the warm starts `warm`."""
+    fresh seeds from 100 over the warm starts `warm` (`candidates`: the pilot and builds of `designs._design`)."""
     out = tmp_path / "repo"
-    out.mkdir()
+    out.mkdir(parents=True)
     _git(out, "init", "-q")
     found = [plan.at_n("grpo", n, f"{name}: VESPO vs GRPO") for n in ns]
     design = designs._design(name, "q?", ["vespo", "grpo"], ns, designs._seed_plan(warm, 100, seeds), found,
-                           {found[0]["family"]: 0.05}, "toy", {}, "toy")  # fmt: skip
+                           {found[0]["family"]: 0.05}, "toy", {}, "toy", **candidates)  # fmt: skip
     monkeypatch.setitem(designs.DESIGNS, name, lambda table: design)
     _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
     designs.write_plan(out, name)
@@ -673,3 +673,82 @@ def test_sigterm_of_a_design_run_stops_it_as_ctrl_c_does(tmp_path, monkeypatch, 
     assert capsys.readouterr().err.strip().splitlines() == [
         "vespo reproduce paper-long: interrupted; finished cells are kept; the same command continues"]  # fmt: skip
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the run's only
+
+
+def _candidates(tmp_path, monkeypatch, name, rises, here):
+    """A committed design over candidate warm starts SFT seeds 0 and 1 (seeds 100-101 each, VESPO vs GRPO at N = 64)
+    whose builds are named "b0", "b1"; this machine builds `here` (SFT seed -> fingerprint); the pilot of SFT seed k
+    rises `rises[k]` above 0.2. Returns (repo, the cells run: (dir, sft_seed, seeds, variants, N))."""
+    from vespo.experiments.reproduce import builds
+
+    pilot = dict(builds.PILOT)
+    out = _committed_design(tmp_path, monkeypatch, name, [64], (0, 1), 4, pilot=pilot, builds={"0": "b0", "1": "b1"})
+    ran = []
+
+    def fake_sweep(cfg):
+        k = int(cfg.extra["sft_seed"])
+        ran.append((Path(cfg.out_dir).name, k, cfg.seeds, cfg.variants, cfg.num_mini_batches))
+        rise = rises[k] if cfg.seeds == (pilot["seed"],) else 0.3
+        return [slices.typed_row(_chain(v, n, s, 0.2 + rise - 0.05 * (v == "grpo")) | _CELL_SUMMARY)
+                for v in cfg.variants for n in cfg.num_mini_batches for s in cfg.seeds]  # fmt: skip
+
+    monkeypatch.setattr(long, "sweep", fake_sweep)
+    monkeypatch.setattr(builds, "sweep", fake_sweep)
+    monkeypatch.setattr(builds, "build_fingerprint", lambda cfg: here[int(cfg.extra["sft_seed"])])
+    return out, ran
+
+
+def test_a_design_over_candidate_builds_runs_on_the_first_whose_pilot_trains(tmp_path, monkeypatch, capsys):
+    """The pilot of SFT seed 0 rises 0.01 (< 0.05): its cells do not run; SFT seed 1's rises 0.1: the design's cells
+    run on it alone. pilots.csv records both; a rerun reads them instead of running them again."""
+    out, ran = _candidates(tmp_path, monkeypatch, "cand", {0: 0.01, 1: 0.1}, {0: "b0", 1: "b1"})
+    long.run_design(out, "cand", 2, None, None)
+    pilots = [(name, k, seeds) for name, k, seeds, _, _ in ran if name.startswith("pilot")]
+    assert pilots == [("pilot-sft0", 0, (900,)), ("pilot-sft1", 1, (900,))]
+    assert [(name, k, seeds) for name, k, seeds, *_ in ran if not name.startswith("pilot")] == [
+        ("sft1", 1, (102,)),
+        ("sft1", 1, (103,)),
+    ]
+    import csv
+
+    rows = list(csv.DictReader((out / "designs" / "cand" / "pilots.csv").open()))
+    assert [(r["sft_seed"], r["warm_start"], r["passed"]) for r in rows] == [("0", "b0", "False"), ("1", "b1", "True")]
+    assert float(rows[0]["rise"]) == pytest.approx(0.01) and float(rows[1]["rise"]) == pytest.approx(0.1)
+    said = capsys.readouterr().out
+    assert "SFT seed 0 (build b0) pilot vespo N = 4 seed 900: 0.200 -> 0.210, fails (< 0.05): not run" in said
+    results = load_rows(out / "designs" / "cand" / "results.csv", "best_eval_acc")
+    assert {r["sft_seed"] for r in results} == {"1"} and len(results) == 4
+    ran.clear()
+    long.run_design(out, "cand", 2, None, None)  # a rerun: the pilots are read, not run again
+    assert not [r for r in ran if r[0].startswith("pilot")]
+
+
+def test_a_design_runs_no_cell_where_no_candidate_trains_or_the_build_differs(tmp_path, monkeypatch, capsys):
+    """No pilot rises 0.05: one line, no design cell. A machine that builds another fingerprint of a named build:
+    one ValueError naming both, before that candidate's pilot or any cell runs."""
+    out, ran = _candidates(tmp_path, monkeypatch, "none", {0: 0.0, 1: 0.049}, {0: "b0", 1: "b1"})
+    long.run_design(out, "none", 2, None, None)
+    assert [r[0] for r in ran] == ["pilot-sft0", "pilot-sft1"]
+    assert "no candidate warm start passes its pilot rule; no cell runs" in capsys.readouterr().out
+    assert not (out / "designs" / "none" / "results.csv").exists()
+    out2, ran2 = _candidates(tmp_path / "other", monkeypatch, "moved", {0: 0.1, 1: 0.1}, {0: "c0", 1: "b1"})
+    with pytest.raises(ValueError, match="its plan names build b0 of SFT seed 0, this machine builds c0"):
+        long.run_design(out2, "moved", 2, None, None)
+    assert ran2 == []
+
+
+def test_a_plan_over_candidate_builds_names_them_and_its_power_counts_one_warm_start(tmp_path, monkeypatch):
+    """corrections-2026b: the warm starts are candidates (0, then 1) with their fingerprints in the plan, the pilot
+    rule in its JSON and words, and its families' MDD at 5 seeds (one warm start's), as corrections-2026's."""
+    from vespo.experiments.reproduce import builds
+
+    monkeypatch.setattr(builds, "build_fingerprint", lambda cfg: f"fp{cfg.extra['sft_seed']}")
+    table = load_rows(TABLE / "results.csv", "best_eval_acc")
+    d, base = designs.design_corrections_2026b(table), designs.design_corrections_2026(table)
+    assert d["builds"] == {"0": "fp0", "1": "fp1"} and d["pilot"] == builds.PILOT
+    assert [w["sft_seed"] for w in d["warm_starts"]] == [0, 1] and d["cells"] == base["cells"] == 40
+    assert [f["mdd"] for f in d["families"]] == [f["mdd"] for f in base["families"]]
+    assert d["comparisons"] == base["comparisons"] and d["variant_defs"] == base["variant_defs"]
+    text = designs.design_text(d)
+    assert "SFT seed 0 (build fp0): RL seeds 0-4; SFT seed 1 (build fp1): RL seeds 0-4; 40 cells" in text
+    assert "rises 0.05 or more in best held-out accuracy above its start" in text

@@ -11,6 +11,7 @@ import numpy as np
 
 from vespo.experiments.compare import load_rows
 from vespo.experiments.presets import PRESETS
+from vespo.experiments.reproduce import builds
 from vespo.experiments.reproduce.paper import RULES
 from vespo.experiments.reproduce.plan import (
     ALPHA,
@@ -61,9 +62,12 @@ def _seed_plan(warm_starts: tuple[int, ...], first: int, count: int) -> list[dic
 
 
 def _design(name: str, question: str, variants: list[str], ns: list[int], warm: list[dict], found: list[dict],
-            sd: dict[str, float], sd_source: str, sweep_fields: dict, why: str) -> dict:  # fmt: skip
-    """A design's JSON: what runs, what is compared, and each family's power at the SD it assumes."""
-    seeds = sum(len(w["seeds"]) for w in warm)
+            sd: dict[str, float], sd_source: str, sweep_fields: dict, why: str, pilot: dict | None = None,
+            builds: dict[str, str] | None = None) -> dict:  # fmt: skip
+    """A design's JSON: what runs, what is compared, and each family's power at the SD it assumes. With `pilot` the
+    warm starts are candidates (the cells run on the first that passes it, `builds.trainable`); with `builds` each
+    warm start's build is named (SFT seed -> fingerprint) and no other runs."""
+    seeds = len(warm[0]["seeds"]) if pilot else sum(len(w["seeds"]) for w in warm)
     fams = []
     for family, m in families(found).items():
         mdd = minimal_detectable_difference(sd[family], seeds, ALPHA / m)
@@ -72,10 +76,11 @@ def _design(name: str, question: str, variants: list[str], ns: list[int], warm: 
     cfg = preset_config(PRESET, out_dir="/tmp/unused", jobs=1, variants=tuple(variants), num_mini_batches=tuple(ns),
                         seeds=tuple(range(seeds)), **sweep_fields)  # fmt: skip
     cost = {str(n): round(cell_seconds(cfg, n)) for n in ns}
-    return {"design": name, "question": question, "preset": PRESET, "variants": variants, "num_mini_batches": ns,
-            "warm_starts": warm, "sweep": sweep_fields, "comparisons": found, "families": fams,
-            "primary_rule": PRIMARY, "alpha": ALPHA, "sd_source": sd_source, "why": why,
-            "cost_s_per_cell": cost, "cells": len(variants) * len(ns) * seeds}  # fmt: skip
+    d = {"design": name, "question": question, "preset": PRESET, "variants": variants, "num_mini_batches": ns,
+         "warm_starts": warm, "sweep": sweep_fields, "comparisons": found, "families": fams,
+         "primary_rule": PRIMARY, "alpha": ALPHA, "sd_source": sd_source, "why": why,
+         "cost_s_per_cell": cost, "cells": len(variants) * len(ns) * seeds}  # fmt: skip
+    return d | ({"pilot": pilot} if pilot else {}) | ({"builds": builds} if builds else {})
 
 
 def design_confirm_n64(table: list[dict]) -> dict:
@@ -155,34 +160,77 @@ def _resolved(method: str, hparams: dict) -> str:
     return str(validate_hparams(method, **hparams) if method in available_methods() else hparams or "(defaults)")
 
 
-def design_corrections_2026(table: list[dict]) -> dict:
-    """Issue 54 item 5: DPPO, LUSPO and VESPO with the squared log-ratio penalty against VESPO at N = 4 and 64, 5
-    seeds (the table's 0-4 on its warm start, so they pair with the table's 2025-26 corrections), in a Holm family of
-    their own (the 2025-26 corrections'; the earlier family of issue 40 is left as its plans made it)."""
-    ns = [4, 64]
-    family = "at one N · 2025-26 corrections (issue 54)"
+QUESTION_2026 = "Does DPPO, LUSPO or VESPO with the squared log-ratio penalty differ from VESPO at N = 4 or 64?"
+"""Issue 54's question (designs corrections-2026 and corrections-2026b)."""
+
+
+def _corrections(table: list[dict]) -> tuple[str, list[dict], float, dict[str, float]]:
+    """Issue 54's family, its comparisons (each of `CORRECTIONS_2026` vs VESPO at N = 4 and 64), the SD it assumes
+    (the median over the table's 2025-26 corrections of their paired differences' SD with VESPO) and those SDs."""
+    ns, family = [4, 64], "at one N · 2025-26 corrections (issue 54)"
     found = [at_n(v, n, family) for v in CORRECTIONS_2026 for n in ns]  # DPPO, LUSPO, VESPO + penalty vs VESPO
     sds = {}
     for v in LATER:
         sds |= {f"{v} {k}": x for k, x in _measured_sd(table, lambda n, v=v: [[1, v, n], [-1, "vespo", n]],
                                                        ns).items()}  # fmt: skip
-    sd = float(np.median(list(sds.values()))) if sds else ASSUMED_SD["at one N"]
+    return family, found, float(np.median(list(sds.values()))) if sds else ASSUMED_SD["at one N"], sds
+
+
+def _variants_text() -> str:
+    """Issue 54's variants with the hyperparameters they resolve to (what a plan says runs)."""
+    return "; ".join(f"{v} = {m} {_resolved(m, h)}" for v, (m, h, _) in CORRECTIONS_2026.items())
+
+
+def design_corrections_2026(table: list[dict]) -> dict:
+    """Issue 54 item 5: DPPO, LUSPO and VESPO with the squared log-ratio penalty against VESPO at N = 4 and 64, 5
+    seeds (the table's 0-4 on its warm start, so they pair with the table's 2025-26 corrections), in a Holm family of
+    their own (the 2025-26 corrections'; the earlier family of issue 40 is left as its plans made it)."""
+    ns, (family, found, sd, sds) = [4, 64], _corrections(table)
     why = ("5 seeds (0-4) on the table's warm start (SFT seed 0), VESPO run again beside them under the same code; "
-           "the variants at their sources' defaults: " + "; ".join(f"{v} = {m} {_resolved(m, h)}" for v, (m, h, _)
-                                                                   in CORRECTIONS_2026.items()) +
-           ". One Holm family of their 6 comparisons (the 2025-26 corrections' own, as issue 40's were; issue 40's "
-           "family stays as its plans made it, so no earlier family grows after its results). Assumed SD: the median "
-           "over the table's 2025-26 corrections of the SD of their paired differences with VESPO (their runaways "
-           "make the largest uninformative). N = 4 runs first (cheap), N = 64 after.")  # fmt: skip
-    d = _design("corrections-2026", "Does DPPO, LUSPO or VESPO with the squared log-ratio penalty differ from VESPO "
-                "at N = 4 or 64?", ["vespo", *CORRECTIONS_2026], ns, _seed_plan((0,), 0, 5), found,
+           f"the variants at their sources' defaults: {_variants_text()}. One Holm family of their 6 comparisons (the "
+           "2025-26 corrections' own, as issue 40's were; issue 40's family stays as its plans made it, so no earlier "
+           "family grows after its results). Assumed SD: the median over the table's 2025-26 corrections of the SD of "
+           "their paired differences with VESPO (their runaways make the largest uninformative). N = 4 runs first "
+           "(cheap), N = 64 after.")  # fmt: skip
+    d = _design("corrections-2026", QUESTION_2026, ["vespo", *CORRECTIONS_2026], ns, _seed_plan((0,), 0, 5), found,
                 {family: sd}, "results.csv at the plan's parent commit: " +
                 ", ".join(f"{k} {v:.4f}" for k, v in sds.items()), {}, why)  # fmt: skip
     return d | {"variant_defs": {v: [m, h, s] for v, (m, h, s) in CORRECTIONS_2026.items()}}
 
 
+def _preset_cfg(k: int):
+    """The preset's sweep of one VESPO cell on SFT seed `k`'s warm start (what `builds.fingerprints` builds)."""
+    from vespo.experiments.reproduce.slices import config
+
+    return config(Path("/tmp/unused"), [0], 1, ["vespo"], [4], False, extra={"sft_seed": str(k)})
+
+
+def design_corrections_2026b(table: list[dict]) -> dict:
+    """Issue 54 item 5 on a build this machine makes: corrections-2026's comparisons, seeds and family, its warm
+    start the first of SFT seeds 0, 1 whose build passes `builds.PILOT` (corrections-2026 named the table's build of
+    SFT seed 0, which no later machine has rebuilt); each candidate's build named by its fingerprint."""
+    (family, found, sd, sds), candidates, rule = _corrections(table), [0, 1], builds.PILOT
+    named = builds.fingerprints(candidates, _preset_cfg)  # built once here (cached), never a cell
+    why = (f"corrections-2026's variants at their sources' defaults ({_variants_text()}), its 6 comparisons, RL "
+           "seeds 0-4 and Holm family, VESPO run again beside them, on a warm start this machine builds: the table's "
+           "build of SFT seed 0 is not rebuilt by later machines (the same settings built weights starting at 0.12, "
+           "0.19-0.21 and 0.23-0.25 on three machines, and the 0.12 one did not train), so the plan names each "
+           "candidate's build (" + ", ".join(f"SFT seed {k}: {v}" for k, v in named.items()) + ") and fixes the "
+           "rule before any cell: the cells run on the first candidate, in that order, whose pilot cell "
+           f"({rule['variant']}, N = {rule['num_mini_batches']}, RL seed {rule['seed']}, in no comparison) rises "
+           f"{rule['min_rise']} or more in best held-out accuracy above its start; a candidate that fails is reported "
+           "and not run, and a machine that builds another fingerprint runs none. The pilot conditions on VESPO "
+           "training at N = 4 on one seed outside the design. Assumed SD as corrections-2026's. N = 4 runs first "
+           "(cheap), N = 64 after.")  # fmt: skip
+    out = _design("corrections-2026b", QUESTION_2026, ["vespo", *CORRECTIONS_2026], [4, 64],
+                  [{"sft_seed": k, "seeds": list(range(5))} for k in candidates], found, {family: sd},
+                  "results.csv at the plan's parent commit: " + ", ".join(f"{k} {v:.4f}" for k, v in sds.items()), {},
+                  why, pilot=dict(rule), builds=named)  # fmt: skip
+    return out | {"variant_defs": {v: [m, h, x] for v, (m, h, x) in CORRECTIONS_2026.items()}}
+
+
 DESIGNS = {"confirm-n64": design_confirm_n64, "equal-steps": design_equal_steps,
-           "corrections-2026": design_corrections_2026}  # fmt: skip
+           "corrections-2026": design_corrections_2026, "corrections-2026b": design_corrections_2026b}  # fmt: skip
 """Design name -> its builder (from the committed table's results.csv, for the SDs it assumes)."""
 
 
@@ -191,8 +239,9 @@ def design_text(d: dict) -> str:
     lines = [f"# paper-long design `{d['design']}`: written once, committed alone before any of its cells runs", "",
              d["question"], "",
              f"Variants {', '.join(d['variants'])}; N = {', '.join(map(str, d['num_mini_batches']))}; "
-             + "; ".join(f"SFT seed {w['sft_seed']}: RL seeds {w['seeds'][0]}-{w['seeds'][-1]}" for w in
-                         d["warm_starts"])
+             + ("one warm start, the first that passes the pilot rule, of " if "pilot" in d else "")
+             + "; ".join(f"SFT seed {w['sft_seed']}" + (f" (build {d['builds'][str(w['sft_seed'])]})" if "builds" in d
+                         else "") + f": RL seeds {w['seeds'][0]}-{w['seeds'][-1]}" for w in d["warm_starts"])
              + f"; {d['cells']} cells"
              + (f"; sweep settings {d['sweep']}" if d["sweep"] else "") + ".", "",
              f"Primary rule: {RULES[d['primary_rule']]}; the final checkpoint's verdicts are secondary. Test: "

@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 
 from vespo.experiments.compare import load_rows
+from vespo.experiments.reproduce import builds
 from vespo.experiments.reproduce.designs import DESIGN_DIR, PLANS, parse_design, read_text
 from vespo.experiments.reproduce.paper import plot_verdicts
 from vespo.experiments.reproduce.plan import PRIMARY, UNPLANNED, comparisons, csv_safe
@@ -132,7 +133,8 @@ def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: dat
     finish together), each seed a sweep of the design's variants into designs/<name>/sft<k>/ (a warm start is built,
     on one thread, by the first sweep that needs it); after each seed, designs/<name>/results.csv and the report. No
     seed starts after `until` (UTC). The results.csv already there is kept: a run of other N adds its cells to it,
-    and a cell run again replaces its own row only."""
+    and a cell run again replaces its own row only. A design that names its builds runs only where they are built;
+    one with a pilot runs on the first candidate warm start its pilot trains on (`builds`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -144,15 +146,23 @@ def run_design(out: Path, name: str, jobs: int, ns: list[int] | None, until: dat
         raise ValueError(f"--num-mini-batches {bad}: design {name} plans N = {d['num_mini_batches']} only")
     where = out / DESIGN_DIR / name
 
-    def cfg_of(k: int, seeds: list[int]) -> SweepConfig:
-        return config(where / f"sft{k}", seeds, jobs, d["variants"], ns, False, extra={"sft_seed": str(k)},
+    def cfg_of(k: int, seeds: list[int], variants=d["variants"], n=ns, at: Path | None = None) -> SweepConfig:
+        return config(at or where / f"sft{k}", seeds, jobs, variants, n, False, extra={"sft_seed": str(k)},
                       **d["sweep"])  # fmt: skip
 
     cfgs = {w["sft_seed"]: cfg_of(w["sft_seed"], w["seeds"]) for w in d["warm_starts"]}
     for c in cfgs.values():
         cells(c)  # every cell validated before any runs
-    order = [(w["sft_seed"], s) for i in range(max(len(w["seeds"]) for w in d["warm_starts"]))
-             for w in d["warm_starts"] if i < len(w["seeds"]) for s in [w["seeds"][i]]]  # fmt: skip
+    warm = d["warm_starts"]
+    if "pilot" in d:  # candidates in the plan's order: the first its pilot trains on, or none
+        warm = [w for w in [builds.trainable(where, d, jobs, cfg_of)] if w is not None]
+        if not warm:
+            print(f"design {name}: no candidate warm start passes its pilot rule; no cell runs", flush=True)
+            return
+    for w in warm if "builds" in d else []:
+        builds.check_build(d, w["sft_seed"], cfgs[w["sft_seed"]])
+    order = [(w["sft_seed"], s) for i in range(max(len(w["seeds"]) for w in warm))
+             for w in warm if i < len(w["seeds"]) for s in [w["seeds"][i]]]  # fmt: skip
     done = where / "results.csv"  # kept: a run of other N (or after its cells/ are gone) adds to it, never drops
     summaries = [typed_row(r) for r in load_rows(done, PRIMARY)] if done.exists() else []
     for k, s in order:
