@@ -748,7 +748,23 @@ def test_a_plan_over_candidate_builds_names_them_and_its_power_counts_one_warm_s
     assert d["builds"] == {"0": "fp0", "1": "fp1"} and d["pilot"] == builds.PILOT
     assert [w["sft_seed"] for w in d["warm_starts"]] == [0, 1] and d["cells"] == base["cells"] == 40
     assert [f["mdd"] for f in d["families"]] == [f["mdd"] for f in base["families"]]
-    assert d["comparisons"] == base["comparisons"] and d["variant_defs"] == base["variant_defs"]
+    same = [{k: v for k, v in c.items() if k != "family"} for c in base["comparisons"]]
+    assert [{k: v for k, v in c.items() if k != "family"} for c in d["comparisons"]] == same
+    assert {c["family"] for c in d["comparisons"]}.isdisjoint(c["family"] for c in base["comparisons"])
+    assert d["variant_defs"] == base["variant_defs"]
     text = designs.design_text(d)
     assert "SFT seed 0 (build fp0): RL seeds 0-4; SFT seed 1 (build fp1): RL seeds 0-4; 40 cells" in text
     assert "rises 0.05 or more in best held-out accuracy above its start" in text
+
+
+def test_a_design_whose_family_is_another_plans_is_refused_before_its_plan_is_written(tmp_path, monkeypatch):
+    """The report keys a family's registration by its name, so a second design with the first's family name would
+    take its registration: --plan-only refuses it and writes nothing."""
+    out = tmp_path / "repo"
+    _slice_dir(out, [_chain(v, 64, s, 0.5) for v in ("vespo", "grpo") for s in range(2)])
+    monkeypatch.setitem(designs.DESIGNS, "first", lambda table: _toy_design("first"))
+    monkeypatch.setitem(designs.DESIGNS, "second", lambda table: _toy_design("first") | {"design": "second"})
+    designs.write_plan(out, "first")
+    with pytest.raises(ValueError, match="its family 'first: VESPO vs GRPO at N=64' is also first.md's"):
+        designs.write_plan(out, "second")
+    assert not (out / "plans" / "second.md").exists()

@@ -164,10 +164,10 @@ QUESTION_2026 = "Does DPPO, LUSPO or VESPO with the squared log-ratio penalty di
 """Issue 54's question (designs corrections-2026 and corrections-2026b)."""
 
 
-def _corrections(table: list[dict]) -> tuple[str, list[dict], float, dict[str, float]]:
+def _corrections(table: list[dict], family: str = "at one N · 2025-26 corrections (issue 54)"):
     """Issue 54's family, its comparisons (each of `CORRECTIONS_2026` vs VESPO at N = 4 and 64), the SD it assumes
     (the median over the table's 2025-26 corrections of their paired differences' SD with VESPO) and those SDs."""
-    ns, family = [4, 64], "at one N · 2025-26 corrections (issue 54)"
+    ns = [4, 64]
     found = [at_n(v, n, family) for v in CORRECTIONS_2026 for n in ns]  # DPPO, LUSPO, VESPO + penalty vs VESPO
     sds = {}
     for v in LATER:
@@ -209,7 +209,8 @@ def design_corrections_2026b(table: list[dict]) -> dict:
     """Issue 54 item 5 on a build this machine makes: corrections-2026's comparisons, seeds and family, its warm
     start the first of SFT seeds 0, 1 whose build passes `builds.PILOT` (corrections-2026 named the table's build of
     SFT seed 0, which no later machine has rebuilt); each candidate's build named by its fingerprint."""
-    (family, found, sd, sds), candidates, rule = _corrections(table), [0, 1], builds.PILOT
+    family = "2025-26 corrections on a named build (issue 54, corrections-2026b)"  # a family name is a design's own
+    (family, found, sd, sds), candidates, rule = _corrections(table, family), [0, 1], builds.PILOT
     named = builds.fingerprints(candidates, _preset_cfg)  # built once here (cached), never a cell
     why = (f"corrections-2026's variants at their sources' defaults ({_variants_text()}), its 6 comparisons, RL "
            "seeds 0-4 and Holm family, VESPO run again beside them, on a warm start this machine builds: the table's "
@@ -295,7 +296,15 @@ def write_plan(out: Path, name: str) -> Path:
     path = out / PLANS / f"{name}.md"
     if path.exists() or path.is_symlink():
         raise ValueError(f"{path} exists: a plan is written once; a new design gets a name of its own")
-    text = design_text(DESIGNS[name](load_rows(out / "results.csv", PRIMARY)))
+    d = DESIGNS[name](load_rows(out / "results.csv", PRIMARY))
+    for other in sorted(path.parent.glob("*.md")):  # the report keys each family's registration by its name
+        shared = {c["family"] for c in d["comparisons"]} & {
+            c["family"] for c in parse_design(read_text(other), str(other))["comparisons"]
+        }
+        if shared:
+            raise ValueError(f"design {name}: its family {sorted(shared)[0]!r} is also {other.name}'s; a family "
+                             "belongs to one design")  # fmt: skip
+    text = design_text(d)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
     return path
