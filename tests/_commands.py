@@ -24,13 +24,19 @@ def sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-class Running:
-    """A `vespo` subprocess whose stderr is read as it comes (to send SIGINT at the right moment)."""
+def sigint_ignored() -> None:
+    """`preexec_fn` of a process started as `cmd &` starts it: SIGINT ignored (POSIX), which its children inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def __init__(self, *argv, cwd=None, env=None):
+
+class Running:
+    """A `vespo` subprocess whose stderr is read as it comes (to send SIGINT at the right moment); `background`: with
+    SIGINT ignored, as `cmd &` starts it."""
+
+    def __init__(self, *argv, cwd=None, env=None, background=False):
         self.proc = subprocess.Popen([sys.executable, "-m", "vespo", *argv], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
-                                     preexec_fn=sigint_default)  # fmt: skip
+                                     preexec_fn=sigint_ignored if background else sigint_default)  # fmt: skip
         self.err = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -46,10 +52,11 @@ class Running:
             assert time.monotonic() < deadline, f"timed out waiting: {self.err[-2000:]}"
             time.sleep(0.1)
 
-    def interrupt(self) -> int:
-        """SIGINT to this process only (not its group: it must pass it on itself); its exit code. That it stopped
-        promptly is read from what it left (cells or SFT steps unfinished, nothing written), not from a clock."""
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, sig=signal.SIGINT) -> int:
+        """`sig` (SIGINT) to this process only (not its group: it must pass it on itself); its exit code. That it
+        stopped promptly is read from what it left (cells or SFT steps unfinished, nothing written), not from a
+        clock."""
+        self.proc.send_signal(sig)
         code = self.proc.wait(timeout=HANG_GUARD_S)
         self._reader.join(timeout=HANG_GUARD_S)
         return code

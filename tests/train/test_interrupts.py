@@ -1,6 +1,7 @@
 """One Ctrl-C stops every command, its worker processes included, in one line (exit 130)."""
 
 import json
+import signal
 import time
 
 import pytest
@@ -27,6 +28,29 @@ def test_one_sigint_stops_a_sweep_and_its_cells(tmp_path):
     time.sleep(1)
     assert not [p for p in workers if alive(p)], "a cell process outlived the sweep"
     assert len(list((out / "cells").rglob("*.log"))) == 1, "no cell may start after the interrupt"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_background_sweeps_cells_as_ctrl_c_does(tmp_path):
+    """A sweep started as `cmd &` (SIGINT ignored, and so in its cells) and stopped by SIGTERM: its running cell stops
+    as on Ctrl-C (its log says so, its checkpoint is kept), not killed after a wait, and nothing below the sweep (a
+    cell's forkserver included) outlives it."""
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--out-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--methods", "vespo",
+            "--num-mini-batches", "1", "--seeds", "0", "1", "--optimizer-steps", "4000", "--eval-size", "8",
+            "--eval-n", "1", "--jobs", "1", "--extra", "sft_steps", "5", "sft_batch_size", "4", "tensorboard",
+            "False", "save_every", "1"]  # fmt: skip
+    run = Running(*argv, background=True)
+    logs = lambda: list((out / "cells").rglob("*.log"))  # noqa: E731
+    training = lambda: any(p.stat().st_size for p in (out / "cells").rglob("metrics.jsonl"))  # noqa: E731
+    run.wait_for(lambda: (out / "cells").is_dir() and training())
+    workers = descendants(run.proc.pid)
+    code = run.interrupt(signal.SIGTERM)
+    assert code == 130 and "Traceback" not in run.err, run.err[-3000:]
+    stopped = [log for log in logs() if "vespo train: interrupted" in log.read_text()]
+    assert len(stopped) == 1, [log.read_text()[-1000:] for log in logs()]
+    time.sleep(1)
+    assert not [p for p in workers if alive(p)], "a cell process outlived the sweep"
 
 
 @pytest.mark.slow

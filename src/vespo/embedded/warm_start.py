@@ -314,19 +314,21 @@ def _pacer(start: int, steps: int, announce: Callable[[float, int], None] | None
 
 @contextlib.contextmanager
 def _sigint_between_steps():
-    """While the SFT loop runs in the main thread, Ctrl-C (SIGINT) sets the returned event instead of raising inside
-    a step (which could leave an optimizer step half applied); the loop stops at the end of the step. Elsewhere (a
-    worker thread cannot set handlers) the event stays unset and Ctrl-C raises as usual."""
+    """While the SFT loop runs in the main thread, Ctrl-C (SIGINT) or SIGTERM (a grid's or a scheduler's stop) sets
+    the returned event instead of raising inside a step (which could leave an optimizer step half applied); the loop
+    stops at the end of the step. Elsewhere (a worker thread cannot set handlers) the event stays unset and the
+    signals act as usual."""
     stop = threading.Event()
     try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+        previous = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread
         yield stop
         return
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _sft_step(model, tokenizer, problems, opt, rng, batch_size, label_noise, losses) -> None:

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from vespo.deadline import sigterm_as_interrupt
 from vespo.train.config import EMBEDDED, ConfigError, TrainConfig
 from vespo.train.config_io import parse_fields
 from vespo.train.host import check_host
@@ -58,7 +59,8 @@ def cli(argv: list[str]) -> int:
         from vespo.rewards.batch import GraderHostError
 
         try:
-            last = train(cfg)
+            with sigterm_as_interrupt():  # a scheduler's or a grid's stop: the same clean stop as Ctrl-C
+                last = train(cfg)
         except GraderHostError as exc:  # never scored as wrong answers: the run stops before it trains on them
             print(f"vespo train: grading failed on this host: {exc}; {_interrupted(cfg)}", file=sys.stderr)
             return 1

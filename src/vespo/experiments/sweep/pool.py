@@ -95,7 +95,7 @@ class _Cells:
     stopped at once by `stop` (Ctrl-C), whichever thread runs them."""
 
     STOP_WAIT_S = 10.0
-    """How long a cell may take to exit after its SIGINT before it is killed."""
+    """How long a cell may take to exit after its SIGTERM before it is killed."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -117,8 +117,10 @@ class _Cells:
         return None if self.stopping else code
 
     def stop(self) -> int:
-        """Start no more cells; SIGINT every running one (its last checkpoint stays), kill any still alive after
-        `STOP_WAIT_S`. Returns how many were running."""
+        """Start no more cells; SIGTERM every running one (`vespo train` stops on it as on Ctrl-C: its last checkpoint
+        stays), kill any still alive after `STOP_WAIT_S`. Returns how many were running. Not SIGINT: a sweep started
+        in the background (`cmd &`) hands its cells SIGINT ignored, so they would run on until killed, and a killed
+        cell leaves its forkserver behind."""
         with self._lock:
             self.stopping = True
             procs = list(self._procs)
@@ -127,9 +129,9 @@ class _Cells:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         for proc in procs:
-            if proc.poll() is None:  # only the sweep was signalled (kill -INT): pass it on
+            if proc.poll() is None:  # only the sweep was signalled (kill -INT or -TERM): pass it on
                 with contextlib.suppress(OSError):
-                    proc.send_signal(signal.SIGINT)
+                    proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.STOP_WAIT_S
         for proc in procs:
             try:
