@@ -200,9 +200,8 @@ def design_corrections_2026(table: list[dict]) -> dict:
 
 def _preset_cfg(k: int):
     """The preset's sweep of one VESPO cell on SFT seed `k`'s warm start (what `builds.fingerprints` builds)."""
-    from vespo.experiments.reproduce.slices import config
-
-    return config(Path("/tmp/unused"), [0], 1, ["vespo"], [4], False, extra={"sft_seed": str(k)})
+    return preset_config(PRESET, out_dir="/tmp/unused", jobs=1, variants=("vespo",), num_mini_batches=(4,), seeds=(0,),
+                         extra={"sft_seed": str(k)})  # fmt: skip
 
 
 def design_corrections_2026b(table: list[dict]) -> dict:
