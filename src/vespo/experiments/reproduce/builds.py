@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vespo.experiments.sweep import SweepConfig, cells, sweep
-from vespo.outputs import write_atomic
+from vespo.outputs import read_regular, write_atomic
 
 PILOT = {"variant": "vespo", "num_mini_batches": 4, "seed": 900, "min_rise": 0.05}
 """The pilot rule of a design over candidate builds: VESPO at N = 4 on RL seed 900 (no design's seed) must rise 0.05
@@ -19,6 +19,8 @@ PILOT = {"variant": "vespo", "num_mini_batches": 4, "seed": 900, "min_rise": 0.0
 seen so far either rose 0.14-0.23 (VESPO, N = 4) or 0.005-0.007."""
 PILOTS = "pilots.csv"
 """A design's pilot cells, one row per candidate tried (designs/<name>/pilots.csv)."""
+PILOTS_CAP = 1 << 20
+"""The most bytes a pilots.csv may hold (a reader never loads more)."""
 
 
 def build_fingerprint(cfg: SweepConfig) -> str:
@@ -45,7 +47,8 @@ def check_build(d: dict, k: int, cfg: SweepConfig) -> str:
 
 
 def _rows(path: Path) -> list[dict]:
-    return list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else []
+    """A design's pilots.csv rows (a regular file, never through a link; none before its first pilot)."""
+    return list(csv.DictReader(io.StringIO(read_regular(path, cap=PILOTS_CAP).decode()))) if path.exists() else []
 
 
 def trainable(where: Path, d: dict, jobs: int, cfg_of: Callable[..., SweepConfig]) -> dict | None:
